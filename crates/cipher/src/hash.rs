@@ -1,0 +1,150 @@
+//! Hash functions by their cryptsetup/kernel names, with HMAC and PBKDF2 on top.
+//!
+//! One place maps names such as `sha256` or `ripemd160` to implementations, so ESSIV, LUKS
+//! digests, PBKDF2 keyslots and plain-mode passphrase hashing all accept the same set.
+
+use crate::CipherError;
+use hmac::{Hmac, Mac};
+use sha2::Digest;
+
+/// A hash algorithm known to cryptblk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashAlgorithm {
+    /// SHA-1 (LUKS1 default before cryptsetup 1.7).
+    Sha1,
+    /// SHA-224.
+    Sha224,
+    /// SHA-256.
+    Sha256,
+    /// SHA-384.
+    Sha384,
+    /// SHA-512.
+    Sha512,
+    /// RIPEMD-160.
+    Ripemd160,
+    /// Whirlpool (512-bit).
+    Whirlpool,
+}
+
+impl HashAlgorithm {
+    /// Looks a hash up by the name cryptsetup and the kernel use (case-insensitive).
+    pub fn from_name(name: &str) -> Result<Self, CipherError> {
+        Ok(match name.to_ascii_lowercase().as_str() {
+            "sha1" => Self::Sha1,
+            "sha224" => Self::Sha224,
+            "sha256" => Self::Sha256,
+            "sha384" => Self::Sha384,
+            "sha512" => Self::Sha512,
+            "ripemd160" | "rmd160" => Self::Ripemd160,
+            "whirlpool" | "wp512" => Self::Whirlpool,
+            _ => return Err(CipherError::UnknownHash(name.to_string())),
+        })
+    }
+
+    /// The canonical (cryptsetup) name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sha1 => "sha1",
+            Self::Sha224 => "sha224",
+            Self::Sha256 => "sha256",
+            Self::Sha384 => "sha384",
+            Self::Sha512 => "sha512",
+            Self::Ripemd160 => "ripemd160",
+            Self::Whirlpool => "whirlpool",
+        }
+    }
+
+    /// Digest length in bytes.
+    pub fn output_len(self) -> usize {
+        match self {
+            Self::Sha1 | Self::Ripemd160 => 20,
+            Self::Sha224 => 28,
+            Self::Sha256 => 32,
+            Self::Sha384 => 48,
+            Self::Sha512 | Self::Whirlpool => 64,
+        }
+    }
+
+    /// The digest of the concatenation of `parts`.
+    pub fn digest(self, parts: &[&[u8]]) -> Vec<u8> {
+        fn run<D: Digest>(parts: &[&[u8]]) -> Vec<u8> {
+            let mut d = D::new();
+            for p in parts {
+                d.update(p);
+            }
+            d.finalize().to_vec()
+        }
+        match self {
+            Self::Sha1 => run::<sha1::Sha1>(parts),
+            Self::Sha224 => run::<sha2::Sha224>(parts),
+            Self::Sha256 => run::<sha2::Sha256>(parts),
+            Self::Sha384 => run::<sha2::Sha384>(parts),
+            Self::Sha512 => run::<sha2::Sha512>(parts),
+            Self::Ripemd160 => run::<ripemd::Ripemd160>(parts),
+            Self::Whirlpool => run::<whirlpool::Whirlpool>(parts),
+        }
+    }
+
+    /// HMAC of `data` under `key`.
+    pub fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
+        fn run<M: Mac + hmac::digest::KeyInit>(key: &[u8], data: &[u8]) -> Vec<u8> {
+            let mut m = <M as hmac::digest::KeyInit>::new_from_slice(key)
+                .expect("HMAC accepts keys of any length");
+            m.update(data);
+            m.finalize().into_bytes().to_vec()
+        }
+        match self {
+            Self::Sha1 => run::<Hmac<sha1::Sha1>>(key, data),
+            Self::Sha224 => run::<Hmac<sha2::Sha224>>(key, data),
+            Self::Sha256 => run::<Hmac<sha2::Sha256>>(key, data),
+            Self::Sha384 => run::<Hmac<sha2::Sha384>>(key, data),
+            Self::Sha512 => run::<Hmac<sha2::Sha512>>(key, data),
+            Self::Ripemd160 => run::<Hmac<ripemd::Ripemd160>>(key, data),
+            Self::Whirlpool => run::<Hmac<whirlpool::Whirlpool>>(key, data),
+        }
+    }
+
+    /// PBKDF2-HMAC with this hash, filling `out` (RFC 8018).
+    pub fn pbkdf2(self, password: &[u8], salt: &[u8], iterations: u32, out: &mut [u8]) {
+        use pbkdf2::pbkdf2_hmac;
+        match self {
+            Self::Sha1 => pbkdf2_hmac::<sha1::Sha1>(password, salt, iterations, out),
+            Self::Sha224 => pbkdf2_hmac::<sha2::Sha224>(password, salt, iterations, out),
+            Self::Sha256 => pbkdf2_hmac::<sha2::Sha256>(password, salt, iterations, out),
+            Self::Sha384 => pbkdf2_hmac::<sha2::Sha384>(password, salt, iterations, out),
+            Self::Sha512 => pbkdf2_hmac::<sha2::Sha512>(password, salt, iterations, out),
+            Self::Ripemd160 => pbkdf2_hmac::<ripemd::Ripemd160>(password, salt, iterations, out),
+            Self::Whirlpool => pbkdf2_hmac::<whirlpool::Whirlpool>(password, salt, iterations, out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(v: &[u8]) -> String {
+        v.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn sha256_known_answer() {
+        assert_eq!(
+            hex(&HashAlgorithm::Sha256.digest(&[b"ab", b"c"])),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn pbkdf2_rfc6070_vector() {
+        let mut out = [0u8; 20];
+        HashAlgorithm::Sha1.pbkdf2(b"password", b"salt", 2, &mut out);
+        assert_eq!(hex(&out), "ea6c014dc72d6f8ccd1ed92ace1d41f0d8de8957");
+    }
+
+    #[test]
+    fn unknown_names_are_rejected() {
+        assert!(HashAlgorithm::from_name("md5x").is_err());
+        assert_eq!(HashAlgorithm::from_name("SHA512").unwrap(), HashAlgorithm::Sha512);
+    }
+}

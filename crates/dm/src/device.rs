@@ -1,0 +1,84 @@
+//! The block-device abstraction every layer implements.
+
+use std::io;
+
+/// The unit of addressing, as in the kernel: all offsets and lengths are multiples of it.
+pub const SECTOR_SIZE: u64 = 512;
+
+/// Flags that travel with a write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteFlags {
+    /// Force unit access: the data is durable when the call returns.
+    pub fua: bool,
+}
+
+/// A block device: sector-aligned reads and writes that may be issued concurrently.
+///
+/// Invariants callers rely on and implementations keep:
+/// - Offsets and lengths are in bytes and multiples of [`SECTOR_SIZE`] (and of
+///   [`BlockDevice::logical_block_size`]); a misaligned request fails with `EINVAL` and does
+///   nothing. A request reaching past [`BlockDevice::size`] fails with `EIO` (as the kernel
+///   does past the end of a device) and does nothing.
+/// - Methods take `&self` and may be called from many threads at once; a write is visible to
+///   every read issued after it returned.
+/// - Errors are `io::Error`s carrying the errno the kernel would report (`EIO`, `EILSEQ` for
+///   failed integrity checks, `ENOSPC`, `EINVAL`), so exports can map them onto their protocol.
+/// - A write acknowledged before a successful [`BlockDevice::flush`] (or written with
+///   `fua`) survives a crash.
+pub trait BlockDevice: Send + Sync {
+    /// Size in bytes (a multiple of [`SECTOR_SIZE`]).
+    fn size(&self) -> u64;
+
+    /// Smallest I/O unit in bytes (512 unless a target has larger sectors, e.g. crypt with
+    /// `sector_size:4096`).
+    fn logical_block_size(&self) -> u32 {
+        SECTOR_SIZE as u32
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// Writes `buf` at `offset`.
+    fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()>;
+
+    /// Like [`BlockDevice::write_at`], but the device may use `buf` as scratch space, leaving
+    /// its contents undefined. Lets `crypt` encrypt in place instead of copying; callers that
+    /// no longer need the data (exports) should prefer it.
+    fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
+        self.write_at(offset, buf, flags)
+    }
+
+    /// Makes every acknowledged write durable.
+    fn flush(&self) -> io::Result<()>;
+
+    /// Tells the device that a range's contents are no longer needed. Reads of a discarded
+    /// range return unspecified data (zeros where the backing supports it).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
+
+    /// Makes a range read as zeros.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.size(), offset, len)?;
+        let chunk = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len() as u64) as usize;
+            self.write_at(offset + done, &chunk[..n], WriteFlags::default())?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a request against the alignment and size rules of [`BlockDevice`].
+pub fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {
+    if offset % SECTOR_SIZE != 0 || len % SECTOR_SIZE != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::from_raw_os_error(libc::EIO)),
+    }
+}

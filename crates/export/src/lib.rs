@@ -1,0 +1,1 @@
+//! Exports that serve a block device to real clients.
