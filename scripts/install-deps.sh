@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what building and testing cryptblk needs, skipping what is already there.
+# The real tools are the tests' reference: cryptsetup (and integritysetup/veritysetup), fio,
+# nbdkit, libnbd's nbdinfo/nbdcopy, qemu-img/qemu-io, fuse3 + losetup, e2fsprogs, and
+# pyca/cryptography as an independent implementation of the sector ciphers.
+set -euo pipefail
+
+need_pkgs=()
+want() { # want <command> <debian package>
+  command -v "$1" >/dev/null 2>&1 || need_pkgs+=("$2")
+}
+want cryptsetup cryptsetup-bin
+want integritysetup cryptsetup-bin
+want fio fio
+want nbdkit nbdkit
+want nbdinfo libnbd-bin
+want qemu-img qemu-utils
+want fusermount3 fuse3
+want losetup mount
+want mkfs.ext4 e2fsprogs
+want xz xz-utils
+want pkg-config pkg-config
+want cc gcc
+want clang clang
+[ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)
+[ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_pkgs+=(libclang-dev)
+
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "install-deps: installing ${need_pkgs[*]}" >&2
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    $(printf '%s\n' "${need_pkgs[@]}" | sort -u) >/dev/null
+fi
+
+python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
+
+command -v cargo >/dev/null || { echo "install-deps: cargo (Rust toolchain) is required" >&2; exit 1; }
