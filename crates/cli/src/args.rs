@@ -1,0 +1,293 @@
+//! Command-line grammar: cryptsetup's action names and option names, so habits and scripts
+//! carry over (`cryptblk luksFormat --type luks2 -d key dev`), plus cryptblk's own actions.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Transparent disk encryption in userspace, compatible with dm-crypt and cryptsetup.
+#[derive(Parser, Debug)]
+#[command(
+    name = "cryptblk",
+    version,
+    about,
+    long_about = None,
+    disable_help_subcommand = true,
+    disable_help_flag = true
+)]
+pub struct Cli {
+    /// Print help (`-h` is `--hash`, as in cryptsetup).
+    #[arg(long, global = true, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// Options shared by the actions, accepted before or after the action as cryptsetup does.
+    #[command(flatten)]
+    pub opts: Opts,
+    /// The action to perform.
+    #[command(subcommand)]
+    pub action: Action,
+}
+
+/// Volume types, as cryptsetup's `--type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum VolumeType {
+    /// LUKS1 or LUKS2, whichever the header is (for `open`).
+    Luks,
+    /// LUKS version 1.
+    Luks1,
+    /// LUKS version 2.
+    Luks2,
+    /// Plain dm-crypt: no header.
+    Plain,
+}
+
+/// Keyslot KDFs, as cryptsetup's `--pbkdf`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PbkdfKind {
+    /// PBKDF2 (the only one LUKS1 has).
+    Pbkdf2,
+    /// Argon2i.
+    Argon2i,
+    /// Argon2id (LUKS2 default).
+    Argon2id,
+}
+
+/// Options with cryptsetup's names and meanings.
+#[derive(Args, Debug, Default, Clone)]
+pub struct Opts {
+    /// Volume type: luks, luks1, luks2 or plain.
+    #[arg(short = 'M', long = "type", global = true, value_enum)]
+    pub volume_type: Option<VolumeType>,
+    /// Cipher specification, e.g. aes-xts-plain64.
+    #[arg(short = 'c', long, global = true)]
+    pub cipher: Option<String>,
+    /// Key size in bits.
+    #[arg(short = 's', long, global = true)]
+    pub key_size: Option<u32>,
+    /// Encryption sector size in bytes (512..4096).
+    #[arg(long, global = true)]
+    pub sector_size: Option<u32>,
+    /// Hash for keyslot PBKDF2/AF (LUKS) or passphrase hashing (plain).
+    #[arg(short = 'h', long, global = true)]
+    pub hash: Option<String>,
+    /// Keyslot KDF.
+    #[arg(long, global = true, value_enum)]
+    pub pbkdf: Option<PbkdfKind>,
+    /// Target time for keyslot KDF calibration, in milliseconds.
+    #[arg(short = 'i', long, global = true)]
+    pub iter_time: Option<u32>,
+    /// Argon2 memory cost in KiB.
+    #[arg(long, global = true)]
+    pub pbkdf_memory: Option<u32>,
+    /// Argon2 parallel threads.
+    #[arg(long, global = true)]
+    pub pbkdf_parallel: Option<u32>,
+    /// Fixed KDF iterations (PBKDF2) or time cost (Argon2), skipping calibration.
+    #[arg(long, global = true)]
+    pub pbkdf_force_iterations: Option<u32>,
+    /// Read the passphrase or key from this file ('-' for standard input).
+    #[arg(short = 'd', long, global = true)]
+    pub key_file: Option<PathBuf>,
+    /// Bytes to skip at the start of the key file.
+    #[arg(long, global = true)]
+    pub keyfile_offset: Option<u64>,
+    /// Bytes to read from the key file.
+    #[arg(short = 'l', long, global = true)]
+    pub keyfile_size: Option<u64>,
+    /// New key file for luksAddKey/luksChangeKey is the positional argument; this is the slot.
+    #[arg(short = 'S', long, global = true)]
+    pub key_slot: Option<u32>,
+    /// Detached LUKS header file.
+    #[arg(long, global = true)]
+    pub header: Option<PathBuf>,
+    /// UUID for a new volume (or for luksUUID --uuid).
+    #[arg(long, global = true)]
+    pub uuid: Option<String>,
+    /// LUKS2 label.
+    #[arg(long, global = true)]
+    pub label: Option<String>,
+    /// LUKS2 subsystem.
+    #[arg(long, global = true)]
+    pub subsystem: Option<String>,
+    /// Keyslot priority for `config`: prefer, normal or ignore.
+    #[arg(long, global = true)]
+    pub priority: Option<String>,
+    /// LUKS2 metadata (JSON area + binary header) size, e.g. 16k .. 4m.
+    #[arg(long, global = true)]
+    pub luks2_metadata_size: Option<String>,
+    /// LUKS2 keyslots area size.
+    #[arg(long, global = true)]
+    pub luks2_keyslots_size: Option<String>,
+    /// Use the volume key in this file instead of a keyslot (or as the new key for luksFormat).
+    #[arg(long, global = true)]
+    pub volume_key_file: Option<PathBuf>,
+    /// Header backup file for luksHeaderBackup / luksHeaderRestore.
+    #[arg(long, global = true)]
+    pub header_backup_file: Option<PathBuf>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long, global = true)]
+    pub batch_mode: bool,
+    /// Open read-only.
+    #[arg(short = 'r', long, global = true)]
+    pub readonly: bool,
+    /// Only check the passphrase; do not activate anything.
+    #[arg(long, global = true)]
+    pub test_passphrase: bool,
+    /// Use an unbound keyslot (LUKS2).
+    #[arg(long, global = true)]
+    pub unbound: bool,
+    /// luksDump: print the volume key (asks for a passphrase).
+    #[arg(long, global = true)]
+    pub dump_volume_key: bool,
+    /// luksDump: print the LUKS2 JSON metadata only.
+    #[arg(long, global = true)]
+    pub dump_json_metadata: bool,
+    /// Plain: start of the data, in 512-byte sectors.
+    #[arg(short = 'o', long, global = true)]
+    pub offset: Option<u64>,
+    /// Plain: IV offset, in 512-byte sectors.
+    #[arg(short = 'p', long, global = true)]
+    pub skip: Option<u64>,
+    /// Plain: size of the mapping, in 512-byte sectors.
+    #[arg(short = 'b', long, global = true)]
+    pub size: Option<u64>,
+    /// Use the given implementation for the data cipher (see `cryptblk ciphers`).
+    #[arg(long, global = true)]
+    pub cipher_implementation: Option<String>,
+    /// Machine-readable output where an action supports it.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// More output on standard error.
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
+    /// Device-mapper style debug output (never contains secrets).
+    #[arg(long, global = true)]
+    pub debug: bool,
+}
+
+/// Actions, named as cryptsetup names them where cryptsetup has them.
+#[derive(Subcommand, Debug)]
+pub enum Action {
+    /// Initialise a LUKS volume.
+    #[command(name = "luksFormat")]
+    LuksFormat {
+        /// Device or image file.
+        device: PathBuf,
+        /// Key file for the first keyslot (alternative to --key-file).
+        key_file: Option<PathBuf>,
+    },
+    /// Open a volume: with --test-passphrase only check it.
+    #[command(name = "open", alias = "luksOpen")]
+    Open(OpenArgs),
+    /// Print a LUKS header.
+    #[command(name = "luksDump")]
+    LuksDump {
+        /// Device or header file.
+        device: PathBuf,
+    },
+    /// Add a passphrase or key file to a new keyslot.
+    #[command(name = "luksAddKey")]
+    LuksAddKey {
+        /// Device.
+        device: PathBuf,
+        /// File with the new key (otherwise asked for / read from stdin).
+        new_key_file: Option<PathBuf>,
+    },
+    /// Remove the keyslot that a passphrase opens.
+    #[command(name = "luksRemoveKey")]
+    LuksRemoveKey {
+        /// Device.
+        device: PathBuf,
+        /// File with the key to remove.
+        key_file: Option<PathBuf>,
+    },
+    /// Replace a passphrase.
+    #[command(name = "luksChangeKey")]
+    LuksChangeKey {
+        /// Device.
+        device: PathBuf,
+        /// File with the new key.
+        new_key_file: Option<PathBuf>,
+    },
+    /// Wipe a keyslot by number.
+    #[command(name = "luksKillSlot")]
+    LuksKillSlot {
+        /// Device.
+        device: PathBuf,
+        /// Keyslot number.
+        slot: u32,
+        /// File with a key of another slot, for confirmation.
+        key_file: Option<PathBuf>,
+    },
+    /// Save the LUKS header and keyslot areas to --header-backup-file.
+    #[command(name = "luksHeaderBackup")]
+    LuksHeaderBackup {
+        /// Device.
+        device: PathBuf,
+    },
+    /// Restore the LUKS header from --header-backup-file.
+    #[command(name = "luksHeaderRestore")]
+    LuksHeaderRestore {
+        /// Device.
+        device: PathBuf,
+    },
+    /// Print the UUID, or set it with --uuid.
+    #[command(name = "luksUUID")]
+    LuksUuid {
+        /// Device.
+        device: PathBuf,
+    },
+    /// Exit 0 when the device has a LUKS header (of --type if given), 1 otherwise.
+    #[command(name = "isLuks")]
+    IsLuks {
+        /// Device.
+        device: PathBuf,
+    },
+    /// Wipe all keyslots, making the data unreadable.
+    #[command(name = "erase", alias = "luksErase")]
+    Erase {
+        /// Device.
+        device: PathBuf,
+    },
+    /// Set LUKS2 label, subsystem or keyslot priority.
+    #[command(name = "config")]
+    Config {
+        /// Device.
+        device: PathBuf,
+    },
+    /// Convert between LUKS1 and LUKS2 (--type).
+    #[command(name = "convert")]
+    Convert {
+        /// Device.
+        device: PathBuf,
+    },
+    /// Measure keyslot KDFs and data ciphers in process.
+    #[command(name = "benchmark")]
+    Benchmark,
+    /// List the cipher implementations and which is chosen.
+    #[command(name = "ciphers")]
+    Ciphers,
+    /// Write a new LUKS volume whose data is the plain input (luksFormat options apply).
+    #[command(name = "encrypt")]
+    Encrypt {
+        /// Plain input file or '-' for standard input.
+        input: PathBuf,
+        /// New volume file or '-' for standard output.
+        output: PathBuf,
+    },
+    /// Write the decrypted data segment of a volume (open options apply).
+    #[command(name = "decrypt")]
+    Decrypt {
+        /// Volume.
+        device: PathBuf,
+        /// Plain output file or '-' for standard output.
+        output: PathBuf,
+    },
+}
+
+/// `open`: unlock a volume and serve it.
+#[derive(Args, Debug)]
+pub struct OpenArgs {
+    /// Device or image file.
+    pub device: PathBuf,
+    /// Name of the mapping (not needed with --test-passphrase).
+    pub name: Option<String>,
+}
