@@ -1,0 +1,436 @@
+//! A FUSE mount holding one regular file whose contents are a [`BlockDevice`].
+//!
+//! The file can be attached to a loop device (`losetup --direct-io=on`) to get a kernel
+//! block device on top of any cryptblk device. The file is opened with `FOPEN_DIRECT_IO`
+//! so the kernel page cache does not hold a second copy of data the loop device or the
+//! application above it already caches. Requests at any byte offset are accepted; partial
+//! blocks are read-modify-written ([`AlignedIo`]).
+//!
+//! `fallocate(PUNCH_HOLE)` is mapped to zeroing, not to [`BlockDevice::discard`]: punching
+//! a hole promises that the range reads back as zeros afterwards (the loop driver turns
+//! block-layer WRITE_ZEROES into `PUNCH_HOLE`, and mkfs relies on it), whereas a discarded
+//! range of a device reads back unspecified data (e.g. random-looking plaintext of
+//! discarded ciphertext on crypt).
+
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cryptblk_dm::device::{BlockDevice, WriteFlags};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig, LockOwner, MountOption,
+    OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request,
+};
+
+use crate::aligned::AlignedIo;
+use crate::error::ExportError;
+
+/// Settings of a [`FuseExport`].
+#[derive(Clone, Debug)]
+pub struct FuseConfig {
+    /// Existing, empty directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Name of the single file in the mount.
+    pub file_name: String,
+    /// Refuse writes (the file is mode 0400 and opening it for writing fails with EROFS).
+    pub read_only: bool,
+    /// Worker threads handling FUSE requests (each gets its own cloned /dev/fuse fd).
+    pub threads: usize,
+    /// Let users other than the mounting one use the file (`allow_other`).
+    pub allow_other: bool,
+}
+
+impl FuseConfig {
+    /// Defaults: file "disk", read-write, 4 worker threads, owner-only access.
+    pub fn new(mountpoint: impl Into<PathBuf>) -> Self {
+        FuseConfig {
+            mountpoint: mountpoint.into(),
+            file_name: "disk".to_string(),
+            read_only: false,
+            threads: 4,
+            allow_other: false,
+        }
+    }
+}
+
+/// A mounted FUSE export. Dropping it unmounts like [`FuseExport::unmount`], ignoring errors.
+pub struct FuseExport {
+    session: Option<fuser::BackgroundSession>,
+    io: Arc<AlignedIo>,
+    file_path: PathBuf,
+    mountpoint: PathBuf,
+}
+
+impl FuseExport {
+    /// Mounts `device` as `<mountpoint>/<file_name>`. When this returns, the kernel has
+    /// completed the FUSE handshake and the file can be opened (the export is ready).
+    pub fn mount(device: Arc<dyn BlockDevice>, config: FuseConfig) -> Result<FuseExport, ExportError> {
+        if config.file_name.is_empty() || config.file_name.contains('/') || config.file_name == "." || config.file_name == ".." {
+            return Err(ExportError::Config(format!("invalid file name {:?}", config.file_name)));
+        }
+        let io = Arc::new(AlignedIo::new(device));
+        let fs = DiskFs {
+            io: Arc::clone(&io),
+            file_name: config.file_name.clone(),
+            read_only: config.read_only,
+            uid: unsafe_free_getuid(),
+            gid: unsafe_free_getgid(),
+            mounted_at: SystemTime::now(),
+        };
+        let mut fuse_config = fuser::Config::default();
+        fuse_config.mount_options = vec![
+            MountOption::FSName("cryptblk".to_string()),
+            MountOption::Subtype("cryptblk".to_string()),
+            MountOption::NoDev,
+            MountOption::NoSuid,
+        ];
+        if config.read_only {
+            fuse_config.mount_options.push(MountOption::RO);
+        }
+        if config.allow_other {
+            fuse_config.acl = fuser::SessionACL::All;
+        }
+        fuse_config.n_threads = Some(config.threads.max(1));
+        fuse_config.clone_fd = config.threads > 1;
+        let session = fuser::spawn_mount(fs, &config.mountpoint, &fuse_config)
+            .map_err(|e| ExportError::io(format!("mounting FUSE on {}", config.mountpoint.display()), e))?;
+        Ok(FuseExport {
+            session: Some(session),
+            io,
+            file_path: config.mountpoint.join(&config.file_name),
+            mountpoint: config.mountpoint,
+        })
+    }
+
+    /// Path of the exported file, e.g. `<mountpoint>/disk`.
+    pub fn file_path(&self) -> &Path {
+        &self.file_path
+    }
+
+    /// The directory the export is mounted on.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmounts (fails with EBUSY while the file is still open, e.g. attached to a loop
+    /// device), waits for the request threads and flushes the device.
+    pub fn unmount(mut self) -> Result<(), ExportError> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<(), ExportError> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        session
+            .umount_and_join()
+            .map_err(|e| ExportError::io(format!("unmounting {}", self.mountpoint.display()), e))?;
+        self.io
+            .flush()
+            .map_err(|e| ExportError::io("flushing the device after unmount", e))
+    }
+}
+
+impl Drop for FuseExport {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+fn unsafe_free_getuid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+fn unsafe_free_getgid() -> u32 {
+    // SAFETY: getgid has no preconditions and cannot fail.
+    unsafe { libc::getgid() }
+}
+
+const FILE_INO: INodeNo = INodeNo(2);
+/// The file's size never changes, so the kernel may cache attributes for a while.
+const TTL: Duration = Duration::from_secs(60);
+/// Largest write the kernel is asked to send in one request.
+const MAX_WRITE: u32 = 1 << 20;
+
+struct DiskFs {
+    io: Arc<AlignedIo>,
+    file_name: String,
+    read_only: bool,
+    uid: u32,
+    gid: u32,
+    mounted_at: SystemTime,
+}
+
+fn errno(err: &io::Error) -> Errno {
+    Errno::from_i32(err.raw_os_error().unwrap_or(libc::EIO))
+}
+
+impl DiskFs {
+    fn dir_attr(&self) -> FileAttr {
+        FileAttr {
+            ino: INodeNo::ROOT,
+            size: 0,
+            blocks: 0,
+            atime: self.mounted_at,
+            mtime: self.mounted_at,
+            ctime: self.mounted_at,
+            crtime: self.mounted_at,
+            kind: FileType::Directory,
+            perm: 0o755,
+            nlink: 2,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            flags: 0,
+            blksize: 4096,
+        }
+    }
+
+    fn file_attr(&self) -> FileAttr {
+        let size = self.io.size();
+        FileAttr {
+            ino: FILE_INO,
+            size,
+            blocks: size.div_ceil(512),
+            atime: self.mounted_at,
+            mtime: self.mounted_at,
+            ctime: self.mounted_at,
+            crtime: self.mounted_at,
+            kind: FileType::RegularFile,
+            perm: if self.read_only { 0o400 } else { 0o600 },
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            flags: 0,
+            blksize: (self.io.block_size() as u32).max(4096),
+        }
+    }
+
+    fn attr_of(&self, ino: INodeNo) -> Option<FileAttr> {
+        match ino {
+            INodeNo::ROOT => Some(self.dir_attr()),
+            FILE_INO => Some(self.file_attr()),
+            _ => None,
+        }
+    }
+
+    /// Clamps `[offset, offset + len)` to the device; `None` when it starts at or past the end.
+    fn clamp(&self, offset: u64, len: u64) -> Option<u64> {
+        let size = self.io.size();
+        (offset < size).then(|| len.min(size - offset))
+    }
+}
+
+impl Filesystem for DiskFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        if let Err(nearest) = config.set_max_write(MAX_WRITE) {
+            let _ = config.set_max_write(nearest);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent == INodeNo::ROOT && name == OsStr::new(&self.file_name) {
+            reply.entry(&TTL, &self.file_attr(), fuser::Generation(0));
+        } else {
+            reply.error(Errno::ENOENT);
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr_of(ino) {
+            Some(attr) => reply.attr(&TTL, &attr),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let Some(attr) = self.attr_of(ino) else {
+            reply.error(Errno::ENOENT);
+            return;
+        };
+        // The device cannot be resized. Truncation to 0 is what open(O_TRUNC) sends (e.g. a
+        // plain `dd of=`); like a block device, the file ignores it. Mode/owner/time
+        // changes are accepted and ignored so tools that preserve metadata do not fail.
+        match size {
+            Some(s) if ino == FILE_INO && s != attr.size && s != 0 => reply.error(Errno::from_i32(libc::EINVAL)),
+            _ => reply.attr(&TTL, &attr),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if ino != FILE_INO {
+            reply.error(Errno::from_i32(libc::EISDIR));
+            return;
+        }
+        if self.read_only && !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) {
+            reply.error(Errno::from_i32(libc::EROFS));
+            return;
+        }
+        reply.opened(
+            FileHandle(0),
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(len) = self.clamp(offset, u64::from(size)) else {
+            reply.data(&[]);
+            return;
+        };
+        let mut buf = vec![0u8; len as usize];
+        match self.io.read_at(offset, &mut buf) {
+            Ok(()) => reply.data(&buf),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if self.read_only {
+            reply.error(Errno::from_i32(libc::EROFS));
+            return;
+        }
+        // Writing at or past the end of a fixed-size device fails like on a block device;
+        // a write straddling the end is shortened.
+        let Some(len) = self.clamp(offset, data.len() as u64) else {
+            reply.error(Errno::from_i32(libc::ENOSPC));
+            return;
+        };
+        let fua = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
+        match self.io.write_at(offset, &data[..len as usize], WriteFlags { fua }) {
+            Ok(()) => reply.written(len as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // close(2): make what this opener wrote durable, as fsync-on-close would.
+        match self.io.flush() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.io.flush() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        if ino != FILE_INO {
+            reply.error(Errno::from_i32(libc::ENODEV));
+            return;
+        }
+        if self.read_only {
+            reply.error(Errno::from_i32(libc::EROFS));
+            return;
+        }
+        let size = self.io.size();
+        let end = offset.checked_add(length);
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zeroing = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
+        let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 || (mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && !keep_size) {
+            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return;
+        }
+        let Some(end) = end else {
+            reply.error(Errno::from_i32(libc::EFBIG));
+            return;
+        };
+        if end > size && !keep_size {
+            // The file would have to grow, which a device cannot.
+            reply.error(Errno::from_i32(libc::EFBIG));
+            return;
+        }
+        if !zeroing || offset >= size {
+            // Plain allocation: every byte of a device is already allocated.
+            reply.ok();
+            return;
+        }
+        let len = end.min(size) - offset;
+        match self.io.write_zeroes(offset, len, WriteFlags::default()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        if ino != INodeNo::ROOT {
+            reply.error(Errno::from_i32(libc::ENOTDIR));
+            return;
+        }
+        let entries = [
+            (INodeNo::ROOT, FileType::Directory, "."),
+            (INodeNo::ROOT, FileType::Directory, ".."),
+            (FILE_INO, FileType::RegularFile, self.file_name.as_str()),
+        ];
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(*ino, (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let bsize = (self.io.block_size() as u32).max(4096);
+        let blocks = self.io.size() / u64::from(bsize);
+        reply.statfs(blocks, 0, 0, 2, 0, bsize, 255, bsize);
+    }
+}
