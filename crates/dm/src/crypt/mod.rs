@@ -1,0 +1,558 @@
+//! `crypt <cipher> <key> <iv_offset> <dev> <offset> [<#opt_params> <opt_params>...]`: the
+//! dm-crypt target, with the kernel's two processing models.
+//!
+//! - **Inline** (`no_read_workqueue` / `no_write_workqueue`): the submitting thread reads and
+//!   decrypts, or encrypts and writes; no hand-off.
+//! - **Queued** (the kernel default): reads go through a `kcryptd_io` thread and are
+//!   decrypted on the `kcryptd` worker pool; writes are encrypted on the pool and handed to
+//!   a single `dmcrypt_write` thread that sorts them by sector, unless
+//!   `submit_from_crypt_cpus`. See [`queued`].
+//!
+//! The direction's pipeline is chosen per request from the flags, so a table reload that
+//! flips flags (what `cryptsetup refresh --perf-no_*_workqueue` does) switches models.
+
+mod fallback;
+pub mod queued;
+mod split;
+mod stats;
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::io;
+use std::sync::Arc;
+
+use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher};
+
+use crate::device::{check_range, BlockDevice, WriteFlags};
+use crate::error::{errno, DmError};
+use crate::target::{arg_u64, BuildContext, Target};
+use crate::SECTOR_SIZE;
+
+pub use queued::QueuedEngine;
+pub use split::SplitPolicy;
+pub use stats::{CryptStats, CryptStatsSnapshot};
+
+/// The optional parameters of a crypt table line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CryptFlags {
+    /// Pass discards down (`allow_discards`).
+    pub allow_discards: bool,
+    /// Keep crypto work on the submitting CPU's worker (`same_cpu_crypt`).
+    pub same_cpu_crypt: bool,
+    /// Write from the crypt worker instead of the sorting writer (`submit_from_crypt_cpus`).
+    pub submit_from_crypt_cpus: bool,
+    /// Decrypt reads inline (`no_read_workqueue`).
+    pub no_read_workqueue: bool,
+    /// Encrypt and submit writes inline (`no_write_workqueue`).
+    pub no_write_workqueue: bool,
+    /// Encryption sector size (`sector_size:<n>`), 512 by default.
+    pub sector_size: u32,
+    /// IVs count in `sector_size` units instead of 512-byte units (`iv_large_sectors`).
+    pub iv_large_sectors: bool,
+}
+
+impl Default for CryptFlags {
+    fn default() -> Self {
+        CryptFlags {
+            allow_discards: false,
+            same_cpu_crypt: false,
+            submit_from_crypt_cpus: false,
+            no_read_workqueue: false,
+            no_write_workqueue: false,
+            sector_size: SECTOR_SIZE as u32,
+            iv_large_sectors: false,
+        }
+    }
+}
+
+impl CryptFlags {
+    /// Both directions inline (the Cloudflare configuration).
+    pub fn inline() -> Self {
+        CryptFlags {
+            no_read_workqueue: true,
+            no_write_workqueue: true,
+            ..Default::default()
+        }
+    }
+
+    /// Parses the optional parameters (after `<#opt_params>`).
+    pub fn parse(opts: &[String]) -> Result<Self, String> {
+        let mut f = CryptFlags::default();
+        for opt in opts {
+            match opt.as_str() {
+                "allow_discards" => f.allow_discards = true,
+                "same_cpu_crypt" => f.same_cpu_crypt = true,
+                "submit_from_crypt_cpus" => f.submit_from_crypt_cpus = true,
+                "no_read_workqueue" => f.no_read_workqueue = true,
+                "no_write_workqueue" => f.no_write_workqueue = true,
+                "iv_large_sectors" => f.iv_large_sectors = true,
+                s if s.starts_with("sector_size:") => {
+                    let v = &s["sector_size:".len()..];
+                    let n: u32 = v
+                        .parse()
+                        .map_err(|_| format!("invalid sector_size '{v}'"))?;
+                    if !n.is_power_of_two() || !(512..=4096).contains(&n) {
+                        return Err(format!(
+                            "invalid sector_size {n} (must be a power of two from 512 to 4096)"
+                        ));
+                    }
+                    f.sector_size = n;
+                }
+                s if s.starts_with("integrity:") => {
+                    return Err("integrity:<n>:<type> (authenticated encryption) is not supported".into())
+                }
+                other => return Err(format!("invalid feature argument '{other}'")),
+            }
+        }
+        if f.iv_large_sectors && f.sector_size == SECTOR_SIZE as u32 {
+            // The kernel accepts it; it is simply a no-op with 512-byte sectors.
+        }
+        Ok(f)
+    }
+
+    /// The options as the kernel prints them, in the kernel's order (empty if none).
+    pub fn format(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.allow_discards {
+            v.push("allow_discards".to_string());
+        }
+        if self.same_cpu_crypt {
+            v.push("same_cpu_crypt".to_string());
+        }
+        if self.submit_from_crypt_cpus {
+            v.push("submit_from_crypt_cpus".to_string());
+        }
+        if self.no_read_workqueue {
+            v.push("no_read_workqueue".to_string());
+        }
+        if self.no_write_workqueue {
+            v.push("no_write_workqueue".to_string());
+        }
+        if self.sector_size != SECTOR_SIZE as u32 {
+            v.push(format!("sector_size:{}", self.sector_size));
+        }
+        if self.iv_large_sectors {
+            v.push("iv_large_sectors".to_string());
+        }
+        v
+    }
+}
+
+/// Opens a sector cipher for `spec` and `key` with dm-crypt semantics.
+///
+/// Uses this crate's small private stand-in (AES-XTS-plain64 and the null cipher) until
+/// `cryptblk_cipher::open_cipher` is available.
+pub fn open_sector_cipher(
+    spec: &str,
+    key: &[u8],
+    sector_size: u32,
+    iv_offset: u64,
+    iv_large_sectors: bool,
+) -> Result<Box<dyn SectorCipher>, CipherError> {
+    fallback::open(spec, key, sector_size as usize, iv_offset, iv_large_sectors)
+}
+
+/// Everything needed to build a crypt target programmatically (e.g. from a LUKS header).
+pub struct CryptParams {
+    /// Cipher specification as in the table (`aes-xts-plain64`, `capi:xts(aes)-plain64`).
+    pub cipher_spec: String,
+    /// The volume key (empty for the null cipher, printed as `-`).
+    pub key: SecretBytes,
+    /// IV offset in 512-byte sectors.
+    pub iv_offset: u64,
+    /// The device as named in the table.
+    pub dev_spec: String,
+    /// Start of the encrypted data on the device, in 512-byte sectors.
+    pub offset_sectors: u64,
+    /// Optional parameters.
+    pub flags: CryptFlags,
+}
+
+/// The crypt target.
+pub struct CryptTarget {
+    params: CryptParams,
+    cipher: Arc<dyn SectorCipher>,
+    dev: Arc<dyn BlockDevice>,
+    len: u64,
+    stats: Arc<CryptStats>,
+    engine: Option<QueuedEngine>,
+    split: SplitPolicy,
+}
+
+thread_local! {
+    /// Per-thread ciphertext buffer for inline writes that may not clobber the caller's data.
+    static WRITE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl CryptTarget {
+    /// Builds a crypt target of `len` bytes over `dev` with a cipher opened from `params`.
+    pub fn new(dev: Arc<dyn BlockDevice>, len: u64, params: CryptParams) -> Result<Self, DmError> {
+        let cipher = open_sector_cipher(
+            &params.cipher_spec,
+            params.key.as_bytes(),
+            params.flags.sector_size,
+            params.iv_offset,
+            params.flags.iv_large_sectors,
+        )?;
+        Self::with_cipher(dev, len, params, Arc::from(cipher))
+    }
+
+    /// Builds a crypt target around an already opened cipher.
+    pub fn with_cipher(
+        dev: Arc<dyn BlockDevice>,
+        len: u64,
+        params: CryptParams,
+        cipher: Arc<dyn SectorCipher>,
+    ) -> Result<Self, DmError> {
+        let ss = u64::from(params.flags.sector_size);
+        let shape = |msg: String| DmError::TableShape(format!("crypt target: {msg}"));
+        if cipher.sector_size() as u64 != ss {
+            return Err(shape(format!(
+                "cipher sector size {} does not match sector_size:{ss}",
+                cipher.sector_size()
+            )));
+        }
+        if len == 0 || len % ss != 0 {
+            return Err(shape(format!(
+                "device size {len} is not a multiple of sector_size {ss}"
+            )));
+        }
+        if (params.iv_offset * SECTOR_SIZE) % ss != 0 {
+            return Err(shape(format!(
+                "iv_offset {} is not aligned to sector_size {ss}",
+                params.iv_offset
+            )));
+        }
+        let end = params
+            .offset_sectors
+            .checked_mul(SECTOR_SIZE)
+            .and_then(|b| b.checked_add(len));
+        if end.is_none_or(|e| e > dev.size()) {
+            return Err(shape(format!(
+                "device {} too small: needs {} bytes from sector {}, has {}",
+                params.dev_spec,
+                len,
+                params.offset_sectors,
+                dev.size()
+            )));
+        }
+        let stats = Arc::new(CryptStats::default());
+        let engine = if params.flags.no_read_workqueue && params.flags.no_write_workqueue {
+            None
+        } else {
+            Some(QueuedEngine::start(
+                cipher.clone(),
+                dev.clone(),
+                params.offset_sectors * SECTOR_SIZE,
+                params.flags,
+                stats.clone(),
+            ))
+        };
+        Ok(CryptTarget {
+            params,
+            cipher,
+            dev,
+            len,
+            stats,
+            engine,
+            split: SplitPolicy::default(),
+        })
+    }
+
+    pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
+        const USAGE: &str =
+            "crypt <cipher> <key> <iv_offset> <dev> <offset> [<#opt_params> <opt_params>...]";
+        if args.len() < 5 {
+            return Err(format!("not enough arguments ({}); usage: {USAGE}", args.len()));
+        }
+        let key = parse_key(&args[1])?;
+        let iv_offset = arg_u64(args, 2, "iv_offset")?;
+        let offset_sectors = arg_u64(args, 4, "offset")?;
+        let flags = if args.len() > 5 {
+            let count = arg_u64(args, 5, "#opt_params")? as usize;
+            let opts = &args[6..];
+            if opts.len() != count {
+                return Err(format!(
+                    "<#opt_params> is {count} but {} optional parameters follow",
+                    opts.len()
+                ));
+            }
+            CryptFlags::parse(opts)?
+        } else {
+            CryptFlags::default()
+        };
+        let dev = ctx.open_device(&args[3], offset_sectors)?;
+        let params = CryptParams {
+            cipher_spec: args[0].clone(),
+            key,
+            iv_offset,
+            dev_spec: args[3].clone(),
+            offset_sectors,
+            flags,
+        };
+        Self::new(dev, ctx.len_bytes(), params).map_err(|e| match e {
+            DmError::TableShape(m) => m.trim_start_matches("crypt target: ").to_string(),
+            other => other.to_string(),
+        })
+    }
+
+    /// The target's flags.
+    pub fn flags(&self) -> CryptFlags {
+        self.params.flags
+    }
+
+    /// Request counters.
+    pub fn stats(&self) -> CryptStatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// The cipher in use.
+    pub fn cipher(&self) -> &Arc<dyn SectorCipher> {
+        &self.cipher
+    }
+
+    /// Sets when large inline requests are split across cores.
+    pub fn set_split_policy(&mut self, policy: SplitPolicy) {
+        self.split = policy;
+    }
+
+    /// Name of the read pipeline in use.
+    pub fn read_pipeline(&self) -> &'static str {
+        if self.params.flags.no_read_workqueue {
+            "inline"
+        } else {
+            "queued"
+        }
+    }
+
+    /// Name of the write pipeline in use.
+    pub fn write_pipeline(&self) -> &'static str {
+        let f = &self.params.flags;
+        if f.no_write_workqueue {
+            "inline"
+        } else if f.submit_from_crypt_cpus {
+            "queued-submit-from-crypt"
+        } else {
+            "queued-sorted"
+        }
+    }
+
+    fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.len, offset, len)?;
+        let ss = u64::from(self.params.flags.sector_size);
+        if offset % ss != 0 || len % ss != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(())
+    }
+
+    fn base(&self) -> u64 {
+        self.params.offset_sectors * SECTOR_SIZE
+    }
+
+    fn read_inner(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        match &self.engine {
+            Some(engine) if !self.params.flags.no_read_workqueue => engine.read(offset, buf),
+            _ => {
+                self.dev.read_at(self.base() + offset, buf)?;
+                self.split
+                    .run(buf, offset / SECTOR_SIZE, |s, b| self.cipher.decrypt(s, b))
+            }
+        }
+    }
+
+    fn write_inner(
+        &self,
+        offset: u64,
+        data: WriteData<'_>,
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        if let Some(engine) = &self.engine {
+            if !self.params.flags.no_write_workqueue {
+                return match data {
+                    WriteData::Borrowed(b) => engine.write(offset, b, flags),
+                    WriteData::Scratch(b) => engine.write_scratch(offset, b, flags),
+                };
+            }
+        }
+        let sector = offset / SECTOR_SIZE;
+        let encrypt = |s: u64, b: &mut [u8]| self.cipher.encrypt(s, b);
+        match data {
+            WriteData::Scratch(buf) => {
+                self.split.run(buf, sector, encrypt)?;
+                self.dev.write_at_scratch(self.base() + offset, buf, flags)
+            }
+            WriteData::Borrowed(buf) => WRITE_BUF.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut tl) => {
+                    if tl.len() < buf.len() {
+                        tl.resize(buf.len(), 0);
+                    }
+                    let out = &mut tl[..buf.len()];
+                    out.copy_from_slice(buf);
+                    self.split.run(out, sector, encrypt)?;
+                    self.dev.write_at_scratch(self.base() + offset, out, flags)
+                }
+                Err(_) => {
+                    // Re-entered through a stacked crypt target on this thread.
+                    let mut out = buf.to_vec();
+                    self.split.run(&mut out, sector, encrypt)?;
+                    self.dev.write_at_scratch(self.base() + offset, &mut out, flags)
+                }
+            }),
+        }
+    }
+
+    fn account<T>(&self, result: io::Result<T>) -> io::Result<T> {
+        if result.is_err() {
+            self.stats.error();
+        }
+        result
+    }
+}
+
+enum WriteData<'a> {
+    Borrowed(&'a [u8]),
+    Scratch(&'a mut [u8]),
+}
+
+/// Parses a table key: hex, or `-` for none; keyring references are refused.
+fn parse_key(text: &str) -> Result<SecretBytes, String> {
+    if text == "-" {
+        return Ok(SecretBytes::zeroed(0));
+    }
+    if text.starts_with(':') {
+        return Err(
+            "kernel keyring keys (:<size>:<type>:<description>) are not supported; give the key as hex"
+                .into(),
+        );
+    }
+    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        // Never echo the key text: it may be a real key with a typo.
+        return Err(format!(
+            "invalid key: expected an even number of hex digits or '-' ({} characters given)",
+            text.len()
+        ));
+    }
+    let mut key = SecretBytes::zeroed(text.len() / 2);
+    hex::decode_to_slice(text, key.as_mut_bytes())
+        .map_err(|_| "invalid key: not hex".to_string())?;
+    Ok(key)
+}
+
+/// Converts cipher failures to the errno a kernel bio would see.
+pub(crate) fn cipher_io(e: CipherError) -> io::Error {
+    match e {
+        CipherError::Misaligned { .. } => errno(libc::EINVAL),
+        _ => errno(libc::EIO),
+    }
+}
+
+impl BlockDevice for CryptTarget {
+    fn size(&self) -> u64 {
+        self.len
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.params.flags.sector_size.max(self.dev.logical_block_size())
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        let r = self.read_inner(offset, buf);
+        if r.is_ok() {
+            self.stats.read(buf.len() as u64);
+        }
+        self.account(r)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        let r = self.write_inner(offset, WriteData::Borrowed(buf), flags);
+        if r.is_ok() {
+            self.stats.write(buf.len() as u64);
+        }
+        self.account(r)
+    }
+    fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        let n = buf.len() as u64;
+        let r = self.write_inner(offset, WriteData::Scratch(buf), flags);
+        if r.is_ok() {
+            self.stats.write(n);
+        }
+        self.account(r)
+    }
+    fn flush(&self) -> io::Result<()> {
+        // Writes are acknowledged only once submitted below, so nothing is buffered here.
+        self.stats.flush();
+        let r = self.dev.flush();
+        self.account(r)
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        if !self.params.flags.allow_discards {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        self.stats.discard(len);
+        let r = self.dev.discard(self.base() + offset, len);
+        self.account(r)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        // Zeros must be stored encrypted, so this is a write of zero plaintext, never a
+        // pass-through (which would leave recognisable zeros on the device).
+        self.check(offset, len)?;
+        let mut chunk = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len() as u64) as usize;
+            chunk[..n].fill(0);
+            self.write_at_scratch(offset + done, &mut chunk[..n], WriteFlags::default())?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+impl Target for CryptTarget {
+    fn target_type(&self) -> &'static str {
+        "crypt"
+    }
+    fn table_params(&self, show_keys: bool) -> String {
+        let p = &self.params;
+        let key = if p.key.is_empty() {
+            "-".to_string()
+        } else if show_keys {
+            p.key.to_hex()
+        } else {
+            // dmsetup without --showkeys prints zeros of the key's length.
+            "0".repeat(p.key.len() * 2)
+        };
+        let mut s = format!(
+            "{} {} {} {} {}",
+            p.cipher_spec, key, p.iv_offset, p.dev_spec, p.offset_sectors
+        );
+        let opts = p.flags.format();
+        if !opts.is_empty() {
+            s.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
+        }
+        s
+    }
+    fn status_params(&self) -> String {
+        let st = self.stats.snapshot();
+        format!(
+            "reads={} writes={} read_bytes={} write_bytes={} discards={} flushes={} errors={} \
+             read_pipeline={} write_pipeline={} cpu_split={} cipher_impl={}",
+            st.reads,
+            st.writes,
+            st.read_bytes,
+            st.write_bytes,
+            st.discards,
+            st.flushes,
+            st.errors,
+            self.read_pipeline(),
+            self.write_pipeline(),
+            self.split.describe(),
+            self.cipher.implementation()
+        )
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,264 @@
+//! dm tables: parsing `<start> <len> <target> <args...>` lines, building the targets, and
+//! the resulting multi-target [`Table`] device.
+
+use std::io;
+use std::sync::Arc;
+
+use crate::device::{BlockDevice, WriteFlags};
+use crate::error::{errno, DmError};
+use crate::registry::DeviceResolver;
+use crate::target::{build_target, BuildContext, Target};
+use crate::SECTOR_SIZE;
+
+/// One parsed (not yet built) table line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableLine {
+    /// 1-based line number in the source text (for error messages).
+    pub line: usize,
+    /// First sector covered.
+    pub start: u64,
+    /// Number of sectors covered.
+    pub len: u64,
+    /// Target type name.
+    pub target_type: String,
+    /// Target arguments, whitespace-split.
+    pub args: Vec<String>,
+}
+
+/// Splits table text into lines and checks their shape: blank lines and `#` comments are
+/// skipped; lines must be contiguous from sector 0 with non-zero lengths.
+pub fn parse_table_lines(text: &str) -> Result<Vec<TableLine>, DmError> {
+    let mut lines = Vec::new();
+    let mut next_start = 0u64;
+    for (i, raw) in text.lines().enumerate() {
+        let lineno = i + 1;
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let mut fields = trimmed.split_whitespace();
+        let start_s = fields.next().unwrap_or_default();
+        let start: u64 = start_s.parse().map_err(|_| {
+            DmError::table(lineno, format!("invalid <start> '{start_s}' (expected sectors)"))
+        })?;
+        let len_s = fields
+            .next()
+            .ok_or_else(|| DmError::table(lineno, "missing <length> and <target>"))?;
+        let len: u64 = len_s.parse().map_err(|_| {
+            DmError::table(lineno, format!("invalid <length> '{len_s}' (expected sectors)"))
+        })?;
+        let target_type = fields
+            .next()
+            .ok_or_else(|| DmError::table(lineno, "missing <target> type"))?
+            .to_string();
+        if len == 0 {
+            return Err(DmError::table(lineno, "zero-length target"));
+        }
+        if start != next_start {
+            return Err(DmError::table(
+                lineno,
+                format!("target starts at sector {start} but the previous one ends at {next_start} (a table must be contiguous from 0)"),
+            ));
+        }
+        next_start = start
+            .checked_add(len)
+            .filter(|end| end.checked_mul(SECTOR_SIZE).is_some())
+            .ok_or_else(|| DmError::table(lineno, "table end overflows"))?;
+        lines.push(TableLine {
+            line: lineno,
+            start,
+            len,
+            target_type,
+            args: fields.map(str::to_string).collect(),
+        });
+    }
+    if lines.is_empty() {
+        return Err(DmError::TableShape("table has no targets".into()));
+    }
+    Ok(lines)
+}
+
+/// A built target and its place in the table.
+pub struct TableEntry {
+    /// First sector.
+    pub start: u64,
+    /// Length in sectors.
+    pub len: u64,
+    /// The target.
+    pub target: Arc<dyn Target>,
+}
+
+/// A loaded table: its targets laid end to end form one block device.
+pub struct Table {
+    entries: Vec<TableEntry>,
+    size: u64,
+    logical_block_size: u32,
+}
+
+impl Table {
+    /// Parses `text` and builds every target, opening devices through `resolver`.
+    pub fn load(text: &str, resolver: &dyn DeviceResolver) -> Result<Table, DmError> {
+        let lines = parse_table_lines(text)?;
+        let mut entries = Vec::with_capacity(lines.len());
+        for line in &lines {
+            let ctx = BuildContext { resolver, line };
+            let target = build_target(&ctx).map_err(|msg| {
+                DmError::table(line.line, format!("{} target: {msg}", line.target_type))
+            })?;
+            entries.push(TableEntry {
+                start: line.start,
+                len: line.len,
+                target,
+            });
+        }
+        Self::from_entries(entries)
+    }
+
+    /// Assembles a table from already-built targets (must be contiguous from 0).
+    pub fn from_entries(entries: Vec<TableEntry>) -> Result<Table, DmError> {
+        let mut next = 0;
+        let mut lbs = SECTOR_SIZE as u32;
+        for (i, e) in entries.iter().enumerate() {
+            if e.start != next || e.len == 0 || e.target.size() != e.len * SECTOR_SIZE {
+                return Err(DmError::TableShape(format!(
+                    "entry {} does not continue the table at sector {next}",
+                    i + 1
+                )));
+            }
+            lbs = lbs.max(e.target.logical_block_size());
+            next += e.len;
+        }
+        if entries.is_empty() {
+            return Err(DmError::TableShape("table has no targets".into()));
+        }
+        for (i, e) in entries.iter().enumerate() {
+            // A boundary inside a logical block would split blocks across targets.
+            if (e.start * SECTOR_SIZE) % u64::from(lbs) != 0 {
+                return Err(DmError::table(
+                    i + 1,
+                    format!("target start {} is not aligned to the table's {lbs}-byte logical block", e.start),
+                ));
+            }
+        }
+        Ok(Table {
+            entries,
+            size: next * SECTOR_SIZE,
+            logical_block_size: lbs,
+        })
+    }
+
+    /// The targets in order.
+    pub fn entries(&self) -> &[TableEntry] {
+        &self.entries
+    }
+
+    /// The table as `dmsetup table` prints it (one line per target, `\n`-terminated).
+    pub fn format(&self, show_keys: bool) -> String {
+        let mut out = String::new();
+        for e in &self.entries {
+            let params = e.target.table_params(show_keys);
+            out.push_str(&format!("{} {} {}", e.start, e.len, e.target.target_type()));
+            if !params.is_empty() {
+                out.push(' ');
+                out.push_str(&params);
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The table's status as `dmsetup status` prints it.
+    pub fn status(&self) -> String {
+        let mut out = String::new();
+        for e in &self.entries {
+            let params = e.target.status_params();
+            out.push_str(&format!("{} {} {}", e.start, e.len, e.target.target_type()));
+            if !params.is_empty() {
+                out.push(' ');
+                out.push_str(&params);
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        crate::device::check_range(self.size, offset, len)?;
+        let lbs = u64::from(self.logical_block_size);
+        if offset % lbs != 0 || len % lbs != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(())
+    }
+
+    /// Splits `[offset, offset+len)` at target boundaries and calls `f(target, target_offset,
+    /// range_in_request)` for each piece, stopping at the first error.
+    fn for_each_piece(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(&dyn Target, u64, std::ops::Range<usize>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if self.entries.len() == 1 {
+            return f(self.entries[0].target.as_ref(), offset, 0..len as usize);
+        }
+        let first = self
+            .entries
+            .partition_point(|e| (e.start + e.len) * SECTOR_SIZE <= offset);
+        let mut done = 0u64;
+        for e in &self.entries[first..] {
+            if done == len {
+                break;
+            }
+            let pos = offset + done;
+            let t_start = e.start * SECTOR_SIZE;
+            let within = pos - t_start;
+            let n = (e.len * SECTOR_SIZE - within).min(len - done);
+            f(e.target.as_ref(), within, done as usize..(done + n) as usize)?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for Table {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.logical_block_size
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.for_each_piece(offset, buf.len() as u64, |t, off, r| t.read_at(off, &mut buf[r]))
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.for_each_piece(offset, buf.len() as u64, |t, off, r| {
+            t.write_at(off, &buf[r], flags)
+        })
+    }
+    fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.for_each_piece(offset, buf.len() as u64, |t, off, r| {
+            t.write_at_scratch(off, &mut buf[r], flags)
+        })
+    }
+    fn flush(&self) -> io::Result<()> {
+        let mut result = Ok(());
+        for e in &self.entries {
+            if let Err(err) = e.target.flush() {
+                result = Err(err);
+            }
+        }
+        result
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        self.for_each_piece(offset, len, |t, off, r| t.discard(off, r.len() as u64))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        self.for_each_piece(offset, len, |t, off, r| t.write_zeroes(off, r.len() as u64))
+    }
+}

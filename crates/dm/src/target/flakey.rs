@@ -1,0 +1,428 @@
+//! `flakey <dev> <offset> <up_interval> <down_interval> [<#feature_args> <features>...]`:
+//! a device that is reliable for `up_interval` seconds, then unreliable for
+//! `down_interval` seconds, repeating from table load.
+//!
+//! Unreliable means, per feature: `drop_writes` (writes acknowledged, not written),
+//! `error_writes` / `error_reads` (that direction fails with `EIO`), `corrupt_bio_byte <n>
+//! <r|w> <value> <flags>` (byte `n`, 1-based, of each matching request replaced); with no
+//! features every request fails. [`FlakeyControl`] adds deterministic hooks for tests: force
+//! the device up or down, or fail/drop every write after the Nth.
+
+use std::any::Any;
+use std::io;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{arg_u32, arg_u64, BuildContext, Target};
+use crate::device::{check_range, BlockDevice, WriteFlags};
+use crate::error::errno;
+use crate::SECTOR_SIZE;
+
+/// What happens to writes once a [`FlakeyControl::fail_after_writes`] budget is used up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteFailure {
+    /// Writes (and flushes) are acknowledged but never reach the device, like a power cut.
+    Drop,
+    /// Writes and flushes fail with `EIO`.
+    Error,
+}
+
+const FORCE_NONE: u8 = 0;
+const FORCE_UP: u8 = 1;
+const FORCE_DOWN: u8 = 2;
+
+/// Deterministic test controls for a flakey target, shareable across threads.
+#[derive(Default)]
+pub struct FlakeyControl {
+    force: AtomicU8,
+    /// Writes still allowed before the failure mode starts; negative = disarmed.
+    write_budget: AtomicI64,
+    failure: AtomicU8,
+    writes_passed: AtomicU64,
+    writes_dropped: AtomicU64,
+    writes_failed: AtomicU64,
+}
+
+impl FlakeyControl {
+    fn new() -> Self {
+        let c = FlakeyControl::default();
+        c.write_budget.store(-1, Ordering::Relaxed);
+        c
+    }
+
+    /// Forces the device permanently up (`Some(false)`), down (`Some(true)`), or back to its
+    /// interval timing (`None`).
+    pub fn force_down(&self, down: Option<bool>) {
+        let v = match down {
+            None => FORCE_NONE,
+            Some(false) => FORCE_UP,
+            Some(true) => FORCE_DOWN,
+        };
+        self.force.store(v, Ordering::SeqCst);
+    }
+
+    /// Lets the next `n` writes through, then applies `failure` to every later write and
+    /// flush (a crash point after exactly `n` writes).
+    pub fn fail_after_writes(&self, n: u64, failure: WriteFailure) {
+        self.failure.store(
+            match failure {
+                WriteFailure::Drop => 0,
+                WriteFailure::Error => 1,
+            },
+            Ordering::SeqCst,
+        );
+        self.write_budget
+            .store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::SeqCst);
+    }
+
+    /// Removes a [`FlakeyControl::fail_after_writes`] trigger.
+    pub fn disarm(&self) {
+        self.write_budget.store(-1, Ordering::SeqCst);
+    }
+
+    /// Writes that reached the device.
+    pub fn writes_passed(&self) -> u64 {
+        self.writes_passed.load(Ordering::Relaxed)
+    }
+
+    /// Writes acknowledged without being written.
+    pub fn writes_dropped(&self) -> u64 {
+        self.writes_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Writes that failed with `EIO`.
+    pub fn writes_failed(&self) -> u64 {
+        self.writes_failed.load(Ordering::Relaxed)
+    }
+
+    /// Consumes one unit of write budget; returns the failure to apply, if any.
+    fn take_write(&self) -> Option<WriteFailure> {
+        let mut cur = self.write_budget.load(Ordering::SeqCst);
+        loop {
+            if cur < 0 {
+                return None;
+            }
+            if cur == 0 {
+                return Some(self.failure_mode());
+            }
+            match self.write_budget.compare_exchange(
+                cur,
+                cur - 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return None,
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// The failure in force for flushes, if the budget is used up.
+    fn flush_failure(&self) -> Option<WriteFailure> {
+        (self.write_budget.load(Ordering::SeqCst) == 0).then(|| self.failure_mode())
+    }
+
+    fn failure_mode(&self) -> WriteFailure {
+        if self.failure.load(Ordering::SeqCst) == 1 {
+            WriteFailure::Error
+        } else {
+            WriteFailure::Drop
+        }
+    }
+}
+
+/// `corrupt_bio_byte` parameters.
+#[derive(Clone, Copy, Debug)]
+struct Corruption {
+    byte: u32,
+    write: bool,
+    value: u8,
+    flags: u32,
+}
+
+/// The flakey target.
+pub struct FlakeyTarget {
+    dev: Arc<dyn BlockDevice>,
+    dev_spec: String,
+    offset_sectors: u64,
+    up_interval: u32,
+    down_interval: u32,
+    drop_writes: bool,
+    error_writes: bool,
+    error_reads: bool,
+    corrupt: Option<Corruption>,
+    started: Instant,
+    len: u64,
+    control: Arc<FlakeyControl>,
+}
+
+impl FlakeyTarget {
+    pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
+        const USAGE: &str = "flakey <dev> <offset> <up_interval> <down_interval> \
+                             [<#feature_args> [drop_writes] [error_writes] [error_reads] \
+                             [corrupt_bio_byte <n> <r|w> <value> <flags>]]";
+        if args.len() < 4 {
+            return Err(format!("too few arguments ({}); usage: {USAGE}", args.len()));
+        }
+        let offset_sectors = arg_u64(args, 1, "offset")?;
+        let up_interval = arg_u32(args, 2, "up_interval")?;
+        let down_interval = arg_u32(args, 3, "down_interval")?;
+        if u64::from(up_interval) + u64::from(down_interval) == 0 {
+            return Err("total (up + down) interval is zero".into());
+        }
+        let mut t = FlakeyTarget {
+            dev: ctx.open_device(&args[0], offset_sectors)?,
+            dev_spec: args[0].clone(),
+            offset_sectors,
+            up_interval,
+            down_interval,
+            drop_writes: false,
+            error_writes: false,
+            error_reads: false,
+            corrupt: None,
+            started: Instant::now(),
+            len: ctx.len_bytes(),
+            control: Arc::new(FlakeyControl::new()),
+        };
+        if args.len() == 4 {
+            return Ok(t);
+        }
+        let count = arg_u64(args, 4, "#feature_args")? as usize;
+        let features = &args[5..];
+        if features.len() != count {
+            return Err(format!(
+                "<#feature_args> is {count} but {} feature arguments follow",
+                features.len()
+            ));
+        }
+        let mut i = 0;
+        while i < features.len() {
+            match features[i].as_str() {
+                "drop_writes" if !t.drop_writes => t.drop_writes = true,
+                "error_writes" if !t.error_writes => t.error_writes = true,
+                "error_reads" if !t.error_reads => t.error_reads = true,
+                "drop_writes" | "error_writes" | "error_reads" => {
+                    return Err(format!("feature {} duplicated", features[i]))
+                }
+                "corrupt_bio_byte" => {
+                    if features.len() < i + 5 {
+                        return Err("corrupt_bio_byte needs <n> <r|w> <value> <flags>".into());
+                    }
+                    let byte = arg_u32(features, i + 1, "corrupt_bio_byte n")?;
+                    if byte == 0 {
+                        return Err("corrupt_bio_byte <n> must be at least 1".into());
+                    }
+                    let write = match features[i + 2].as_str() {
+                        "w" => true,
+                        "r" => false,
+                        other => {
+                            return Err(format!(
+                                "corrupt_bio_byte direction '{other}' (expected r or w)"
+                            ))
+                        }
+                    };
+                    let value = arg_u32(features, i + 3, "corrupt_bio_byte value")?;
+                    let value = u8::try_from(value)
+                        .map_err(|_| format!("corrupt_bio_byte value {value} exceeds 255"))?;
+                    let flags = arg_u32(features, i + 4, "corrupt_bio_byte flags")?;
+                    t.corrupt = Some(Corruption {
+                        byte,
+                        write,
+                        value,
+                        flags,
+                    });
+                    i += 4;
+                }
+                other => return Err(format!("unrecognised flakey feature '{other}'")),
+            }
+            i += 1;
+        }
+        if t.drop_writes && t.error_writes {
+            return Err("drop_writes and error_writes are mutually exclusive".into());
+        }
+        Ok(t)
+    }
+
+    /// The deterministic test controls of this target.
+    pub fn control(&self) -> Arc<FlakeyControl> {
+        self.control.clone()
+    }
+
+    fn is_down(&self) -> bool {
+        match self.control.force.load(Ordering::SeqCst) {
+            FORCE_UP => return false,
+            FORCE_DOWN => return true,
+            _ => {}
+        }
+        if self.down_interval == 0 {
+            return false;
+        }
+        let elapsed = self.started.elapsed().as_secs();
+        elapsed % (u64::from(self.up_interval) + u64::from(self.down_interval))
+            >= u64::from(self.up_interval)
+    }
+
+    fn has_features(&self) -> bool {
+        self.drop_writes || self.error_writes || self.error_reads || self.corrupt.is_some()
+    }
+
+    fn base(&self) -> u64 {
+        self.offset_sectors * SECTOR_SIZE
+    }
+
+    fn corrupt_byte(c: &Corruption, buf: &mut [u8]) {
+        // Only the bio-flags value 0 (match all) exists for userspace requests.
+        if c.flags == 0 {
+            if let Some(b) = buf.get_mut(c.byte as usize - 1) {
+                *b = c.value;
+            }
+        }
+    }
+
+    /// Decides a write's fate: `Ok(true)` = perform it, `Ok(false)` = drop it.
+    fn write_gate(&self) -> io::Result<bool> {
+        match self.control.take_write() {
+            Some(WriteFailure::Drop) => {
+                self.control.writes_dropped.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+            Some(WriteFailure::Error) => {
+                self.control.writes_failed.fetch_add(1, Ordering::Relaxed);
+                return Err(errno(libc::EIO));
+            }
+            None => {}
+        }
+        if self.is_down() {
+            if self.drop_writes {
+                self.control.writes_dropped.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+            if self.error_writes || !self.has_features() {
+                self.control.writes_failed.fetch_add(1, Ordering::Relaxed);
+                return Err(errno(libc::EIO));
+            }
+        }
+        Ok(true)
+    }
+
+    fn write_corruption(&self) -> Option<Corruption> {
+        self.corrupt.filter(|c| c.write && self.is_down())
+    }
+}
+
+impl BlockDevice for FlakeyTarget {
+    fn size(&self) -> u64 {
+        self.len
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.dev.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        let down = self.is_down();
+        if down && (self.error_reads || !self.has_features()) {
+            return Err(errno(libc::EIO));
+        }
+        self.dev.read_at(self.base() + offset, buf)?;
+        if down {
+            if let Some(c) = self.corrupt.filter(|c| !c.write) {
+                Self::corrupt_byte(&c, buf);
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        if !self.write_gate()? {
+            return Ok(());
+        }
+        if let Some(c) = self.write_corruption() {
+            let mut copy = buf.to_vec();
+            Self::corrupt_byte(&c, &mut copy);
+            self.dev.write_at(self.base() + offset, &copy, flags)?;
+        } else {
+            self.dev.write_at(self.base() + offset, buf, flags)?;
+        }
+        self.control.writes_passed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        if !self.write_gate()? {
+            return Ok(());
+        }
+        if let Some(c) = self.write_corruption() {
+            Self::corrupt_byte(&c, buf);
+        }
+        self.dev
+            .write_at_scratch(self.base() + offset, buf, flags)?;
+        self.control.writes_passed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        match self.control.flush_failure() {
+            Some(WriteFailure::Drop) => return Ok(()),
+            Some(WriteFailure::Error) => return Err(errno(libc::EIO)),
+            None => {}
+        }
+        if self.is_down() && !self.has_features() {
+            return Err(errno(libc::EIO));
+        }
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.len, offset, len)?;
+        if !self.write_gate()? {
+            return Ok(());
+        }
+        self.dev.discard(self.base() + offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.len, offset, len)?;
+        if !self.write_gate()? {
+            return Ok(());
+        }
+        self.dev.write_zeroes(self.base() + offset, len)
+    }
+}
+
+impl Target for FlakeyTarget {
+    fn target_type(&self) -> &'static str {
+        "flakey"
+    }
+    fn table_params(&self, _show_keys: bool) -> String {
+        let mut features = Vec::new();
+        if self.drop_writes {
+            features.push("drop_writes".to_string());
+        }
+        if self.error_writes {
+            features.push("error_writes".to_string());
+        }
+        if self.error_reads {
+            features.push("error_reads".to_string());
+        }
+        if let Some(c) = self.corrupt {
+            features.push(format!(
+                "corrupt_bio_byte {} {} {} {}",
+                c.byte,
+                if c.write { 'w' } else { 'r' },
+                c.value,
+                c.flags
+            ));
+        }
+        let argc: usize = features.iter().map(|f| f.split(' ').count()).sum();
+        let mut s = format!(
+            "{} {} {} {} {}",
+            self.dev_spec, self.offset_sectors, self.up_interval, self.down_interval, argc
+        );
+        for f in features {
+            s.push(' ');
+            s.push_str(&f);
+        }
+        s
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

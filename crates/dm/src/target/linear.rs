@@ -1,0 +1,84 @@
+//! `linear <dev> <offset>`: maps the range onto another device at a sector offset.
+
+use std::any::Any;
+use std::io;
+use std::sync::Arc;
+
+use super::{arg_u64, expect_args, BuildContext, Target};
+use crate::device::{check_range, BlockDevice, WriteFlags};
+use crate::SECTOR_SIZE;
+
+/// Remaps I/O onto `<dev>` starting at `<offset>` sectors.
+pub struct LinearTarget {
+    dev: Arc<dyn BlockDevice>,
+    dev_spec: String,
+    offset_sectors: u64,
+    len: u64,
+}
+
+impl LinearTarget {
+    /// A linear target of `len` bytes over `dev` at `offset_sectors`.
+    pub fn new(dev: Arc<dyn BlockDevice>, dev_spec: &str, offset_sectors: u64, len: u64) -> Self {
+        LinearTarget {
+            dev,
+            dev_spec: dev_spec.to_string(),
+            offset_sectors,
+            len,
+        }
+    }
+
+    pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
+        expect_args(args, 2, 2, "linear <dev> <offset>")?;
+        let offset = arg_u64(args, 1, "offset")?;
+        let dev = ctx.open_device(&args[0], offset)?;
+        Ok(Self::new(dev, &args[0], offset, ctx.len_bytes()))
+    }
+
+    fn base(&self) -> u64 {
+        self.offset_sectors * SECTOR_SIZE
+    }
+}
+
+impl BlockDevice for LinearTarget {
+    fn size(&self) -> u64 {
+        self.len
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.dev.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        self.dev.read_at(self.base() + offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        self.dev.write_at(self.base() + offset, buf, flags)
+    }
+    fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        self.dev.write_at_scratch(self.base() + offset, buf, flags)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.len, offset, len)?;
+        self.dev.discard(self.base() + offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.len, offset, len)?;
+        self.dev.write_zeroes(self.base() + offset, len)
+    }
+}
+
+impl Target for LinearTarget {
+    fn target_type(&self) -> &'static str {
+        "linear"
+    }
+    fn table_params(&self, _show_keys: bool) -> String {
+        format!("{} {}", self.dev_spec, self.offset_sectors)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
