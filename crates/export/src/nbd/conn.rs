@@ -24,6 +24,14 @@ impl Stream {
         })
     }
 
+    /// Closes both directions, even while other clones of the socket exist.
+    pub(crate) fn shutdown_both(&self) {
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+
     /// Makes pending and future reads return end-of-file; replies can still be sent.
     pub(crate) fn shutdown_read(&self) {
         let _ = match self {
@@ -71,8 +79,18 @@ enum Negotiated {
     Close,
 }
 
-/// Serves one client until it disconnects or the server stops.
-pub(crate) fn serve(mut stream: Stream, shared: &Shared) -> io::Result<()> {
+/// Serves one client until it disconnects or the server stops, then closes the socket
+/// (explicitly: the server keeps a clone of it for stopping, which would keep it open).
+pub(crate) fn serve(stream: Stream, shared: &Shared) -> io::Result<()> {
+    let control = stream.try_clone();
+    let result = serve_inner(stream, shared);
+    if let Ok(control) = control {
+        control.shutdown_both();
+    }
+    result
+}
+
+fn serve_inner(mut stream: Stream, shared: &Shared) -> io::Result<()> {
     match handshake(&mut stream, shared)? {
         Negotiated::Close => Ok(()),
         Negotiated::Transmission { structured, strict } => {
