@@ -8,7 +8,7 @@ use hmac::{Hmac, Mac};
 use sha2::Digest;
 
 /// A hash algorithm known to cryptblk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HashAlgorithm {
     /// SHA-1 (LUKS1 default before cryptsetup 1.7).
     Sha1,
@@ -145,6 +145,9 @@ mod tests {
     #[test]
     fn unknown_names_are_rejected() {
         assert!(HashAlgorithm::from_name("md5x").is_err());
-        assert_eq!(HashAlgorithm::from_name("SHA512").unwrap(), HashAlgorithm::Sha512);
+        assert_eq!(
+            HashAlgorithm::from_name("SHA512").unwrap(),
+            HashAlgorithm::Sha512
+        );
     }
 }

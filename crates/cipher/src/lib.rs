@@ -8,10 +8,23 @@
 //! The crate also holds the pieces every higher layer shares: hash functions by name
 //! ([`hash`]) and locked, zeroized key buffers ([`secret`]).
 
+mod awslc;
+mod dmcipher;
 pub mod hash;
+mod iv;
+mod lrw;
+mod measure;
+mod registry;
+mod rustcrypto;
 pub mod secret;
+pub mod spec;
 
+pub use measure::{measure, Throughput};
+pub use registry::{
+    default_implementation, implementations, open_cipher, open_cipher_spec, ImplementationInfo,
+};
 pub use secret::SecretBytes;
+pub use spec::{BlockCipherName, ChainMode, CipherSpec, IvMode, SectorOptions};
 
 /// Errors from cipher setup and sector processing.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +60,19 @@ pub enum CipherError {
     /// The underlying crypto library reported a failure.
     #[error("crypto backend failure: {0}")]
     Backend(String),
+    /// A request's start sector is not aligned to the encryption sector size (the kernel
+    /// fails such bios with an I/O error).
+    #[error("sector {sector} is not aligned to the {sector_size}-byte encryption sector")]
+    MisalignedSector {
+        /// The requested start, in 512-byte units.
+        sector: u64,
+        /// Encryption sector size in bytes.
+        sector_size: usize,
+    },
+    /// A well-formed specification whose combination cryptblk (or the kernel) cannot run,
+    /// e.g. an ESSIV hash whose digest is no valid key size for the cipher.
+    #[error("unsupported cipher configuration: {0}")]
+    Unsupported(String),
 }
 
 /// Encryption of whole sectors with per-sector IVs, as dm-crypt does it.

@@ -1,0 +1,206 @@
+//! The implementation registry, like the kernel's `/proc/crypto`: several implementations
+//! per algorithm, each with a priority; the highest-priority available one that supports a
+//! spec and key size is chosen unless the caller names one.
+
+use crate::dmcipher::{DmCipher, ModeEngine, NullEngine};
+use crate::iv::IvGenerator;
+use crate::spec::{CipherSpec, SectorOptions};
+use crate::{awslc, rustcrypto, CipherError, SectorCipher};
+
+/// One entry of [`implementations`], for `cryptblk ciphers`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImplementationInfo {
+    /// Name to select it by ([`SectorOptions::implementation`]).
+    pub name: String,
+    /// What it is built on.
+    pub description: String,
+    /// Kernel-style algorithm names it covers (`xts(aes)`, `cbc(serpent)`, ...), with key
+    /// size restrictions in parentheses where it has them.
+    pub algorithms: Vec<String>,
+    /// Selection priority on this CPU (higher wins).
+    pub priority: u32,
+    /// Whether it can run on this CPU.
+    pub available: bool,
+    /// Whether it is the default choice for at least one algorithm it covers.
+    pub selected_by_default: bool,
+}
+
+struct Implementation {
+    name: &'static str,
+    description: &'static str,
+    /// (display name, representative spec, key length) per covered algorithm.
+    algorithms: &'static [(&'static str, &'static str, usize)],
+    priority: fn() -> u32,
+    available: fn() -> bool,
+    supports: fn(&CipherSpec, usize) -> bool,
+    build: fn(&CipherSpec, &[u8]) -> Result<Box<dyn ModeEngine>, CipherError>,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_aes_ni() -> bool {
+    std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_aes_ni() -> bool {
+    false
+}
+
+const RUSTCRYPTO_ALGS: &[(&str, &str, usize)] = &[
+    ("xts(aes)", "aes-xts-plain64", 32),
+    ("cbc(aes)", "aes-cbc-plain64", 32),
+    ("ecb(aes)", "aes-ecb", 32),
+    ("lrw(aes)", "aes-lrw-plain64", 48),
+    ("xts(serpent)", "serpent-xts-plain64", 64),
+    ("cbc(serpent)", "serpent-cbc-plain64", 32),
+    ("ecb(serpent)", "serpent-ecb", 32),
+    ("lrw(serpent)", "serpent-lrw-plain64", 48),
+    ("xts(twofish)", "twofish-xts-plain64", 64),
+    ("cbc(twofish)", "twofish-cbc-plain64", 32),
+    ("ecb(twofish)", "twofish-ecb", 32),
+    ("lrw(twofish)", "twofish-lrw-plain64", 48),
+];
+
+static REGISTRY: &[Implementation] = &[
+    Implementation {
+        name: "aws-lc",
+        description: "AWS-LC (aws-lc-sys): AES-NI/VAES/AVX-512 assembly",
+        algorithms: &[
+            ("xts(aes) (512-bit keys)", "aes-xts-plain64", 64),
+            ("cbc(aes)", "aes-cbc-plain64", 32),
+        ],
+        // Without AES-NI AWS-LC still runs (constant-time vector code), but then it has no
+        // edge over the portable implementation.
+        priority: || if has_aes_ni() { 400 } else { 150 },
+        available: || true,
+        supports: awslc::supports,
+        build: awslc::engine,
+    },
+    Implementation {
+        name: "rustcrypto",
+        description: "RustCrypto aes/serpent/twofish with xts-mode and cbc (portable)",
+        algorithms: RUSTCRYPTO_ALGS,
+        priority: || 200,
+        available: || true,
+        supports: |spec, _| rustcrypto::supports(spec),
+        build: rustcrypto::engine,
+    },
+    Implementation {
+        name: "null",
+        description: "cipher_null: the identity (no encryption)",
+        algorithms: &[("ecb(cipher_null)", "cipher_null-ecb", 0)],
+        priority: || 100,
+        available: || true,
+        supports: |spec, _| spec.is_null(),
+        build: |_, _| Ok(Box::new(NullEngine)),
+    },
+];
+
+/// Available implementations supporting `spec` with a `key_len`-byte key, best first.
+fn candidates(spec: &CipherSpec, key_len: usize) -> Vec<&'static Implementation> {
+    let mut v: Vec<_> = REGISTRY
+        .iter()
+        .filter(|i| (i.available)() && (i.supports)(spec, key_len))
+        .collect();
+    v.sort_by_key(|i| std::cmp::Reverse((i.priority)()));
+    v
+}
+
+/// Lists every implementation with its priority and availability on this CPU.
+pub fn implementations() -> Vec<ImplementationInfo> {
+    REGISTRY
+        .iter()
+        .map(|imp| {
+            let selected_by_default = imp.algorithms.iter().any(|(_, spec, key_len)| {
+                CipherSpec::parse(spec)
+                    .ok()
+                    .and_then(|s| {
+                        candidates(&s, *key_len)
+                            .first()
+                            .map(|best| best.name == imp.name)
+                    })
+                    .unwrap_or(false)
+            });
+            ImplementationInfo {
+                name: imp.name.to_string(),
+                description: imp.description.to_string(),
+                algorithms: imp
+                    .algorithms
+                    .iter()
+                    .map(|(n, _, _)| n.to_string())
+                    .collect(),
+                priority: (imp.priority)(),
+                available: (imp.available)(),
+                selected_by_default,
+            }
+        })
+        .collect()
+}
+
+/// The implementation [`open_cipher`] picks for `spec` and a `key_len`-byte key when none
+/// is named.
+pub fn default_implementation(spec: &str, key_len: usize) -> Result<String, CipherError> {
+    let spec = CipherSpec::parse(spec)?;
+    spec.check_key_size(key_len)?;
+    candidates(&spec, key_len)
+        .first()
+        .map(|i| i.name.to_string())
+        .ok_or_else(|| CipherError::NoImplementation(format!("any for {spec}")))
+}
+
+/// Opens a sector cipher for a dm-crypt cipher specification and volume key.
+///
+/// `spec` is any form [`CipherSpec::parse`] accepts; `key` is the whole volume key (for XTS
+/// both halves; empty for `cipher_null`). With `opts.implementation` set, exactly that
+/// implementation is used or [`CipherError::NoImplementation`] returned; otherwise the
+/// highest-priority one that accepts the key is used.
+pub fn open_cipher(
+    spec: &str,
+    key: &[u8],
+    opts: &SectorOptions,
+) -> Result<Box<dyn SectorCipher>, CipherError> {
+    open_cipher_spec(&CipherSpec::parse(spec)?, key, opts)
+}
+
+/// [`open_cipher`] for an already parsed specification.
+pub fn open_cipher_spec(
+    spec: &CipherSpec,
+    key: &[u8],
+    opts: &SectorOptions,
+) -> Result<Box<dyn SectorCipher>, CipherError> {
+    opts.check()?;
+    spec.check_key_size(key.len())?;
+    let ivgen = IvGenerator::new(spec.iv_mode(), spec.cipher(), key)?;
+    let (engine, name) = match &opts.implementation {
+        Some(name) => {
+            let imp = REGISTRY
+                .iter()
+                .find(|i| i.name == name)
+                .ok_or_else(|| CipherError::NoImplementation(name.clone()))?;
+            if !(imp.available)() || !(imp.supports)(spec, key.len()) {
+                return Err(CipherError::NoImplementation(format!(
+                    "{name} for {spec} with a {}-byte key",
+                    key.len()
+                )));
+            }
+            ((imp.build)(spec, key)?, imp.name)
+        }
+        None => {
+            // A candidate may still refuse a key (AWS-LC rejects XTS keys with equal
+            // halves, which the kernel accepts): fall through to the next one.
+            let mut last = CipherError::NoImplementation(format!("any for {spec}"));
+            let mut found = None;
+            for imp in candidates(spec, key.len()) {
+                match (imp.build)(spec, key) {
+                    Ok(e) => {
+                        found = Some((e, imp.name));
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            found.ok_or(last)?
+        }
+    };
+    Ok(Box::new(DmCipher::new(engine, ivgen, opts, name)))
+}

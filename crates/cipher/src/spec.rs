@@ -1,0 +1,466 @@
+//! Cipher specifications as dm-crypt tables and cryptsetup accept them.
+//!
+//! Two spellings exist: the legacy `cipher-chainmode-ivmode[:ivopts]` (`aes-xts-plain64`,
+//! `aes-cbc-essiv:sha256`, `cipher_null-ecb`) and the kernel crypto API form
+//! `capi:chainmode(cipher)-ivmode[:ivopts]` (`capi:xts(aes)-plain64`, `capi:ecb(cipher_null)`).
+//! Both parse to the same [`CipherSpec`]. Kernel driver names (`aes-generic`, `ecb(aes-ni)`)
+//! are refused as cryptsetup refuses them: their dash makes the split ambiguous.
+
+use crate::hash::HashAlgorithm;
+use crate::CipherError;
+use std::fmt;
+use std::str::FromStr;
+
+/// The block cipher under the chaining mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockCipherName {
+    /// AES (Rijndael with 128-bit blocks).
+    Aes,
+    /// Serpent, kernel byte order (the NESSIE one, not `tnepres`).
+    Serpent,
+    /// Twofish.
+    Twofish,
+    /// The identity "cipher" (`cipher_null`): no encryption, key ignored.
+    Null,
+}
+
+impl BlockCipherName {
+    /// Kernel/cryptsetup name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Aes => "aes",
+            Self::Serpent => "serpent",
+            Self::Twofish => "twofish",
+            Self::Null => "cipher_null",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "aes" => Self::Aes,
+            "serpent" => Self::Serpent,
+            "twofish" => Self::Twofish,
+            "cipher_null" | "null" => Self::Null,
+            _ => return None,
+        })
+    }
+
+    /// Key sizes the bare block cipher accepts, in bytes.
+    pub fn key_sizes(self) -> &'static [usize] {
+        match self {
+            Self::Aes | Self::Twofish => &[16, 24, 32],
+            // The kernel pads shorter Serpent keys; RustCrypto accepts 16..=32 and cryptsetup
+            // never creates shorter ones.
+            Self::Serpent => &[16, 20, 24, 28, 32],
+            Self::Null => &[0],
+        }
+    }
+
+    /// Block size in bytes (1 for `cipher_null`, as in the kernel).
+    pub fn block_size(self) -> usize {
+        match self {
+            Self::Null => 1,
+            _ => 16,
+        }
+    }
+}
+
+/// The chaining (block) mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChainMode {
+    /// XEX-based tweaked codebook with ciphertext stealing (IEEE 1619).
+    Xts,
+    /// Cipher block chaining.
+    Cbc,
+    /// Electronic codebook (no IV).
+    Ecb,
+    /// Liskov-Rivest-Wagner tweakable mode (kernel `lrw`, LRW-32-AES).
+    Lrw,
+}
+
+impl ChainMode {
+    /// Kernel name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Xts => "xts",
+            Self::Cbc => "cbc",
+            Self::Ecb => "ecb",
+            Self::Lrw => "lrw",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "xts" => Self::Xts,
+            "cbc" => Self::Cbc,
+            "ecb" => Self::Ecb,
+            "lrw" => Self::Lrw,
+            _ => return None,
+        })
+    }
+}
+
+/// How each sector's IV is derived (dm-crypt "ivmode").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IvMode {
+    /// No IV at all (ECB).
+    None,
+    /// All-zero IV (`null`).
+    Null,
+    /// Low 32 bits of the sector number, little-endian (`plain`).
+    Plain,
+    /// 64-bit sector number, little-endian (`plain64`).
+    Plain64,
+    /// 64-bit sector number, big-endian in the IV's last 8 bytes (`plain64be`).
+    Plain64Be,
+    /// plain64 encrypted with the block cipher keyed by a hash of the volume key.
+    Essiv(HashAlgorithm),
+    /// Big-endian narrow block count, starting at 1 (`benbi`).
+    Benbi,
+}
+
+impl IvMode {
+    /// The ivmode as written in a spec (`essiv:sha256`); empty for [`IvMode::None`].
+    pub fn spec_name(self) -> String {
+        match self {
+            Self::None => String::new(),
+            Self::Null => "null".into(),
+            Self::Plain => "plain".into(),
+            Self::Plain64 => "plain64".into(),
+            Self::Plain64Be => "plain64be".into(),
+            Self::Essiv(h) => format!("essiv:{}", h.name()),
+            Self::Benbi => "benbi".into(),
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        let (name, opts) = match s.split_once(':') {
+            Some((n, o)) => (n, Some(o)),
+            None => (s, None),
+        };
+        let mode = match (name, opts) {
+            ("null", None) => Self::Null,
+            ("plain", None) => Self::Plain,
+            ("plain64", None) => Self::Plain64,
+            ("plain64be", None) => Self::Plain64Be,
+            ("benbi", None) => Self::Benbi,
+            ("essiv", Some(h)) => Self::Essiv(HashAlgorithm::from_name(h).ok()?),
+            _ => return None,
+        };
+        Some(mode)
+    }
+}
+
+/// A parsed cipher specification.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CipherSpec {
+    cipher: BlockCipherName,
+    chain: ChainMode,
+    iv: IvMode,
+}
+
+impl CipherSpec {
+    /// Parses a dm-crypt/cryptsetup cipher specification (legacy or `capi:` form).
+    ///
+    /// Follows cryptsetup's rules: a bare `aes` or `aes-plain` means `aes-cbc-plain`, `null`
+    /// and `cipher_null` mean `cipher_null-ecb`, and every chaining mode but ECB needs an
+    /// IV mode (ECB ignores one, as the kernel does).
+    pub fn parse(spec: &str) -> Result<Self, CipherError> {
+        let unknown = || CipherError::UnknownSpec(spec.to_string());
+        let (cipher, chain, iv) = if let Some(capi) = spec.strip_prefix("capi:") {
+            // capi:chain(cipher)[-ivmode]; a ')' after the first dash means a driver name
+            // such as aes-generic, which cryptsetup refuses.
+            let (api, ivmode) = match capi.split_once('-') {
+                Some((a, i)) => (a, Some(i)),
+                None => (capi, None),
+            };
+            if ivmode.is_some_and(|i| i.contains(['(', ')'])) {
+                return Err(unknown());
+            }
+            let inner = api.strip_suffix(')').ok_or_else(unknown)?;
+            let (chain, cipher) = inner.split_once('(').ok_or_else(unknown)?;
+            if cipher.contains(['(', ')']) {
+                return Err(unknown());
+            }
+            (cipher, chain, ivmode)
+        } else {
+            if spec == "null" || spec == "cipher_null" {
+                return Ok(Self::null());
+            }
+            let mut parts = spec.splitn(3, '-');
+            let cipher = parts.next().unwrap_or_default();
+            let chain = parts.next();
+            let iv = parts.next();
+            match (chain, iv) {
+                (None, _) | (Some("plain"), None) => (cipher, "cbc", Some("plain")),
+                (Some(c), i) => (cipher, c, i),
+            }
+        };
+        // The legacy form may carry a key count ("aes:1-..."); only one key is supported.
+        let cipher = match cipher.split_once(':') {
+            Some((c, "1")) => c,
+            Some(_) => return Err(unknown()),
+            None => cipher,
+        };
+        let cipher = BlockCipherName::from_name(cipher).ok_or_else(unknown)?;
+        let chain = ChainMode::from_name(chain).ok_or_else(unknown)?;
+        let iv = match (chain, iv) {
+            // The kernel ignores an IV mode given with ECB (with a warning).
+            (ChainMode::Ecb, _) => IvMode::None,
+            (_, None) => return Err(unknown()),
+            (_, Some(i)) => IvMode::parse(i).ok_or_else(unknown)?,
+        };
+        if cipher == BlockCipherName::Null && chain != ChainMode::Ecb {
+            return Err(unknown());
+        }
+        Ok(Self { cipher, chain, iv })
+    }
+
+    /// The null cipher (`cipher_null-ecb`).
+    pub fn null() -> Self {
+        Self {
+            cipher: BlockCipherName::Null,
+            chain: ChainMode::Ecb,
+            iv: IvMode::None,
+        }
+    }
+
+    /// Builds a specification from its parts (for callers that hold them separately).
+    pub fn from_parts(cipher: &str, mode: &str) -> Result<Self, CipherError> {
+        Self::parse(&format!("{cipher}-{mode}"))
+    }
+
+    /// The block cipher.
+    pub fn cipher(&self) -> BlockCipherName {
+        self.cipher
+    }
+
+    /// The chaining mode.
+    pub fn chain_mode(&self) -> ChainMode {
+        self.chain
+    }
+
+    /// The IV mode.
+    pub fn iv_mode(&self) -> IvMode {
+        self.iv
+    }
+
+    /// Cipher name as LUKS1 stores it (`aes`, `serpent`, `cipher_null`).
+    pub fn cipher_name(&self) -> &'static str {
+        self.cipher.name()
+    }
+
+    /// Mode string as LUKS1 stores it: `xts-plain64`, `cbc-essiv:sha256`, `ecb`.
+    pub fn cipher_mode(&self) -> String {
+        match self.iv {
+            IvMode::None => self.chain.name().to_string(),
+            iv => format!("{}-{}", self.chain.name(), iv.spec_name()),
+        }
+    }
+
+    /// The full legacy specification (`aes-xts-plain64`), as in dm tables and LUKS2 segments.
+    pub fn spec_string(&self) -> String {
+        format!("{}-{}", self.cipher_name(), self.cipher_mode())
+    }
+
+    /// The kernel crypto API name of the data transform (`xts(aes)`, `ecb(cipher_null)`).
+    pub fn kernel_api_name(&self) -> String {
+        format!("{}({})", self.chain.name(), self.cipher.name())
+    }
+
+    /// True for `cipher_null` (no encryption).
+    pub fn is_null(&self) -> bool {
+        self.cipher == BlockCipherName::Null
+    }
+
+    /// IV length in bytes the kernel uses for this spec (0 for ECB).
+    pub fn iv_size(&self) -> usize {
+        match self.chain {
+            ChainMode::Ecb => 0,
+            _ => 16,
+        }
+    }
+
+    /// Volume key sizes (bytes) valid for this spec: XTS takes two cipher keys, LRW a cipher
+    /// key plus a 16-byte tweak key, `cipher_null` an empty key.
+    pub fn valid_key_sizes(&self) -> Vec<usize> {
+        let base = self.cipher.key_sizes();
+        match (self.cipher, self.chain) {
+            (BlockCipherName::Null, _) => vec![0],
+            (_, ChainMode::Xts) => base.iter().map(|k| 2 * k).collect(),
+            (_, ChainMode::Lrw) => base.iter().map(|k| k + 16).collect(),
+            _ => base.to_vec(),
+        }
+    }
+
+    /// The key size cryptsetup picks by default (XTS: 2x256 bits; others: 256 bits).
+    pub fn default_key_size(&self) -> usize {
+        match (self.cipher, self.chain) {
+            (BlockCipherName::Null, _) => 0,
+            (_, ChainMode::Xts) => 64,
+            (_, ChainMode::Lrw) => 48,
+            _ => 32,
+        }
+    }
+
+    /// Checks a volume key length against [`CipherSpec::valid_key_sizes`].
+    ///
+    /// `cipher_null` accepts any key (the kernel ignores it); cryptsetup passes none.
+    pub fn check_key_size(&self, len: usize) -> Result<(), CipherError> {
+        if self.is_null() || self.valid_key_sizes().contains(&len) {
+            Ok(())
+        } else {
+            Err(CipherError::KeySize {
+                spec: self.spec_string(),
+                got: len,
+            })
+        }
+    }
+}
+
+impl FromStr for CipherSpec {
+    type Err = CipherError;
+    fn from_str(s: &str) -> Result<Self, CipherError> {
+        Self::parse(s)
+    }
+}
+
+impl fmt::Display for CipherSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.spec_string())
+    }
+}
+
+/// How sectors map to IVs, as the dm-crypt table's optional parameters set it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SectorOptions {
+    /// Encryption sector size in bytes (`sector_size:`), a power of two in 512..=4096.
+    pub sector_size: usize,
+    /// Added to every sector number before IV derivation, in 512-byte units (the table's
+    /// `iv_offset` field).
+    pub iv_offset: u64,
+    /// `iv_large_sectors`: IVs count `sector_size` units instead of 512-byte units.
+    pub iv_large_sectors: bool,
+    /// An implementation name from [`crate::implementations`]; `None` picks the best.
+    pub implementation: Option<String>,
+}
+
+impl Default for SectorOptions {
+    fn default() -> Self {
+        Self {
+            sector_size: 512,
+            iv_offset: 0,
+            iv_large_sectors: false,
+            implementation: None,
+        }
+    }
+}
+
+impl SectorOptions {
+    /// Checks the sector size rule (power of two, 512..=4096).
+    pub fn check(&self) -> Result<(), CipherError> {
+        let s = self.sector_size;
+        if (512..=4096).contains(&s) && s.is_power_of_two() {
+            Ok(())
+        } else {
+            Err(CipherError::SectorSize(s))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> CipherSpec {
+        CipherSpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn legacy_specs() {
+        let s = p("aes-xts-plain64");
+        assert_eq!(s.cipher_name(), "aes");
+        assert_eq!(s.cipher_mode(), "xts-plain64");
+        assert_eq!(s.spec_string(), "aes-xts-plain64");
+        assert_eq!(s.valid_key_sizes(), vec![32, 48, 64]);
+        let s = p("aes-cbc-essiv:sha256");
+        assert_eq!(s.cipher_mode(), "cbc-essiv:sha256");
+        assert_eq!(s.iv_mode(), IvMode::Essiv(HashAlgorithm::Sha256));
+        assert_eq!(s.valid_key_sizes(), vec![16, 24, 32]);
+        assert_eq!(p("aes-lrw-plain64").valid_key_sizes(), vec![32, 40, 48]);
+        assert_eq!(p("serpent-xts-plain64").cipher(), BlockCipherName::Serpent);
+        assert_eq!(p("twofish-cbc-benbi").iv_mode(), IvMode::Benbi);
+        assert_eq!(p("aes-xts-plain64be").iv_mode(), IvMode::Plain64Be);
+        assert_eq!(p("aes-cbc-null").iv_mode(), IvMode::Null);
+        assert_eq!(p("aes-xts-essiv:sha256").chain_mode(), ChainMode::Xts);
+        assert_eq!(p("aes:1-cbc-plain").spec_string(), "aes-cbc-plain");
+    }
+
+    #[test]
+    fn cryptsetup_shorthands() {
+        assert_eq!(p("aes").spec_string(), "aes-cbc-plain");
+        assert_eq!(p("aes-plain").spec_string(), "aes-cbc-plain");
+        assert_eq!(p("null"), CipherSpec::null());
+        assert_eq!(p("cipher_null"), CipherSpec::null());
+        let n = p("cipher_null-ecb");
+        assert!(n.is_null());
+        assert_eq!(
+            (n.cipher_name(), n.cipher_mode()),
+            ("cipher_null", "ecb".into())
+        );
+        assert!(n.check_key_size(0).is_ok());
+    }
+
+    #[test]
+    fn capi_specs() {
+        assert_eq!(p("capi:xts(aes)-plain64"), p("aes-xts-plain64"));
+        assert_eq!(p("capi:cbc(aes)-essiv:sha256"), p("aes-cbc-essiv:sha256"));
+        assert_eq!(p("capi:ecb(cipher_null)"), CipherSpec::null());
+        assert_eq!(p("capi:xts(aes)-plain64").kernel_api_name(), "xts(aes)");
+    }
+
+    #[test]
+    fn refused_specs() {
+        for bad in [
+            "capi:xts(ecb(aes-generic))-plain64",
+            "capi:xts(aes-generic)-plain64",
+            "capi:xts(ecb(aes))-plain64",
+            "aes-xts",
+            "aes-cbc-essiv",
+            "aes-cbc-essiv:md4x",
+            "des-cbc-plain",
+            "aes-gcm-random",
+            "aes:2-cbc-lmk",
+            "cipher_null-cbc-plain",
+            "",
+        ] {
+            assert!(
+                matches!(CipherSpec::parse(bad), Err(CipherError::UnknownSpec(_))),
+                "{bad} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn key_sizes_are_checked() {
+        let s = p("aes-xts-plain64");
+        assert!(s.check_key_size(64).is_ok());
+        assert!(matches!(
+            s.check_key_size(16),
+            Err(CipherError::KeySize { got: 16, .. })
+        ));
+        assert!(p("aes-cbc-plain").check_key_size(64).is_err());
+    }
+
+    #[test]
+    fn sector_options_check() {
+        assert!(SectorOptions::default().check().is_ok());
+        for bad in [0, 256, 1000, 8192] {
+            let o = SectorOptions {
+                sector_size: bad,
+                ..Default::default()
+            };
+            assert!(o.check().is_err());
+        }
+    }
+}
