@@ -12,3 +12,4 @@ pub mod keyfile;
 
 pub use error::{FormatError, Result};
 pub mod verity;
+pub mod luks2;

@@ -1,0 +1,184 @@
+//! `luksDump` text for LUKS2, laid out as cryptsetup 2.6 prints it (same labels, tabs and
+//! trailing spaces) so scripts that parse cryptsetup's output can parse cryptblk's.
+
+use super::json::{get_u64_str, str_u64};
+use super::Luks2Header;
+use base64::Engine;
+use serde_json::Value;
+use std::fmt::Write;
+
+/// Hex bytes, 16 per line, continuation lines indented like cryptsetup's `hexprint_base64`.
+fn hex_b64(out: &mut String, v: &Value) {
+    let bytes = v
+        .as_str()
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .unwrap_or_default();
+    for (i, b) in bytes.iter().enumerate() {
+        if i > 0 && i % 16 == 0 {
+            out.push_str("\n\t            ");
+        }
+        let _ = write!(out, "{b:02x} ");
+    }
+    out.push('\n');
+}
+
+fn int(v: &Value) -> i64 {
+    v.as_i64().unwrap_or(0)
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+fn strings(v: Option<&Value>) -> Vec<&str> {
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+pub(super) fn dump(h: &Luks2Header) -> String {
+    let j = &h.json;
+    let mut o = String::new();
+    let or = |v: &str, none: &str| if v.is_empty() { none.to_string() } else { v.to_string() };
+    o.push_str("LUKS header information\n");
+    o.push_str("Version:       \t2\n");
+    let _ = writeln!(o, "Epoch:         \t{}", h.seqid);
+    let _ = writeln!(o, "Metadata area: \t{} [bytes]", h.hdr_size);
+    let _ = writeln!(o, "Keyslots area: \t{} [bytes]", h.keyslots_size());
+    let _ = writeln!(o, "UUID:          \t{}", or(&h.uuid, "(no UUID)"));
+    let _ = writeln!(o, "Label:         \t{}", or(&h.label, "(no label)"));
+    let _ = writeln!(o, "Subsystem:     \t{}", or(&h.subsystem, "(no subsystem)"));
+
+    let flags = strings(j["config"].get("flags"));
+    let reqs = strings(j["config"].get("requirements").and_then(|r| r.get("mandatory")));
+    o.push_str("Flags:       \t");
+    for f in &flags {
+        let _ = write!(o, "{f} ");
+    }
+    o.push_str(if flags.is_empty() { "(no flags)\n" } else { "\n" });
+    if reqs.is_empty() {
+        o.push('\n');
+    } else {
+        o.push_str("Requirements:\t");
+        for r in &reqs {
+            let _ = write!(o, "{r} ");
+        }
+        o.push_str("\n\n");
+    }
+
+    o.push_str("Data segments:\n");
+    for i in 0..super::LUKS2_OBJECTS_MAX {
+        let Some(seg) = j["segments"].get(i.to_string()) else {
+            continue;
+        };
+        let _ = writeln!(o, "  {i}: {}", s(&seg["type"]));
+        let _ = writeln!(o, "\toffset: {} [bytes]", get_u64_str(seg, "offset").unwrap_or(0));
+        if seg["size"] == "dynamic" {
+            o.push_str("\tlength: (whole device)\n");
+        } else {
+            let _ = writeln!(o, "\tlength: {} [bytes]", get_u64_str(seg, "size").unwrap_or(0));
+        }
+        // cryptsetup 2.6 prints nothing for segments without software encryption.
+        if let Some(e) = seg.get("encryption") {
+            let _ = writeln!(o, "\tcipher: {}", s(e));
+        }
+        if let Some(ss) = seg.get("sector_size") {
+            let _ = writeln!(o, "\tsector: {} [bytes]", int(ss));
+        }
+        if let Some(t) = seg.get("integrity").and_then(|i| i.get("type")) {
+            let _ = writeln!(o, "\tintegrity: {}", s(t));
+        }
+        if let Some(k) = seg.get("integrity").and_then(|i| i.get("key_size")) {
+            let _ = writeln!(o, "\tintegrity key size: {} [bits]", int(k) * 8);
+        }
+        let f = strings(seg.get("flags"));
+        if !f.is_empty() {
+            let _ = writeln!(o, "\tflags : {}", f.join(", "));
+        }
+        o.push('\n');
+    }
+
+    o.push_str("Keyslots:\n");
+    for i in 0..super::LUKS2_OBJECTS_MAX {
+        let Some(ks) = j["keyslots"].get(i.to_string()) else {
+            continue;
+        };
+        let unbound = if h.keyslot_is_bound(i) { "" } else { " (unbound)" };
+        let _ = writeln!(o, "  {i}: {}{unbound}", s(&ks["type"]));
+        if let Some(k) = ks.get("key_size") {
+            let _ = writeln!(o, "\tKey:        {} bits", int(k) * 8);
+        }
+        let prio = match ks.get("priority").map(int) {
+            None | Some(1) => "normal",
+            Some(0) => "ignored",
+            Some(2) => "preferred",
+            _ => "invalid",
+        };
+        let _ = writeln!(o, "\tPriority:   {prio}");
+        if ks["type"] == "luks2" {
+            dump_luks2_keyslot(&mut o, ks);
+        }
+        let name = i.to_string();
+        if let Some(d) = j["digests"].as_object() {
+            for (id, dg) in d {
+                if strings(dg.get("keyslots")).contains(&name.as_str()) {
+                    let _ = writeln!(o, "\tDigest ID:  {id}");
+                }
+            }
+        }
+    }
+
+    o.push_str("Tokens:\n");
+    for i in 0..super::LUKS2_OBJECTS_MAX {
+        let Some(t) = j["tokens"].get(i.to_string()) else {
+            continue;
+        };
+        let _ = writeln!(o, "  {i}: {}", s(&t["type"]));
+        if t["type"] == "luks2-keyring" {
+            let _ = writeln!(o, "\tKeyring:    {}", s(&t["key_description"]));
+        }
+        for k in strings(t.get("keyslots")) {
+            let _ = writeln!(o, "\tKeyslot:    {k}");
+        }
+    }
+
+    o.push_str("Digests:\n");
+    for i in 0..8 {
+        let Some(d) = j["digests"].get(i.to_string()) else {
+            continue;
+        };
+        let _ = writeln!(o, "  {i}: {}", s(&d["type"]));
+        if d["type"] == "pbkdf2" {
+            let _ = writeln!(o, "\tHash:       {}", s(&d["hash"]));
+            let _ = writeln!(o, "\tIterations: {}", int(&d["iterations"]));
+            o.push_str("\tSalt:       ");
+            hex_b64(&mut o, &d["salt"]);
+            o.push_str("\tDigest:     ");
+            hex_b64(&mut o, &d["digest"]);
+        }
+    }
+    o
+}
+
+fn dump_luks2_keyslot(o: &mut String, ks: &Value) {
+    let (kdf, af, area) = (&ks["kdf"], &ks["af"], &ks["area"]);
+    let _ = writeln!(o, "\tCipher:     {}", s(&area["encryption"]));
+    let _ = writeln!(o, "\tCipher key: {} bits", int(&area["key_size"]) * 8);
+    let _ = writeln!(o, "\tPBKDF:      {}", s(&kdf["type"]));
+    if kdf["type"] == "pbkdf2" {
+        let _ = writeln!(o, "\tHash:       {}", s(&kdf["hash"]));
+        let _ = writeln!(o, "\tIterations: {}", int(&kdf["iterations"]));
+    } else {
+        let _ = writeln!(o, "\tTime cost:  {}", int(&kdf["time"]));
+        let _ = writeln!(o, "\tMemory:     {}", int(&kdf["memory"]));
+        let _ = writeln!(o, "\tThreads:    {}", int(&kdf["cpus"]));
+    }
+    o.push_str("\tSalt:       ");
+    hex_b64(o, &kdf["salt"]);
+    let _ = writeln!(o, "\tAF stripes: {}", int(&af["stripes"]));
+    let _ = writeln!(o, "\tAF hash:    {}", s(&af["hash"]));
+    let off = area["offset"].as_str().and_then(str_u64).unwrap_or(0);
+    let len = area["size"].as_str().and_then(str_u64).unwrap_or(0);
+    let _ = writeln!(o, "\tArea offset:{off} [bytes]");
+    let _ = writeln!(o, "\tArea length:{len} [bytes]");
+}
