@@ -95,13 +95,17 @@ impl FuseExport {
         }
         fuse_config.n_threads = Some(config.threads.max(1));
         fuse_config.clone_fd = config.threads > 1;
-        let session = fuser::spawn_mount(fs, &config.mountpoint, &fuse_config)
+        let mountpoint = config
+            .mountpoint
+            .canonicalize()
+            .map_err(|e| ExportError::io(format!("mount point {}", config.mountpoint.display()), e))?;
+        let session = fuser::spawn_mount(fs, &mountpoint, &fuse_config)
             .map_err(|e| ExportError::io(format!("mounting FUSE on {}", config.mountpoint.display()), e))?;
         Ok(FuseExport {
             session: Some(session),
             io,
-            file_path: config.mountpoint.join(&config.file_name),
-            mountpoint: config.mountpoint,
+            file_path: mountpoint.join(&config.file_name),
+            mountpoint,
         })
     }
 
@@ -115,19 +119,24 @@ impl FuseExport {
         &self.mountpoint
     }
 
-    /// Unmounts (fails with EBUSY while the file is still open, e.g. attached to a loop
-    /// device), waits for the request threads and flushes the device.
-    pub fn unmount(mut self) -> Result<(), ExportError> {
-        self.finish()
-    }
-
-    fn finish(&mut self) -> Result<(), ExportError> {
+    /// Unmounts, waits for the request threads and flushes the device. Fails with EBUSY
+    /// (leaving the export mounted and usable, so the call can be retried) while the file
+    /// is still open, e.g. attached to a loop device. Calling it again after success does
+    /// nothing.
+    pub fn unmount(&mut self) -> Result<(), ExportError> {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        if let Err(e) = umount2(&self.mountpoint, 0) {
+            // EINVAL: somebody else already unmounted it; the session has ended then.
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                self.session = Some(session);
+                return Err(ExportError::io(format!("unmounting {}", self.mountpoint.display()), e));
+            }
+        }
         session
-            .umount_and_join()
-            .map_err(|e| ExportError::io(format!("unmounting {}", self.mountpoint.display()), e))?;
+            .join()
+            .map_err(|e| ExportError::io(format!("FUSE session on {}", self.mountpoint.display()), e))?;
         self.io
             .flush()
             .map_err(|e| ExportError::io("flushing the device after unmount", e))
@@ -136,7 +145,23 @@ impl FuseExport {
 
 impl Drop for FuseExport {
     fn drop(&mut self) {
-        let _ = self.finish();
+        if self.unmount().is_err() {
+            // Still busy: detach lazily so no mount is left pointing at a dead process.
+            let _ = umount2(&self.mountpoint, libc::MNT_DETACH);
+            let _ = self.io.flush();
+        }
+    }
+}
+
+fn umount2(path: &Path, flags: i32) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

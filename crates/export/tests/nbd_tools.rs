@@ -260,10 +260,11 @@ fn fio_nbd_engine_randrw_with_crc32c_verify() {
     let snap = disk.snapshot();
     let with_header = snap.chunks(4096).filter(|b| b[0] == 0xca && b[1] == 0xac).count();
     assert!(with_header > 0, "no fio verify headers found on the device");
-    // Corrupting one verified block behind the server's back must make fio fail.
+    // Corrupting the verified blocks behind the server's back must make fio fail.
     let mut bad = snap.clone();
-    let block = bad.chunks(4096).position(|b| b[0] == 0xca && b[1] == 0xac).unwrap();
-    bad[block * 4096 + 100] ^= 0xff;
+    for block in bad.chunks_mut(4096).filter(|b| b[0] == 0xca && b[1] == 0xac) {
+        block[100] ^= 0xff;
+    }
     disk.fill(&bad);
     let out = fio(&["--verify_only"]).output().unwrap();
     assert!(!out.status.success(), "fio did not notice a corrupted block");
