@@ -14,7 +14,7 @@ use cryptblk_cipher::SecretBytes;
 /// The stripe count every LUKS1 keyslot (and every cryptsetup-created LUKS2 keyslot) uses.
 pub const LUKS_STRIPES: u32 = 4000;
 
-/// Keyslot areas are padded to this many bytes (LUKS1 `LUKS_ALIGN_KEYSLOTS`).
+/// Keyslot areas start on multiples of this many bytes in new headers (`LUKS_ALIGN_KEYSLOTS`).
 pub const KEYSLOT_ALIGN: u64 = 4096;
 
 /// Size of the split material for a key of `key_len` bytes: `key_len * stripes`.
@@ -22,11 +22,11 @@ pub fn split_len(key_len: usize, stripes: u32) -> usize {
     key_len.saturating_mul(stripes as usize)
 }
 
-/// Sectors (512 bytes) a keyslot area occupies: the split material rounded up to 4096 bytes,
-/// as cryptsetup's `AF_split_sectors` computes it.
+/// Sectors (512 bytes) the split material occupies, rounded up to whole sectors, as
+/// cryptsetup's `AF_split_sectors` computes it (LUKS1 keyslot validation and I/O use this;
+/// only the layout chosen at format time aligns slots to [`KEYSLOT_ALIGN`]).
 pub fn split_sectors(key_len: usize, stripes: u32) -> u64 {
-    let bytes = key_len as u64 * stripes as u64;
-    bytes.div_ceil(KEYSLOT_ALIGN) * KEYSLOT_ALIGN / 512
+    (key_len as u64 * stripes as u64).div_ceil(512)
 }
 
 /// The diffusion step: each hash-sized chunk `j` of `block` (the last one possibly short) is
@@ -168,9 +168,10 @@ mod tests {
     }
 
     #[test]
-    fn sectors_are_rounded_to_4k() {
-        assert_eq!(split_sectors(16, 4000), 128);
-        assert_eq!(split_sectors(32, 4000), 256);
-        assert_eq!(split_sectors(64, 4000), 504);
+    fn sectors_are_rounded_to_512() {
+        assert_eq!(split_sectors(16, 4000), 125);
+        assert_eq!(split_sectors(32, 4000), 250);
+        assert_eq!(split_sectors(64, 4000), 500);
+        assert_eq!(split_sectors(20, 30), 2);
     }
 }

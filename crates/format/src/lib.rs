@@ -9,7 +9,10 @@ pub mod error;
 pub mod hdrio;
 pub mod kdf;
 pub mod keyfile;
+pub mod luks1;
+pub mod plain;
+mod sector;
 
 pub use error::{FormatError, Result};
-pub mod verity;
 pub mod luks2;
+pub mod verity;

@@ -87,5 +87,10 @@ fn validation_images_behave_as_upstream_expects() {
             (other, _) => panic!("unknown expectation {other}"),
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -19,13 +19,62 @@ struct Vector {
 }
 
 const VECTORS: [Vector; 7] = [
-    Vector { block: 512, hash: "sha256", salt: SALT, format: 1, root: "9de18652fe74edfb9b805aaed72ae2aa48f94333f1ba5c452ac33b1c39325174", hash_blocks: 1093 },
-    Vector { block: 1024, hash: "sha256", salt: SALT, format: 1, root: "54d92778750495d1f80832b486ebd007617d746271511bbf0e295e143da2b3df", hash_blocks: 265 },
-    Vector { block: 4096, hash: "sha256", salt: SALT, format: 1, root: "e522df0f97da4febb882ac40f30b37dc0b444bf6df418929463fa25280f09d5c", hash_blocks: 17 },
-    Vector { block: 4096, hash: "sha256", salt: SALT, format: 0, root: "cbbf4ebd004ef65e29b935bb635a39cf754d677f3fa10b0126da725bbdf10f7d", hash_blocks: 17 },
-    Vector { block: 4096, hash: "sha256", salt: "-", format: 1, root: "ef29c902d87350f1da4bfa536e16cebc162a909bf89abe448b81ec500d4fb9bf", hash_blocks: 17 },
-    Vector { block: 1024, hash: "sha1", salt: SALT, format: 1, root: "d0e9163ca8844aaa2e88fe5265a8c5d9ee494a99", hash_blocks: 265 },
-    Vector { block: 1024, hash: "sha1", salt: "dadada", format: 1, root: "73509e8e868be6b8ac939817a98a3d35121413b2", hash_blocks: 265 },
+    Vector {
+        block: 512,
+        hash: "sha256",
+        salt: SALT,
+        format: 1,
+        root: "9de18652fe74edfb9b805aaed72ae2aa48f94333f1ba5c452ac33b1c39325174",
+        hash_blocks: 1093,
+    },
+    Vector {
+        block: 1024,
+        hash: "sha256",
+        salt: SALT,
+        format: 1,
+        root: "54d92778750495d1f80832b486ebd007617d746271511bbf0e295e143da2b3df",
+        hash_blocks: 265,
+    },
+    Vector {
+        block: 4096,
+        hash: "sha256",
+        salt: SALT,
+        format: 1,
+        root: "e522df0f97da4febb882ac40f30b37dc0b444bf6df418929463fa25280f09d5c",
+        hash_blocks: 17,
+    },
+    Vector {
+        block: 4096,
+        hash: "sha256",
+        salt: SALT,
+        format: 0,
+        root: "cbbf4ebd004ef65e29b935bb635a39cf754d677f3fa10b0126da725bbdf10f7d",
+        hash_blocks: 17,
+    },
+    Vector {
+        block: 4096,
+        hash: "sha256",
+        salt: "-",
+        format: 1,
+        root: "ef29c902d87350f1da4bfa536e16cebc162a909bf89abe448b81ec500d4fb9bf",
+        hash_blocks: 17,
+    },
+    Vector {
+        block: 1024,
+        hash: "sha1",
+        salt: SALT,
+        format: 1,
+        root: "d0e9163ca8844aaa2e88fe5265a8c5d9ee494a99",
+        hash_blocks: 265,
+    },
+    Vector {
+        block: 1024,
+        hash: "sha1",
+        salt: "dadada",
+        format: 1,
+        root: "73509e8e868be6b8ac939817a98a3d35121413b2",
+        hash_blocks: 265,
+    },
 ];
 
 fn params(v: &Vector, hash_offset: u64) -> VerityParams {
@@ -49,7 +98,14 @@ fn root_hashes_on_separate_hash_device() {
         let hash = MemIo::default();
         let p = params(v, 0);
         let out = verity::format(&data, &hash, &p).unwrap();
-        assert_eq!(hex::encode(&out.root_hash), v.root, "bs {} {} v{}", v.block, v.hash, v.format);
+        assert_eq!(
+            hex::encode(&out.root_hash),
+            v.root,
+            "bs {} {} v{}",
+            v.block,
+            v.hash,
+            v.format
+        );
         assert_eq!(out.geometry.hash_blocks(), v.hash_blocks);
         // Superblock block + tree, nothing more.
         assert_eq!(hash.size().unwrap(), (1 + v.hash_blocks) * v.block as u64);
@@ -70,9 +126,21 @@ fn root_hashes_with_hash_area_appended_to_data_device() {
         let dev = MemIo::zeroed(DATA_BYTES as usize);
         let p = params(v, DATA_BYTES);
         let out = verity::format(&dev, &dev, &p).unwrap();
-        assert_eq!(hex::encode(&out.root_hash), v.root, "bs {} {} v{}", v.block, v.hash, v.format);
-        assert_eq!(VeritySuperblock::read(&dev, DATA_BYTES).unwrap(), p.superblock());
-        assert!(verity::verify(&dev, &dev, &p, &out.root_hash).unwrap().is_ok());
+        assert_eq!(
+            hex::encode(&out.root_hash),
+            v.root,
+            "bs {} {} v{}",
+            v.block,
+            v.hash,
+            v.format
+        );
+        assert_eq!(
+            VeritySuperblock::read(&dev, DATA_BYTES).unwrap(),
+            p.superblock()
+        );
+        assert!(verity::verify(&dev, &dev, &p, &out.root_hash)
+            .unwrap()
+            .is_ok());
     }
 }
 

@@ -62,18 +62,28 @@ fn write_pattern(path: &Path, len: usize, seed: u64) {
 }
 
 fn open_rw(path: &Path) -> File {
-    OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap()
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
 }
 
 fn veritysetup(args: &[&str]) -> (bool, String) {
     let out = Command::new("veritysetup").args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
 fn field<'a>(text: &'a str, name: &str) -> &'a str {
     text.lines()
-        .find_map(|l| l.strip_prefix(name).map(|r| r.trim_start_matches(':').trim()))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .map(|r| r.trim_start_matches(':').trim())
+        })
         .unwrap_or_else(|| panic!("no '{name}' in veritysetup output:\n{text}"))
 }
 
@@ -87,11 +97,46 @@ struct Case {
 }
 
 const CASES: [Case; 5] = [
-    Case { format: 1, hash: "sha256", data_bs: 4096, hash_bs: 4096, salt: "00112233445566778899aabbccddeeff", data_len: 3 << 20 },
-    Case { format: 1, hash: "sha1", data_bs: 1024, hash_bs: 512, salt: "dadada", data_len: 1 << 20 },
-    Case { format: 0, hash: "sha256", data_bs: 4096, hash_bs: 4096, salt: "beef", data_len: (2 << 20) + 4096 * 3 },
-    Case { format: 1, hash: "sha512", data_bs: 512, hash_bs: 4096, salt: "-", data_len: 700 * 512 },
-    Case { format: 1, hash: "sha256", data_bs: 4096, hash_bs: 4096, salt: "01", data_len: 4096 },
+    Case {
+        format: 1,
+        hash: "sha256",
+        data_bs: 4096,
+        hash_bs: 4096,
+        salt: "00112233445566778899aabbccddeeff",
+        data_len: 3 << 20,
+    },
+    Case {
+        format: 1,
+        hash: "sha1",
+        data_bs: 1024,
+        hash_bs: 512,
+        salt: "dadada",
+        data_len: 1 << 20,
+    },
+    Case {
+        format: 0,
+        hash: "sha256",
+        data_bs: 4096,
+        hash_bs: 4096,
+        salt: "beef",
+        data_len: (2 << 20) + 4096 * 3,
+    },
+    Case {
+        format: 1,
+        hash: "sha512",
+        data_bs: 512,
+        hash_bs: 4096,
+        salt: "-",
+        data_len: 700 * 512,
+    },
+    Case {
+        format: 1,
+        hash: "sha256",
+        data_bs: 4096,
+        hash_bs: 4096,
+        salt: "01",
+        data_len: 4096,
+    },
 ];
 
 #[test]
@@ -128,7 +173,10 @@ fn trees_built_by_veritysetup_verify_with_cryptblk() {
         assert_eq!(sb.salt, verity::parse_salt(c.salt).unwrap());
         assert_eq!(sb.uuid_string(), field(&out, "UUID"));
         let params = sb.params(0).unwrap();
-        assert_eq!(params.geometry().unwrap().hash_blocks().to_string(), field(&out, "Hash blocks"));
+        assert_eq!(
+            params.geometry().unwrap().hash_blocks().to_string(),
+            field(&out, "Hash blocks")
+        );
         let report = verity::verify(&data_file, &hash_file, &params, &root).unwrap();
         assert!(report.is_ok(), "case {n}: {report:?}");
 
@@ -137,7 +185,11 @@ fn trees_built_by_veritysetup_verify_with_cryptblk() {
         let mine_file = open_rw(&mine);
         let ours = verity::format(&data_file, &mine_file, &params).unwrap();
         assert_eq!(ours.root_hash, root, "case {n}");
-        assert_eq!(std::fs::read(&mine).unwrap(), std::fs::read(&hash).unwrap(), "case {n}");
+        assert_eq!(
+            std::fs::read(&mine).unwrap(),
+            std::fs::read(&hash).unwrap(),
+            "case {n}"
+        );
 
         // Our dump prints what veritysetup dump prints.
         let (ok, theirs) = veritysetup(&["dump", hash.to_str().unwrap()]);
@@ -152,7 +204,12 @@ fn trees_built_by_veritysetup_verify_with_cryptblk() {
         data_file.write_at(at, &[b[0] ^ 1]).unwrap();
         let r = verity::verify(&data_file, &hash_file, &params, &root).unwrap();
         assert_eq!(r.bad_data_blocks, vec![at / c.data_bs as u64], "case {n}");
-        let (ok, _) = veritysetup(&["verify", data.to_str().unwrap(), hash.to_str().unwrap(), &hex::encode(&root)]);
+        let (ok, _) = veritysetup(&[
+            "verify",
+            data.to_str().unwrap(),
+            hash.to_str().unwrap(),
+            &hex::encode(&root),
+        ]);
         assert!(!ok, "veritysetup accepted tampered data (case {n})");
     }
 }
@@ -182,12 +239,21 @@ fn trees_built_by_cryptblk_pass_veritysetup_verify() {
         };
         let out = verity::format(&data_file, &hash_file, &params).unwrap();
         let root = hex::encode(&out.root_hash);
-        let (ok, text) = veritysetup(&["verify", "-v", data.to_str().unwrap(), hash.to_str().unwrap(), &root]);
+        let (ok, text) = veritysetup(&[
+            "verify",
+            "-v",
+            data.to_str().unwrap(),
+            hash.to_str().unwrap(),
+            &root,
+        ]);
         assert!(ok, "case {n}: veritysetup verify rejected our tree: {text}");
         let (ok, theirs) = veritysetup(&["dump", hash.to_str().unwrap()]);
         assert!(ok, "{theirs}");
         assert_eq!(field(&theirs, "UUID"), out.superblock.uuid_string());
-        assert_eq!(field(&theirs, "Hash blocks"), out.geometry.hash_blocks().to_string());
+        assert_eq!(
+            field(&theirs, "Hash blocks"),
+            out.geometry.hash_blocks().to_string()
+        );
         assert_eq!(field(&theirs, "Hash algorithm"), c.hash);
 
         if out.geometry.levels == 0 {
@@ -198,9 +264,18 @@ fn trees_built_by_cryptblk_pass_veritysetup_verify() {
         let mut b = [0u8; 1];
         hash_file.read_at(last, &mut b).unwrap();
         hash_file.write_at(last, &[b[0] ^ 4]).unwrap();
-        let (ok, _) = veritysetup(&["verify", data.to_str().unwrap(), hash.to_str().unwrap(), &root]);
+        let (ok, _) = veritysetup(&[
+            "verify",
+            data.to_str().unwrap(),
+            hash.to_str().unwrap(),
+            &root,
+        ]);
         assert!(!ok, "case {n}: veritysetup accepted a tampered hash block");
-        assert!(!verity::verify(&data_file, &hash_file, &params, &out.root_hash).unwrap().is_ok());
+        assert!(
+            !verity::verify(&data_file, &hash_file, &params, &out.root_hash)
+                .unwrap()
+                .is_ok()
+        );
     }
 }
 
@@ -249,5 +324,8 @@ fn appended_hash_area_and_no_superblock_interoperate() {
     ]);
     assert!(ok, "{text}");
     // The tree starts right at the hash offset when there is no superblock.
-    assert_eq!(f2.size().unwrap(), (1 << 20) + ours.geometry.hash_blocks() * 4096);
+    assert_eq!(
+        f2.size().unwrap(),
+        (1 << 20) + ours.geometry.hash_blocks() * 4096
+    );
 }
