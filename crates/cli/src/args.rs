@@ -273,6 +273,33 @@ pub enum Action {
         /// New volume file or '-' for standard output.
         output: PathBuf,
     },
+    /// Stop serving a volume opened with `open` (flushes first).
+    #[command(name = "close", alias = "luksClose")]
+    Close {
+        /// Mapping name.
+        name: String,
+    },
+    /// Show a served volume's table, pipeline, export and counters.
+    #[command(name = "status")]
+    Status {
+        /// Mapping name.
+        name: String,
+    },
+    /// Change the crypt pipeline flags of a served volume, live.
+    #[command(name = "refresh")]
+    Refresh {
+        /// Mapping name.
+        name: String,
+        /// The new flags.
+        #[command(flatten)]
+        perf: PerfArgs,
+    },
+    /// Raw device-mapper tables, as dmsetup.
+    #[command(subcommand, name = "dm")]
+    Dm(DmAction),
+    /// Internal: the daemon serving one mapping (reads its spec from standard input).
+    #[command(name = "__serve", hide = true)]
+    Serve,
     /// Write the decrypted data segment of a volume (open options apply).
     #[command(name = "decrypt")]
     Decrypt {
@@ -290,4 +317,148 @@ pub struct OpenArgs {
     pub device: PathBuf,
     /// Name of the mapping (not needed with --test-passphrase).
     pub name: Option<String>,
+    /// Crypt pipeline flags.
+    #[command(flatten)]
+    pub perf: PerfArgs,
+    /// Where to serve the device.
+    #[command(flatten)]
+    pub export: ExportArgs,
+}
+
+/// The crypt pipeline, with cryptsetup's `--perf-*` names. Without any, cryptblk serves
+/// inline in both directions (`no_read_workqueue no_write_workqueue`); `--perf-queued` asks
+/// for the kernel's default queued model, and the other flags mean what they mean to
+/// cryptsetup.
+#[derive(Args, Debug, Default, Clone)]
+pub struct PerfArgs {
+    /// Keep crypto work on the CPU that submitted the request.
+    #[arg(long = "perf-same_cpu_crypt")]
+    pub same_cpu_crypt: bool,
+    /// Submit writes from the crypt workers instead of the sorting writer thread.
+    #[arg(long = "perf-submit_from_crypt_cpus")]
+    pub submit_from_crypt_cpus: bool,
+    /// Decrypt reads inline on the submitting thread.
+    #[arg(long = "perf-no_read_workqueue")]
+    pub no_read_workqueue: bool,
+    /// Encrypt writes inline on the submitting thread.
+    #[arg(long = "perf-no_write_workqueue")]
+    pub no_write_workqueue: bool,
+    /// Use the kernel's default queued model (kcryptd, kcryptd_io, dmcrypt_write).
+    #[arg(long = "perf-queued")]
+    pub queued: bool,
+    /// Pass discards through to the backing device.
+    #[arg(long)]
+    pub allow_discards: bool,
+}
+
+impl PerfArgs {
+    /// The crypt table options these flags stand for.
+    ///
+    /// No `--perf-*` flag at all means inline in both directions (cryptblk's default). Any
+    /// explicit flag gives it cryptsetup's meaning exactly, on top of the kernel's default
+    /// queued model: `--perf-no_read_workqueue` alone makes reads inline and leaves writes
+    /// queued, as it would with cryptsetup.
+    pub fn table_flags(&self) -> Vec<String> {
+        let explicit = self.queued
+            || self.same_cpu_crypt
+            || self.submit_from_crypt_cpus
+            || self.no_read_workqueue
+            || self.no_write_workqueue;
+        let mut v = Vec::new();
+        if self.allow_discards {
+            v.push("allow_discards".to_string());
+        }
+        if self.same_cpu_crypt {
+            v.push("same_cpu_crypt".to_string());
+        }
+        if self.submit_from_crypt_cpus {
+            v.push("submit_from_crypt_cpus".to_string());
+        }
+        if self.no_read_workqueue || !explicit {
+            v.push("no_read_workqueue".to_string());
+        }
+        if self.no_write_workqueue || !explicit {
+            v.push("no_write_workqueue".to_string());
+        }
+        v
+    }
+}
+
+/// Where a mapping is served.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ExportArgs {
+    /// Serve over NBD on a Unix socket path, or on TCP at host:port (loopback by default).
+    #[arg(long, value_name = "SOCKET|HOST:PORT")]
+    pub nbd: Option<String>,
+    /// Serve as the file <DIR>/disk on a FUSE mount (losetup works on it).
+    #[arg(long, value_name = "DIR")]
+    pub fuse: Option<PathBuf>,
+    /// Stay in the foreground instead of leaving a daemon.
+    #[arg(long)]
+    pub foreground: bool,
+}
+
+/// `dm`: raw device-mapper tables, as dmsetup.
+#[derive(Subcommand, Debug)]
+pub enum DmAction {
+    /// Create a mapping from a table and serve it.
+    Create {
+        /// Mapping name.
+        name: String,
+        /// The table (keyless tables only; crypt keys go in --table-file or stdin).
+        #[command(flatten)]
+        table: TableArgs,
+        /// Where to serve it.
+        #[command(flatten)]
+        export: ExportArgs,
+    },
+    /// Stop serving a mapping (flushes first).
+    Remove {
+        /// Mapping name.
+        name: String,
+    },
+    /// Print the live table (keys hidden unless --showkeys).
+    Table {
+        /// Mapping name.
+        name: String,
+        /// Show crypt keys.
+        #[arg(long)]
+        showkeys: bool,
+    },
+    /// Stage a new table; it goes live at the next resume.
+    Reload {
+        /// Mapping name.
+        name: String,
+        /// The table.
+        #[command(flatten)]
+        table: TableArgs,
+    },
+    /// Drain in-flight I/O and hold new I/O.
+    Suspend {
+        /// Mapping name.
+        name: String,
+    },
+    /// Swap in a staged table, if any, and release held I/O.
+    Resume {
+        /// Mapping name.
+        name: String,
+    },
+    /// Print the status line of each target.
+    Status {
+        /// Mapping name.
+        name: String,
+    },
+    /// List the mappings being served.
+    Ls,
+}
+
+/// A dm table: inline for keyless tables, else from a file or standard input.
+#[derive(Args, Debug, Default, Clone)]
+pub struct TableArgs {
+    /// The table text (no crypt keys: they would be visible in the process list).
+    #[arg(long)]
+    pub table: Option<String>,
+    /// Read the table from this file ('-' for standard input).
+    #[arg(long)]
+    pub table_file: Option<PathBuf>,
 }

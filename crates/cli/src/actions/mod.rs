@@ -1,0 +1,3 @@
+//! One module per family of actions.
+
+pub mod serving;

@@ -1,0 +1,223 @@
+//! Actions on served mappings: `dm ...`, `close`, `status`, `refresh`, and the shared
+//! start-a-daemon path that `open` also uses.
+
+use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
+use crate::control;
+use crate::exit::{ActionResult, Failure};
+use crate::serve::{self, ExportSpec, ServeSpec};
+use serde_json::{json, Value};
+use std::io::Read;
+use zeroize::Zeroizing;
+
+/// Starts serving `spec` as the export args ask: a daemon, or in the foreground.
+pub fn start(spec: ServeSpec, export: &ExportArgs, json_out: bool) -> ActionResult {
+    if export.foreground {
+        return serve::serve(spec, |facts| {
+            eprintln!("cryptblk: serving {}", describe(facts));
+        });
+    }
+    let facts = serve::spawn(&spec)?;
+    if json_out {
+        println!("{facts}");
+    }
+    Ok(())
+}
+
+fn describe(facts: &Value) -> String {
+    let export = &facts["export"];
+    match export["kind"].as_str() {
+        Some("nbd") => format!("{} at {}", facts["name"].as_str().unwrap_or(""), export["uri"].as_str().unwrap_or("")),
+        Some("fuse") => format!("{} as {}", facts["name"].as_str().unwrap_or(""), export["file"].as_str().unwrap_or("")),
+        _ => facts["name"].as_str().unwrap_or("").to_string(),
+    }
+}
+
+/// The export the user asked for (at most one).
+pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
+    match (&export.nbd, &export.fuse) {
+        (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd or --fuse")),
+        (Some(n), None) => {
+            if n.parse::<std::net::SocketAddr>().is_ok() {
+                Ok(ExportSpec::NbdTcp(n.clone()))
+            } else {
+                let p = std::path::PathBuf::from(n);
+                let abs = if p.is_absolute() { p } else { std::env::current_dir()?.join(p) };
+                Ok(ExportSpec::NbdUnix(abs))
+            }
+        }
+        (None, Some(dir)) => {
+            let abs = std::fs::canonicalize(dir)
+                .map_err(|e| Failure::usage(format!("FUSE mount point {}: {e}", dir.display())))?;
+            Ok(ExportSpec::Fuse(abs))
+        }
+        (None, None) => Err(Failure::usage("no export given: use --nbd <socket|host:port> or --fuse <dir>")),
+    }
+}
+
+/// Reads a table from `--table`, `--table-file` or standard input. Inline tables may not
+/// carry crypt keys: a command line is visible to every user through /proc.
+pub fn read_table(args: &TableArgs) -> Result<Zeroizing<String>, Failure> {
+    let text = match (&args.table, &args.table_file) {
+        (Some(_), Some(_)) => return Err(Failure::usage("give the table with --table or --table-file, not both")),
+        (Some(t), None) => {
+            if has_crypt_key(t) {
+                return Err(Failure::usage(
+                    "refusing a crypt key on the command line (visible in the process list); use --table-file or standard input",
+                ));
+            }
+            Zeroizing::new(t.clone())
+        }
+        (None, Some(p)) if p.as_os_str() == "-" => read_stdin()?,
+        (None, Some(p)) => Zeroizing::new(
+            std::fs::read_to_string(p).map_err(|e| Failure::usage(format!("cannot read table file {}: {e}", p.display())))?,
+        ),
+        (None, None) => read_stdin()?,
+    };
+    Ok(text)
+}
+
+fn read_stdin() -> Result<Zeroizing<String>, Failure> {
+    let mut s = Zeroizing::new(String::new());
+    std::io::stdin().read_to_string(&mut s)?;
+    Ok(s)
+}
+
+/// True if some crypt line has a key other than `-` (the null cipher's).
+fn has_crypt_key(table: &str) -> bool {
+    table.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 4 && f[2] == "crypt" && f[4] != "-" && !f[4].starts_with(':')
+    })
+}
+
+/// `dm <action>`.
+pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
+    match action {
+        DmAction::Create { name, table, export } => {
+            control::check_name(name)?;
+            let text = read_table(table)?;
+            let spec = ServeSpec {
+                name: name.clone(),
+                table: text.to_string(),
+                export: export_spec(export)?,
+                readonly: false,
+                info: json!({ "type": "dm" }),
+            };
+            start(spec, export, json_out)
+        }
+        DmAction::Remove { name } => close(name),
+        DmAction::Table { name, showkeys } => {
+            if *showkeys {
+                // The daemon holds the key; showing it needs the table with keys.
+                let a = control::request(name, &json!({ "cmd": "table", "showkeys": true }))?;
+                print!("{}", ensure_newline(a["table"].as_str().unwrap_or("")));
+            } else {
+                let a = control::request(name, &json!({ "cmd": "table" }))?;
+                print!("{}", ensure_newline(a["table"].as_str().unwrap_or("")));
+            }
+            Ok(())
+        }
+        DmAction::Reload { name, table } => {
+            let text = read_table(table)?;
+            control::request(name, &json!({ "cmd": "reload", "table": text.as_str() }))?;
+            Ok(())
+        }
+        DmAction::Suspend { name } => control::request(name, &json!({ "cmd": "suspend" })).map(|_| ()),
+        DmAction::Resume { name } => control::request(name, &json!({ "cmd": "resume" })).map(|_| ()),
+        DmAction::Status { name } => {
+            let a = control::request(name, &json!({ "cmd": "status" }))?;
+            if json_out {
+                println!("{a}");
+            } else {
+                print!("{}", ensure_newline(a["status"].as_str().unwrap_or("")));
+            }
+            Ok(())
+        }
+        DmAction::Ls => {
+            let names = control::list()?;
+            if json_out {
+                println!("{}", json!(names));
+            } else if names.is_empty() {
+                println!("No devices found");
+            } else {
+                for n in names {
+                    println!("{n}");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn ensure_newline(s: &str) -> String {
+    if s.is_empty() || s.ends_with('\n') {
+        s.to_string()
+    } else {
+        format!("{s}\n")
+    }
+}
+
+/// `close <name>`: flush, stop the export, end the daemon.
+pub fn close(name: &str) -> ActionResult {
+    control::request(name, &json!({ "cmd": "close" }))?;
+    // The daemon removes its socket once the export has stopped; wait for that so a script
+    // can reuse the name or the backing file right after `close` returns.
+    let path = control::socket_path(name)?;
+    for _ in 0..600 {
+        if !path.exists() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Err(Failure::new(crate::exit::ExitCode::Busy, format!("Device {name} did not close within 30 s")))
+}
+
+/// `status <name>`, like `cryptsetup status` (or JSON).
+pub fn status(name: &str, json_out: bool) -> ActionResult {
+    let a = control::request(name, &json!({ "cmd": "status" }))?;
+    if json_out {
+        println!("{a}");
+        return Ok(());
+    }
+    let info = &a["info"];
+    println!("/dev/mapper/{name} is active.");
+    let field = |k: &str| info[k].as_str().map(str::to_string).or_else(|| info[k].as_u64().map(|n| n.to_string()));
+    for (label, key) in [
+        ("type", "type"),
+        ("cipher", "cipher"),
+        ("keysize", "keysize"),
+        ("device", "device"),
+        ("sector size", "sector_size"),
+        ("offset", "offset"),
+    ] {
+        if let Some(v) = field(key) {
+            println!("  {label}:{}{v}", " ".repeat(12usize.saturating_sub(label.len())));
+        }
+    }
+    println!("  size:        {} sectors", a["size"].as_u64().unwrap_or(0) / 512);
+    println!("  mode:        {}", if a["readonly"].as_bool() == Some(true) { "readonly" } else { "read/write" });
+    for p in a["pipeline"].as_array().into_iter().flatten() {
+        let flags: Vec<&str> = p["flags"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).collect();
+        println!(
+            "  pipeline:    read {}, write {}{}",
+            p["read"].as_str().unwrap_or("?"),
+            p["write"].as_str().unwrap_or("?"),
+            if flags.is_empty() { String::new() } else { format!(" (flags: {})", flags.join(" ")) }
+        );
+    }
+    if let Some(uri) = a["export"]["uri"].as_str() {
+        println!("  export:      nbd {uri}");
+    }
+    if let Some(file) = a["export"]["file"].as_str() {
+        println!("  export:      fuse {file}");
+    }
+    println!("  status:      {}", a["status"].as_str().unwrap_or("").trim());
+    Ok(())
+}
+
+/// `refresh <name> --perf-...`: swap the crypt flags on the live device.
+pub fn refresh(name: &str, perf: &PerfArgs) -> ActionResult {
+    let flags = perf.table_flags();
+    control::request(name, &json!({ "cmd": "refresh", "flags": flags }))?;
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! Shared helpers for the CLI's integration tests: run cryptblk and the real tools it must
+//! agree with, in throw-away directories.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The cryptblk binary under test.
+pub fn cryptblk() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cryptblk"));
+    c.env("CRYPTBLK_RUNTIME_DIR", runtime_dir());
+    c
+}
+
+/// A runtime directory private to this test process, so parallel tests and a user's own
+/// volumes never see each other's daemons.
+pub fn runtime_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cryptblk-test-rt-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A tool from PATH that the test needs; panics with a clear message when missing unless
+/// CRYPTBLK_SKIP_<TOOL>=1 asks to skip, in which case `None`.
+pub fn tool(name: &str) -> Option<Command> {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false)
+        || Path::new("/usr/sbin").join(name).is_file();
+    if found {
+        return Some(Command::new(name));
+    }
+    let skip_var = format!(
+        "CRYPTBLK_SKIP_{}",
+        name.to_ascii_uppercase().replace(['-', '.'], "_")
+    );
+    if std::env::var(&skip_var).as_deref() == Ok("1") {
+        eprintln!("skipping: {name} not installed and {skip_var}=1");
+        return None;
+    }
+    panic!("{name} is required by this test (run scripts/install-deps.sh, or set {skip_var}=1 to skip)");
+}
+
+/// cryptsetup, non-interactive.
+pub fn cryptsetup() -> Option<Command> {
+    tool("cryptsetup").map(|mut c| {
+        c.arg("--batch-mode");
+        c
+    })
+}
+
+/// Runs `cmd` with `stdin` as input and returns its output (never panics on failure status).
+pub fn run(cmd: &mut Command, stdin: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `cmd` and panics with its stderr unless it exits 0; returns stdout.
+pub fn run_ok(cmd: &mut Command, stdin: &[u8]) -> String {
+    let desc = format!("{cmd:?}");
+    let out = run(cmd, stdin);
+    assert!(
+        out.status.success(),
+        "{desc} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A temporary directory removed when dropped.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// Writes `len` bytes of deterministic pseudo-random data derived from `seed` to `path`.
+pub fn write_pattern(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+/// Creates a sparse file of `len` bytes.
+pub fn sparse_file(path: &Path, len: u64) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
+/// The volume key cryptsetup reports for a LUKS volume, as lower-case hex.
+pub fn cryptsetup_volume_key(dev: &Path, key_file: &Path, extra: &[&str]) -> Option<String> {
+    let mut c = cryptsetup()?;
+    c.args(["luksDump", "--dump-volume-key", "--key-file"])
+        .arg(key_file)
+        .args(extra)
+        .arg(dev);
+    let out = run_ok(&mut c, b"");
+    parse_volume_key(&out)
+}
+
+/// Extracts the hex volume key from `luksDump --dump-volume-key` output (cryptsetup's or
+/// cryptblk's: both print "MK dump:" or "Volume key:" followed by hex bytes over lines).
+pub fn parse_volume_key(dump: &str) -> Option<String> {
+    let start = dump.find("MK dump:").or_else(|| dump.find("Volume key:"))?;
+    let rest = &dump[start..];
+    let rest = &rest[rest.find(':')? + 1..];
+    let mut hex = String::new();
+    for line in rest.lines() {
+        let t = line.trim();
+        if !t.is_empty() && !t.split_whitespace().all(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit())) {
+            break;
+        }
+        hex.extend(t.split_whitespace());
+    }
+    Some(hex.to_ascii_lowercase())
+}
+
+/// Path of the independent pyca/cryptography model of dm-crypt.
+pub fn independent_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/independent/dmcrypt.py")
+}
+
+/// Decrypts (or encrypts) `input` with the independent model and returns the result.
+pub fn independent(direction: &str, cipher: &str, key_hex: &str, sector_size: u32, input: &[u8]) -> Vec<u8> {
+    let out = run(
+        Command::new("python3")
+            .arg(independent_model())
+            .arg(direction)
+            .args(["--cipher", cipher, "--key", key_hex])
+            .args(["--sector-size", &sector_size.to_string()])
+            .args(["-", "-"]),
+        input,
+    );
+    assert!(out.status.success(), "independent model failed: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
