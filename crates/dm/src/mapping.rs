@@ -151,7 +151,10 @@ impl Mapping {
         let old;
         {
             let mut s = self.lock();
-            old = s.staged.take().map(|new| std::mem::replace(&mut s.active, new));
+            old = s
+                .staged
+                .take()
+                .map(|new| std::mem::replace(&mut s.active, new));
             s.suspended = false;
             self.changed.notify_all();
         }
@@ -175,7 +178,10 @@ impl Mapping {
 
     /// The staged table, if any, as `dmsetup table --inactive` prints it.
     pub fn staged_table(&self, show_keys: bool) -> Option<String> {
-        self.lock().staged.as_ref().map(|t| t.table.format(show_keys))
+        self.lock()
+            .staged
+            .as_ref()
+            .map(|t| t.table.format(show_keys))
     }
 
     /// The live table's `dmsetup status`.

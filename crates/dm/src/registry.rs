@@ -56,7 +56,10 @@ impl DeviceResolver for LoadResolver<'_> {
                     });
                 }
             }
-            let m = self.registry.lookup(&name).ok_or(DmError::NoSuchMapping(name.clone()))?;
+            let m = self
+                .registry
+                .lookup(&name)
+                .ok_or(DmError::NoSuchMapping(name.clone()))?;
             self.deps
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -120,7 +123,10 @@ impl Registry {
             deps: Mutex::new(Vec::new()),
         };
         let table = Table::load(table_text, &resolver)?;
-        let deps = resolver.deps.into_inner().unwrap_or_else(|e| e.into_inner());
+        let deps = resolver
+            .deps
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
         Ok(LoadedTable { table, deps })
     }
 
@@ -295,8 +301,7 @@ fn validate_name(name: &str) -> Result<(), DmError> {
     {
         return Err(DmError::State {
             name: name.to_string(),
-            msg: "invalid mapping name (1-127 bytes, no '/', whitespace, or 'ram:' prefix)"
-                .into(),
+            msg: "invalid mapping name (1-127 bytes, no '/', whitespace, or 'ram:' prefix)".into(),
         });
     }
     Ok(())

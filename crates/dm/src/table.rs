@@ -39,13 +39,19 @@ pub fn parse_table_lines(text: &str) -> Result<Vec<TableLine>, DmError> {
         let mut fields = trimmed.split_whitespace();
         let start_s = fields.next().unwrap_or_default();
         let start: u64 = start_s.parse().map_err(|_| {
-            DmError::table(lineno, format!("invalid <start> '{start_s}' (expected sectors)"))
+            DmError::table(
+                lineno,
+                format!("invalid <start> '{start_s}' (expected sectors)"),
+            )
         })?;
         let len_s = fields
             .next()
             .ok_or_else(|| DmError::table(lineno, "missing <length> and <target>"))?;
         let len: u64 = len_s.parse().map_err(|_| {
-            DmError::table(lineno, format!("invalid <length> '{len_s}' (expected sectors)"))
+            DmError::table(
+                lineno,
+                format!("invalid <length> '{len_s}' (expected sectors)"),
+            )
         })?;
         let target_type = fields
             .next()
@@ -136,7 +142,10 @@ impl Table {
             if (e.start * SECTOR_SIZE) % u64::from(lbs) != 0 {
                 return Err(DmError::table(
                     i + 1,
-                    format!("target start {} is not aligned to the table's {lbs}-byte logical block", e.start),
+                    format!(
+                        "target start {} is not aligned to the table's {lbs}-byte logical block",
+                        e.start
+                    ),
                 ));
             }
         }
@@ -214,7 +223,11 @@ impl Table {
             let t_start = e.start * SECTOR_SIZE;
             let within = pos - t_start;
             let n = (e.len * SECTOR_SIZE - within).min(len - done);
-            f(e.target.as_ref(), within, done as usize..(done + n) as usize)?;
+            f(
+                e.target.as_ref(),
+                within,
+                done as usize..(done + n) as usize,
+            )?;
             done += n;
         }
         Ok(())
@@ -230,7 +243,9 @@ impl BlockDevice for Table {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check(offset, buf.len() as u64)?;
-        self.for_each_piece(offset, buf.len() as u64, |t, off, r| t.read_at(off, &mut buf[r]))
+        self.for_each_piece(offset, buf.len() as u64, |t, off, r| {
+            t.read_at(off, &mut buf[r])
+        })
     }
     fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
         self.check(offset, buf.len() as u64)?;

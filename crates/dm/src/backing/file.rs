@@ -360,7 +360,13 @@ mod tests {
     fn buffered_and_direct_round_trip() {
         let (path, _f) = temp_file(1 << 20);
         for direct in [false, true] {
-            let dev = match FileBacking::open(&path, FileOptions { direct, read_only: false }) {
+            let dev = match FileBacking::open(
+                &path,
+                FileOptions {
+                    direct,
+                    read_only: false,
+                },
+            ) {
                 Ok(d) => d,
                 // tmpfs has no O_DIRECT; that is the filesystem, not us.
                 Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => continue,
@@ -372,13 +378,16 @@ mod tests {
             for (i, b) in data.iter_mut().enumerate() {
                 *b = (i * 7 + direct as usize) as u8;
             }
-            dev.write_at(8192, &data[1..], WriteFlags { fua: true }).unwrap();
+            dev.write_at(8192, &data[1..], WriteFlags { fua: true })
+                .unwrap();
             let mut back = vec![0u8; 4096 + 1];
             dev.read_at(8192, &mut back[1..]).unwrap();
             assert_eq!(back[1..], data[1..]);
             dev.flush().unwrap();
             assert_eq!(
-                dev.read_at(1 << 20, &mut back[..512]).unwrap_err().raw_os_error(),
+                dev.read_at(1 << 20, &mut back[..512])
+                    .unwrap_err()
+                    .raw_os_error(),
                 Some(libc::EIO)
             );
         }
@@ -387,9 +396,18 @@ mod tests {
         let mut back = vec![1u8; 4096];
         dev.read_at(8192, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0));
-        let ro = FileBacking::open(&path, FileOptions { direct: false, read_only: true }).unwrap();
+        let ro = FileBacking::open(
+            &path,
+            FileOptions {
+                direct: false,
+                read_only: true,
+            },
+        )
+        .unwrap();
         assert_eq!(
-            ro.write_at(0, &back, WriteFlags::default()).unwrap_err().raw_os_error(),
+            ro.write_at(0, &back, WriteFlags::default())
+                .unwrap_err()
+                .raw_os_error(),
             Some(libc::EROFS)
         );
         std::fs::remove_file(&path).unwrap();

@@ -51,7 +51,16 @@ mod tests {
         assert_eq!(parse_size("1048576s").unwrap(), 512 << 20);
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("64k").unwrap(), 65536);
-        for bad in ["", "G", "0", "100", "1.5G", "-1M", "12X", "99999999999999999999T"] {
+        for bad in [
+            "",
+            "G",
+            "0",
+            "100",
+            "1.5G",
+            "-1M",
+            "12X",
+            "99999999999999999999T",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad} accepted");
         }
     }

@@ -67,9 +67,7 @@ impl RamDisk {
     fn read_chunk(&self, index: usize) -> RwLockReadGuard<'_, Option<Box<[u8]>>> {
         // A poisoned lock only means another thread panicked mid-copy; the bytes are still
         // memory, so carry on rather than failing every later request.
-        self.chunks[index]
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        self.chunks[index].read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn write_chunk(&self, index: usize) -> RwLockWriteGuard<'_, Option<Box<[u8]>>> {
@@ -122,7 +120,9 @@ impl BlockDevice for RamDisk {
         self.for_each_piece(offset, buf.len() as u64, |index, within, range| {
             let chunk = self.read_chunk(index);
             match chunk.as_ref() {
-                Some(data) => buf[range.clone()].copy_from_slice(&data[within..within + range.len()]),
+                Some(data) => {
+                    buf[range.clone()].copy_from_slice(&data[within..within + range.len()])
+                }
                 None => buf[range].fill(0),
             }
         });
@@ -194,7 +194,9 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
         let e = disk.read_at(1 << 20, &mut buf).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
-        let e = disk.write_at(1 << 20, &buf, WriteFlags::default()).unwrap_err();
+        let e = disk
+            .write_at(1 << 20, &buf, WriteFlags::default())
+            .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
         assert_eq!(disk.allocated_bytes(), 0);
         assert!(RamDisk::new(1000).is_err());

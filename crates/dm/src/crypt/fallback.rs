@@ -39,7 +39,11 @@ impl AesXtsPlain64 {
         let step = (self.sector_size / 512) as u64;
         for (i, chunk) in buf.chunks_exact_mut(self.sector_size).enumerate() {
             let s512 = sector + i as u64 * step + self.iv_offset;
-            let iv_sector = if self.iv_large_sectors { s512 / step } else { s512 };
+            let iv_sector = if self.iv_large_sectors {
+                s512 / step
+            } else {
+                s512
+            };
             let mut tweak = [0u8; 16];
             tweak[..8].copy_from_slice(&iv_sector.to_le_bytes());
             match (&self.xts, encrypt) {

@@ -99,7 +99,9 @@ impl CryptFlags {
                     f.sector_size = n;
                 }
                 s if s.starts_with("integrity:") => {
-                    return Err("integrity:<n>:<type> (authenticated encryption) is not supported".into())
+                    return Err(
+                        "integrity:<n>:<type> (authenticated encryption) is not supported".into(),
+                    )
                 }
                 other => return Err(format!("invalid feature argument '{other}'")),
             }
@@ -263,7 +265,10 @@ impl CryptTarget {
         const USAGE: &str =
             "crypt <cipher> <key> <iv_offset> <dev> <offset> [<#opt_params> <opt_params>...]";
         if args.len() < 5 {
-            return Err(format!("not enough arguments ({}); usage: {USAGE}", args.len()));
+            return Err(format!(
+                "not enough arguments ({}); usage: {USAGE}",
+                args.len()
+            ));
         }
         let key = parse_key(&args[1])?;
         let iv_offset = arg_u64(args, 2, "iv_offset")?;
@@ -361,12 +366,7 @@ impl CryptTarget {
         }
     }
 
-    fn write_inner(
-        &self,
-        offset: u64,
-        data: WriteData<'_>,
-        flags: WriteFlags,
-    ) -> io::Result<()> {
+    fn write_inner(&self, offset: u64, data: WriteData<'_>, flags: WriteFlags) -> io::Result<()> {
         if let Some(engine) = &self.engine {
             if !self.params.flags.no_write_workqueue {
                 return match data {
@@ -396,7 +396,8 @@ impl CryptTarget {
                     // Re-entered through a stacked crypt target on this thread.
                     let mut out = buf.to_vec();
                     self.split.run(&mut out, sector, encrypt)?;
-                    self.dev.write_at_scratch(self.base() + offset, &mut out, flags)
+                    self.dev
+                        .write_at_scratch(self.base() + offset, &mut out, flags)
                 }
             }),
         }
@@ -452,7 +453,10 @@ impl BlockDevice for CryptTarget {
         self.len
     }
     fn logical_block_size(&self) -> u32 {
-        self.params.flags.sector_size.max(self.dev.logical_block_size())
+        self.params
+            .flags
+            .sector_size
+            .max(self.dev.logical_block_size())
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check(offset, buf.len() as u64)?;

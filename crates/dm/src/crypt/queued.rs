@@ -76,7 +76,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 enum Kind {
     Read,
     /// A write; `in_place` = the caller's buffer may be encrypted in place.
-    Write { in_place: bool },
+    Write {
+        in_place: bool,
+    },
 }
 
 /// One request travelling through the queues.
@@ -251,7 +253,14 @@ impl QueuedEngine {
         QueuedEngine { shared, threads }
     }
 
-    fn submit(&self, kind: Kind, offset: u64, data: *mut u8, len: usize, flags: WriteFlags) -> io::Result<()> {
+    fn submit(
+        &self,
+        kind: Kind,
+        offset: u64,
+        data: *mut u8,
+        len: usize,
+        flags: WriteFlags,
+    ) -> io::Result<()> {
         COMPLETION.with(|done| {
             let job = Job {
                 kind,
@@ -273,7 +282,13 @@ impl QueuedEngine {
 
     /// Reads and decrypts through `kcryptd_io` and `kcryptd`.
     pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.submit(Kind::Read, offset, buf.as_mut_ptr(), buf.len(), WriteFlags::default())
+        self.submit(
+            Kind::Read,
+            offset,
+            buf.as_mut_ptr(),
+            buf.len(),
+            WriteFlags::default(),
+        )
     }
 
     /// Encrypts into a bounce buffer on `kcryptd` and writes via `dmcrypt_write`.
@@ -289,8 +304,19 @@ impl QueuedEngine {
     }
 
     /// Like [`QueuedEngine::write`], encrypting in the caller's buffer.
-    pub(crate) fn write_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
-        self.submit(Kind::Write { in_place: true }, offset, buf.as_mut_ptr(), buf.len(), flags)
+    pub(crate) fn write_scratch(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        self.submit(
+            Kind::Write { in_place: true },
+            offset,
+            buf.as_mut_ptr(),
+            buf.len(),
+            flags,
+        )
     }
 }
 
@@ -365,7 +391,9 @@ impl Shared {
     fn io_worker(&self) {
         while let Some(mut job) = self.io_queue.pop(&self.stop) {
             // SAFETY: the job has not completed yet.
-            let r = self.dev.read_at(self.base + job.offset, unsafe { job.data() });
+            let r = self
+                .dev
+                .read_at(self.base + job.offset, unsafe { job.data() });
             match r {
                 Ok(()) => self.queue_crypt(job),
                 Err(e) => job.done.complete(Err(e)),
@@ -387,10 +415,11 @@ impl Shared {
 
     fn submit_write(&self, mut job: Job) {
         let at = self.base + job.offset;
+        let flags = job.flags;
         let r = match job.bounce.as_mut() {
-            Some(b) => self.dev.write_at_scratch(at, b, job.flags),
+            Some(b) => self.dev.write_at_scratch(at, b, flags),
             // SAFETY: the job has not completed yet; in-place writes lent the buffer.
-            None => self.dev.write_at_scratch(at, unsafe { job.data() }, job.flags),
+            None => self.dev.write_at_scratch(at, unsafe { job.data() }, flags),
         };
         self.finish(job, r);
     }
@@ -409,8 +438,7 @@ impl Shared {
         let found = {
             let mut pool = lock(&self.bounce);
             let pos = pool.iter().position(|b| b.capacity() >= len);
-            pos.map(|i| pool.swap_remove(i))
-                .or_else(|| pool.pop())
+            pos.map(|i| pool.swap_remove(i)).or_else(|| pool.pop())
         };
         let mut b = found.unwrap_or_default();
         b.resize(len, 0);

@@ -40,7 +40,9 @@ impl SplitPolicy {
         };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Pieces stay multiples of 4 KiB so they hold whole encryption sectors.
-        let piece = (buf.len() / cpus).next_multiple_of(4096).max(threshold.min(4096));
+        let piece = (buf.len() / cpus)
+            .next_multiple_of(4096)
+            .max(threshold.min(4096));
         if cpus < 2 || piece >= buf.len() {
             return op(sector, buf).map_err(cipher_io);
         }
@@ -56,7 +58,9 @@ impl SplitPolicy {
                 .collect();
             let mut result = op(sector, first);
             for h in helpers {
-                let r = h.join().unwrap_or_else(|_| Err(CipherError::Backend("crypto helper thread panicked".into())));
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(CipherError::Backend("crypto helper thread panicked".into()))
+                });
                 if result.is_ok() {
                     result = r;
                 }

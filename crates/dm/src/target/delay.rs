@@ -46,7 +46,10 @@ impl DelayClass {
     }
 
     fn params(&self) -> String {
-        format!("{} {} {}", self.dev_spec, self.offset_sectors, self.delay_ms)
+        format!(
+            "{} {} {}",
+            self.dev_spec, self.offset_sectors, self.delay_ms
+        )
     }
 
     fn clone_class(&self) -> Self {
@@ -116,7 +119,9 @@ impl BlockDevice for DelayTarget {
     fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
         check_range(self.len, offset, buf.len() as u64)?;
         self.write.wait();
-        self.write.dev.write_at(self.write.base() + offset, buf, flags)
+        self.write
+            .dev
+            .write_at(self.write.base() + offset, buf, flags)
     }
     fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
         check_range(self.len, offset, buf.len() as u64)?;

@@ -163,7 +163,10 @@ impl FlakeyTarget {
                              [<#feature_args> [drop_writes] [error_writes] [error_reads] \
                              [corrupt_bio_byte <n> <r|w> <value> <flags>]]";
         if args.len() < 4 {
-            return Err(format!("too few arguments ({}); usage: {USAGE}", args.len()));
+            return Err(format!(
+                "too few arguments ({}); usage: {USAGE}",
+                args.len()
+            ));
         }
         let offset_sectors = arg_u64(args, 1, "offset")?;
         let up_interval = arg_u32(args, 2, "up_interval")?;

@@ -85,7 +85,12 @@ pub(crate) fn arg_u32(args: &[String], index: usize, name: &str) -> Result<u32, 
 }
 
 /// Checks the argument count is within `min..=max`.
-pub(crate) fn expect_args(args: &[String], min: usize, max: usize, usage: &str) -> Result<(), String> {
+pub(crate) fn expect_args(
+    args: &[String],
+    min: usize,
+    max: usize,
+    usage: &str,
+) -> Result<(), String> {
     if args.len() < min || args.len() > max {
         return Err(format!(
             "wrong number of arguments ({}); usage: {usage}",

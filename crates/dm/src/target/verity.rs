@@ -120,7 +120,10 @@ impl VerityConfig {
             <hash_block_size> <num_data_blocks> <hash_start_block> <algorithm> <digest> \
             <salt> [<#opt_params> <opt_params>...]";
         if args.len() < 10 {
-            return Err(format!("too few arguments ({}); usage: {USAGE}", args.len()));
+            return Err(format!(
+                "too few arguments ({}); usage: {USAGE}",
+                args.len()
+            ));
         }
         let version = arg_u32(args, 0, "version")?;
         if version > 1 {
@@ -181,7 +184,10 @@ impl VerityConfig {
                     "check_at_most_once" => cfg.check_at_most_once = true,
                     // Scheduling hint only; verification is synchronous here anyway.
                     "try_verify_in_tasklet" => {}
-                    "use_fec_from_device" | "fec_roots" | "fec_blocks" | "fec_start"
+                    "use_fec_from_device"
+                    | "fec_roots"
+                    | "fec_blocks"
+                    | "fec_start"
                     | "root_hash_sig_key_desc" => {
                         return Err(format!("optional argument '{opt}' is not supported"))
                     }
@@ -324,7 +330,9 @@ impl VerityTarget {
             return Ok(Ok(b.clone()));
         }
         let mut buf = vec![0u8; self.cfg.hash_block_size as usize];
-        self.io(self.hash.read_at(index * self.cfg.hash_block_size as u64, &mut buf))?;
+        self.io(self
+            .hash
+            .read_at(index * self.cfg.hash_block_size as u64, &mut buf))?;
         if digest_with_salt(&self.cfg, &buf) != expected {
             return Ok(Err(Failure::Hash(index)));
         }

@@ -39,7 +39,10 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 
 /// The independent pyca/cryptography dm-crypt model shipped with the repository.
 pub fn dmcrypt_py() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/independent/dmcrypt.py"))
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/independent/dmcrypt.py"
+    ))
 }
 
 /// Fails loudly unless python3 with `cryptography` is present or CRYPTBLK_SKIP_PYCA=1.

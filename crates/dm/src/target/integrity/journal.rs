@@ -1,0 +1,179 @@
+//! The dm-integrity journal as the kernel lays it out, held in memory.
+//!
+//! The journal is `journal_sections` sections of `journal_section_sectors` sectors each,
+//! right after the superblock. A section starts with 8 sectors of entries (entry `n` lives
+//! in sector `n % 8` at byte `(n / 8) * entry_size`), followed by one block of data per
+//! entry. Every journal sector ends with an 8-byte commit id; the data bytes it displaces
+//! are kept in the entry (`last_bytes`). An entry is `sector: u64` (upper half `0xffffffff`
+//! = unused), `last_bytes[sectors_per_block]: u64`, then the tag.
+//!
+//! Commit ids are `COMMIT_IDS[seq] ^ ((section << 32) ^ sector)`; the sequence number `seq`
+//! (0..4) advances each time writing wraps around the journal, which is how replay finds
+//! the newest, completely written run of sections.
+
+use super::layout::{Layout, JOURNAL_BLOCK_SECTORS};
+
+/// The four commit id bases (no journal encryption: the kernel's constants).
+const COMMIT_IDS: [u64; 4] = [
+    0x1111_1111_1111_1111,
+    0x2222_2222_2222_2222,
+    0x3333_3333_3333_3333,
+    0x4444_4444_4444_4444,
+];
+/// Number of commit sequence numbers.
+pub const N_COMMIT_IDS: u8 = 4;
+
+/// Next commit sequence number.
+pub fn next_seq(s: u8) -> u8 {
+    (s + 1) % N_COMMIT_IDS
+}
+
+/// Previous commit sequence number.
+pub fn prev_seq(s: u8) -> u8 {
+    (s + N_COMMIT_IDS - 1) % N_COMMIT_IDS
+}
+
+/// The journal bytes plus the geometry needed to address them.
+pub struct Journal {
+    /// Raw journal, exactly as on disk.
+    pub buf: Vec<u8>,
+    /// Number of sections.
+    pub sections: u32,
+    section_sectors: u32,
+    /// Entries per section.
+    pub section_entries: u32,
+    entry_size: u32,
+    sectors_per_block: u32,
+    tag_size: u32,
+}
+
+impl Journal {
+    /// A zero-filled journal for `layout`.
+    pub fn new(layout: &Layout) -> Journal {
+        Journal {
+            buf: vec![0u8; layout.journal_bytes()],
+            sections: layout.journal_sections,
+            section_sectors: layout.journal_section_sectors,
+            section_entries: layout.journal_section_entries,
+            entry_size: layout.journal_entry_size,
+            sectors_per_block: layout.sectors_per_block,
+            tag_size: layout.tag_size,
+        }
+    }
+
+    /// Sectors per section.
+    pub fn section_sectors(&self) -> u32 {
+        self.section_sectors
+    }
+
+    /// Byte range of section `i` in the journal.
+    pub fn section_range(&self, i: u32) -> std::ops::Range<usize> {
+        let len = self.section_sectors as usize * 512;
+        i as usize * len..(i as usize + 1) * len
+    }
+
+    fn sector_off(&self, i: u32, j: u32) -> usize {
+        (i as usize * self.section_sectors as usize + j as usize) * 512
+    }
+
+    /// The expected commit id of sector `j` of section `i` under sequence `seq`.
+    pub fn commit_id(i: u32, j: u32, seq: u8) -> u64 {
+        COMMIT_IDS[seq as usize] ^ (((i as u64) << 32) ^ j as u64)
+    }
+
+    /// The commit id stored in sector `j` of section `i`.
+    pub fn stored_commit_id(&self, i: u32, j: u32) -> u64 {
+        let o = self.sector_off(i, j) + 504;
+        u64::from_le_bytes(self.buf[o..o + 8].try_into().expect("8 bytes"))
+    }
+
+    /// Stamps every sector of section `i` with the commit id for `seq`.
+    pub fn stamp_section(&mut self, i: u32, seq: u8) {
+        for j in 0..self.section_sectors {
+            let o = self.sector_off(i, j) + 504;
+            self.buf[o..o + 8].copy_from_slice(&Self::commit_id(i, j, seq).to_le_bytes());
+        }
+    }
+
+    /// The commit sequence whose id sector `j` of section `i` carries, if any.
+    pub fn find_seq(&self, i: u32, j: u32) -> Option<u8> {
+        let id = self.stored_commit_id(i, j);
+        (0..N_COMMIT_IDS).find(|&k| Self::commit_id(i, j, k) == id)
+    }
+
+    /// Clears sections `start..start+count` (wrapping) to empty entries stamped with `seq`
+    /// (`init_journal`).
+    pub fn init_sections(&mut self, start: u32, count: u32, seq: u8) {
+        for n in 0..count {
+            let i = (start + n) % self.sections;
+            for j in 0..self.section_sectors {
+                let o = self.sector_off(i, j);
+                self.buf[o..o + 504].fill(0);
+            }
+            self.stamp_section(i, seq);
+            for e in 0..self.section_entries {
+                self.set_unused(i, e);
+            }
+        }
+    }
+
+    fn entry_off(&self, i: u32, n: u32) -> usize {
+        self.sector_off(i, n % JOURNAL_BLOCK_SECTORS) + (n / JOURNAL_BLOCK_SECTORS) as usize * self.entry_size as usize
+    }
+
+    /// Whether entry `n` of section `i` is unused.
+    pub fn is_unused(&self, i: u32, n: u32) -> bool {
+        let o = self.entry_off(i, n) + 4;
+        self.buf[o..o + 4] == [0xff; 4]
+    }
+
+    /// Marks entry `n` of section `i` unused.
+    pub fn set_unused(&mut self, i: u32, n: u32) {
+        let o = self.entry_off(i, n) + 4;
+        self.buf[o..o + 4].fill(0xff);
+    }
+
+    /// The logical sector entry `n` of section `i` describes.
+    pub fn entry_sector(&self, i: u32, n: u32) -> u64 {
+        let o = self.entry_off(i, n);
+        u64::from_le_bytes(self.buf[o..o + 8].try_into().expect("8 bytes"))
+    }
+
+    /// The tag stored in entry `n` of section `i`.
+    pub fn entry_tag(&self, i: u32, n: u32) -> &[u8] {
+        let o = self.entry_off(i, n) + 8 + 8 * self.sectors_per_block as usize;
+        &self.buf[o..o + self.tag_size as usize]
+    }
+
+    fn data_off(&self, i: u32, n: u32) -> usize {
+        self.sector_off(i, JOURNAL_BLOCK_SECTORS + n * self.sectors_per_block)
+    }
+
+    /// Stores a block: entry `n` of section `i` gets `sector`, the block's displaced last
+    /// bytes and `tag`; the data sectors get the block (their commit-id slots are stamped
+    /// at commit).
+    pub fn put(&mut self, i: u32, n: u32, sector: u64, block: &[u8], tag: &[u8]) {
+        let d = self.data_off(i, n);
+        self.buf[d..d + block.len()].copy_from_slice(block);
+        let e = self.entry_off(i, n);
+        self.buf[e..e + 8].copy_from_slice(&sector.to_le_bytes());
+        for s in 0..self.sectors_per_block as usize {
+            let last = &block[s * 512 + 504..s * 512 + 512];
+            let o = e + 8 + 8 * s;
+            self.buf[o..o + 8].copy_from_slice(last);
+        }
+        let t = e + 8 + 8 * self.sectors_per_block as usize;
+        self.buf[t..t + tag.len()].copy_from_slice(tag);
+    }
+
+    /// The block held by entry `n` of section `i`, with its last bytes restored.
+    pub fn block(&self, i: u32, n: u32, out: &mut [u8]) {
+        let d = self.data_off(i, n);
+        out.copy_from_slice(&self.buf[d..d + out.len()]);
+        let e = self.entry_off(i, n);
+        for s in 0..self.sectors_per_block as usize {
+            let o = e + 8 + 8 * s;
+            out[s * 512 + 504..s * 512 + 512].copy_from_slice(&self.buf[o..o + 8]);
+        }
+    }
+}
