@@ -244,26 +244,13 @@ fn metadata_size_variants() {
     let have_tool = have_cryptsetup();
     let dir = Scratch::new("mda");
     untar("luks2_mda_images.tar.xz", &dir.0);
-    for (kib, keyslots) in [
-        (16u64, 16_744_448u64),
-        (32, 16_711_680),
-        (64, 16_646_144),
-        (128, 16_515_072),
-        (256, 16_252_928),
-        (512, 15_728_640),
-        (1024, 14_680_064),
-        (2048, 12_582_912),
-        (4096, 8_388_608),
-    ] {
+    for kib in [16u64, 32, 64, 128, 256, 512, 1024, 2048, 4096] {
         let img = dir.path(&format!("test_image_{kib}"));
         let f = open_rw(&img);
         let mut h = Luks2Header::read(&f).unwrap();
         assert_eq!(h.metadata_size(), kib * 1024, "image {kib}");
-        assert_eq!(
-            h.metadata_size() * 2 + h.keyslots_size(),
-            2 * kib * 1024 + keyslots,
-            "{kib}"
-        );
+        assert!(h.metadata_and_keyslots_size() <= h.data_offset(), "{kib}");
+        assert_eq!(h.data_offset(), 12 << 20);
         let u = h
             .unlock(&f, b"Qx3qn46vq0v", None, UnlockPurpose::Activate)
             .unwrap();

@@ -107,9 +107,15 @@ impl BinaryHeader {
     /// the size range, and that a secondary copy sits right after a copy of its own size.
     pub fn decode(buf: &[u8], offset: u64, secondary: bool) -> Result<Self> {
         if buf.len() < BIN_HDR_LEN {
-            return Err(FormatError::Corrupt("LUKS2 binary header is truncated".into()));
+            return Err(FormatError::Corrupt(
+                "LUKS2 binary header is truncated".into(),
+            ));
         }
-        let magic = if secondary { MAGIC_SECONDARY } else { MAGIC_PRIMARY };
+        let magic = if secondary {
+            MAGIC_SECONDARY
+        } else {
+            MAGIC_PRIMARY
+        };
         if &buf[..6] != magic {
             return Err(FormatError::NotLuks);
         }
@@ -153,15 +159,25 @@ impl BinaryHeader {
     /// Encodes the binary header with a zero checksum field.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; BIN_HDR_LEN];
-        b[..6].copy_from_slice(if self.secondary { MAGIC_SECONDARY } else { MAGIC_PRIMARY });
+        b[..6].copy_from_slice(if self.secondary {
+            MAGIC_SECONDARY
+        } else {
+            MAGIC_PRIMARY
+        });
         b[OFF_VERSION..OFF_VERSION + 2].copy_from_slice(&self.version.to_be_bytes());
         b[OFF_HDR_SIZE..OFF_HDR_SIZE + 8].copy_from_slice(&self.hdr_size.to_be_bytes());
         b[OFF_SEQID..OFF_SEQID + 8].copy_from_slice(&self.seqid.to_be_bytes());
         put_cstr(&mut b[OFF_LABEL..OFF_LABEL + LABEL_LEN], &self.label);
-        put_cstr(&mut b[OFF_CSUM_ALG..OFF_CSUM_ALG + CSUM_ALG_LEN], &self.checksum_alg);
+        put_cstr(
+            &mut b[OFF_CSUM_ALG..OFF_CSUM_ALG + CSUM_ALG_LEN],
+            &self.checksum_alg,
+        );
         b[OFF_SALT..OFF_SALT + SALT_LEN].copy_from_slice(&self.salt);
         put_cstr(&mut b[OFF_UUID..OFF_UUID + UUID_LEN], &self.uuid);
-        put_cstr(&mut b[OFF_SUBSYSTEM..OFF_SUBSYSTEM + LABEL_LEN], &self.subsystem);
+        put_cstr(
+            &mut b[OFF_SUBSYSTEM..OFF_SUBSYSTEM + LABEL_LEN],
+            &self.subsystem,
+        );
         b[OFF_HDR_OFFSET..OFF_HDR_OFFSET + 8].copy_from_slice(&self.hdr_offset.to_be_bytes());
         b
     }
@@ -172,7 +188,9 @@ impl BinaryHeader {
 pub fn checksum(alg: &str, area: &[u8]) -> Result<Vec<u8>> {
     let hash = HashAlgorithm::from_name(alg)?;
     if hash.output_len() > CSUM_LEN || area.len() < BIN_HDR_LEN {
-        return Err(FormatError::Corrupt(format!("unusable header checksum algorithm '{alg}'")));
+        return Err(FormatError::Corrupt(format!(
+            "unusable header checksum algorithm '{alg}'"
+        )));
     }
     let zeros = [0u8; CSUM_LEN];
     Ok(hash.digest(&[&area[..OFF_CSUM], &zeros, &area[OFF_CSUM + CSUM_LEN..]]))
@@ -182,7 +200,9 @@ pub fn checksum(alg: &str, area: &[u8]) -> Result<Vec<u8>> {
 pub fn verify_checksum(alg: &str, area: &[u8]) -> Result<()> {
     let expected = checksum(alg, area)?;
     if area[OFF_CSUM..OFF_CSUM + expected.len()] != expected[..] {
-        return Err(FormatError::Corrupt("LUKS2 header checksum mismatch".into()));
+        return Err(FormatError::Corrupt(
+            "LUKS2 header checksum mismatch".into(),
+        ));
     }
     Ok(())
 }
@@ -221,7 +241,10 @@ mod tests {
         assert_eq!(&b[..6], b"LUKS\xba\xbe");
         assert_eq!(BinaryHeader::decode(&b, 0, false).unwrap(), h);
         assert!(BinaryHeader::decode(&b, 4096, false).is_err());
-        assert!(matches!(BinaryHeader::decode(&b, 0, true), Err(FormatError::NotLuks)));
+        assert!(matches!(
+            BinaryHeader::decode(&b, 0, true),
+            Err(FormatError::NotLuks)
+        ));
     }
 
     #[test]

@@ -39,7 +39,13 @@ fn strings(v: Option<&Value>) -> Vec<&str> {
 pub(super) fn dump(h: &Luks2Header) -> String {
     let j = &h.json;
     let mut o = String::new();
-    let or = |v: &str, none: &str| if v.is_empty() { none.to_string() } else { v.to_string() };
+    let or = |v: &str, none: &str| {
+        if v.is_empty() {
+            none.to_string()
+        } else {
+            v.to_string()
+        }
+    };
     o.push_str("LUKS header information\n");
     o.push_str("Version:       \t2\n");
     let _ = writeln!(o, "Epoch:         \t{}", h.seqid);
@@ -50,12 +56,20 @@ pub(super) fn dump(h: &Luks2Header) -> String {
     let _ = writeln!(o, "Subsystem:     \t{}", or(&h.subsystem, "(no subsystem)"));
 
     let flags = strings(j["config"].get("flags"));
-    let reqs = strings(j["config"].get("requirements").and_then(|r| r.get("mandatory")));
+    let reqs = strings(
+        j["config"]
+            .get("requirements")
+            .and_then(|r| r.get("mandatory")),
+    );
     o.push_str("Flags:       \t");
     for f in &flags {
         let _ = write!(o, "{f} ");
     }
-    o.push_str(if flags.is_empty() { "(no flags)\n" } else { "\n" });
+    o.push_str(if flags.is_empty() {
+        "(no flags)\n"
+    } else {
+        "\n"
+    });
     if reqs.is_empty() {
         o.push('\n');
     } else {
@@ -72,11 +86,19 @@ pub(super) fn dump(h: &Luks2Header) -> String {
             continue;
         };
         let _ = writeln!(o, "  {i}: {}", s(&seg["type"]));
-        let _ = writeln!(o, "\toffset: {} [bytes]", get_u64_str(seg, "offset").unwrap_or(0));
+        let _ = writeln!(
+            o,
+            "\toffset: {} [bytes]",
+            get_u64_str(seg, "offset").unwrap_or(0)
+        );
         if seg["size"] == "dynamic" {
             o.push_str("\tlength: (whole device)\n");
         } else {
-            let _ = writeln!(o, "\tlength: {} [bytes]", get_u64_str(seg, "size").unwrap_or(0));
+            let _ = writeln!(
+                o,
+                "\tlength: {} [bytes]",
+                get_u64_str(seg, "size").unwrap_or(0)
+            );
         }
         // cryptsetup 2.6 prints nothing for segments without software encryption.
         if let Some(e) = seg.get("encryption") {
@@ -103,7 +125,11 @@ pub(super) fn dump(h: &Luks2Header) -> String {
         let Some(ks) = j["keyslots"].get(i.to_string()) else {
             continue;
         };
-        let unbound = if h.keyslot_is_bound(i) { "" } else { " (unbound)" };
+        let unbound = if h.keyslot_is_bound(i) {
+            ""
+        } else {
+            " (unbound)"
+        };
         let _ = writeln!(o, "  {i}: {}{unbound}", s(&ks["type"]));
         if let Some(k) = ks.get("key_size") {
             let _ = writeln!(o, "\tKey:        {} bits", int(k) * 8);

@@ -238,12 +238,18 @@ mod tests {
     #[test]
     fn default_layout_is_16mib() {
         let p = FormatParams::default();
-        assert_eq!(layout(&p).unwrap(), (16 * 1024 * 1024 - 32768, 16 * 1024 * 1024));
+        assert_eq!(
+            layout(&p).unwrap(),
+            (16 * 1024 * 1024 - 32768, 16 * 1024 * 1024)
+        );
         let p = FormatParams {
             metadata_size: 65536,
             ..FormatParams::default()
         };
-        assert_eq!(layout(&p).unwrap(), (16 * 1024 * 1024 - 131072, 16 * 1024 * 1024));
+        assert_eq!(
+            layout(&p).unwrap(),
+            (16 * 1024 * 1024 - 131072, 16 * 1024 * 1024)
+        );
         let p = FormatParams {
             keyslots_size: Some(4096 * 100),
             ..FormatParams::default()
@@ -253,7 +259,10 @@ mod tests {
             data_offset: Some(4 * 1024 * 1024),
             ..FormatParams::default()
         };
-        assert_eq!(layout(&p).unwrap(), (4 * 1024 * 1024 - 32768, 4 * 1024 * 1024));
+        assert_eq!(
+            layout(&p).unwrap(),
+            (4 * 1024 * 1024 - 32768, 4 * 1024 * 1024)
+        );
         let p = FormatParams {
             detached_header: true,
             ..FormatParams::default()

@@ -12,15 +12,15 @@ use serde_json::{Map, Value};
 /// value and the length of the JSON text.
 pub fn parse_area(area: &[u8]) -> Result<(Value, usize)> {
     if area.first() != Some(&b'{') {
-        return Err(FormatError::Corrupt(
-            "JSON area must start with '{'".into(),
-        ));
+        return Err(FormatError::Corrupt("JSON area must start with '{'".into()));
     }
     let mut stream = serde_json::Deserializer::from_slice(area).into_iter::<Value>();
     let value = match stream.next() {
         Some(Ok(v)) => v,
         Some(Err(e)) => {
-            return Err(FormatError::Corrupt(format!("JSON area does not parse: {e}")));
+            return Err(FormatError::Corrupt(format!(
+                "JSON area does not parse: {e}"
+            )));
         }
         None => return Err(FormatError::Corrupt("JSON area is empty".into())),
     };
@@ -38,7 +38,9 @@ pub fn parse_area(area: &[u8]) -> Result<(Value, usize)> {
         )));
     }
     if !value.is_object() {
-        return Err(FormatError::Corrupt("JSON metadata is not an object".into()));
+        return Err(FormatError::Corrupt(
+            "JSON metadata is not an object".into(),
+        ));
     }
     Ok((value, end))
 }
@@ -139,7 +141,9 @@ pub fn get_u32(obj: &Value, key: &str) -> Option<u32> {
 
 /// The non-empty string under `key`.
 pub fn get_str<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
-    obj.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+    obj.get(key)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 /// The object under `key`.
@@ -180,7 +184,10 @@ mod tests {
         let mut bad = a.clone();
         bad[20] = b' ';
         assert!(parse_area(&bad).is_err());
-        assert!(parse_area(b"{\"a\":1}").is_err(), "needs a NUL after the text");
+        assert!(
+            parse_area(b"{\"a\":1}").is_err(),
+            "needs a NUL after the text"
+        );
         assert!(parse_area(b" {\"a\":1}\0").is_err());
         assert!(parse_area(b"[1]\0").is_err());
     }

@@ -199,7 +199,8 @@ pub(super) fn wipe_area(io: &dyn HeaderIo, offset: u64, len: u64) -> Result<()> 
             .map_err(|e| FormatError::io("wiping keyslot area", e))?;
         pos += n as u64;
     }
-    io.sync().map_err(|e| FormatError::io("syncing keyslot wipe", e))
+    io.sync()
+        .map_err(|e| FormatError::io("syncing keyslot wipe", e))
 }
 
 impl Luks2Header {
@@ -295,7 +296,10 @@ impl Luks2Header {
             .keyslot_json(slot)
             .ok_or_else(|| FormatError::NoKeyslot(format!(" (keyslot {slot} is not in use)")))?;
         if ks["type"] != "luks2" {
-            return Err(invalid(slot, format!("unsupported keyslot type {}", ks["type"])));
+            return Err(invalid(
+                slot,
+                format!("unsupported keyslot type {}", ks["type"]),
+            ));
         }
         let key_size = get_u32(ks, "key_size")
             .filter(|&n| n > 0)
@@ -307,14 +311,18 @@ impl Luks2Header {
         let spec = area["encryption"].as_str().unwrap_or("");
         let area_key_size = get_u32(area, "key_size")
             .filter(|&n| n > 0)
-            .ok_or_else(|| invalid(slot, "invalid area key_size"))? as usize;
+            .ok_or_else(|| invalid(slot, "invalid area key_size"))?
+            as usize;
         let stripes = get_u32(&ks["af"], "stripes")
             .filter(|&n| n > 0)
             .ok_or_else(|| invalid(slot, "invalid AF stripes"))?;
         let af_hash = HashAlgorithm::from_name(ks["af"]["hash"].as_str().unwrap_or(""))?;
         let len = material_len(key_size, stripes);
         if len as u64 > size {
-            return Err(invalid(slot, format!("area of {size} bytes cannot hold {len} bytes of key material")));
+            return Err(invalid(
+                slot,
+                format!("area of {size} bytes cannot hold {len} bytes of key material"),
+            ));
         }
         let digest = self
             .digest_of_keyslot(slot)
@@ -349,10 +357,15 @@ impl Luks2Header {
         }
         if let Some(s) = slot {
             if self.keyslot_json(s).is_none() {
-                return Err(FormatError::NoKeyslot(format!(" (keyslot {s} is not in use)")));
+                return Err(FormatError::NoKeyslot(format!(
+                    " (keyslot {s} is not in use)"
+                )));
             }
             if purpose == UnlockPurpose::Activate && !self.keyslot_is_bound(s) {
-                return Err(invalid(s, "keyslot is not bound to a data segment (unbound key) and cannot activate it"));
+                return Err(invalid(
+                    s,
+                    "keyslot is not bound to a data segment (unbound key) and cannot activate it",
+                ));
             }
             let key = self.open_keyslot(io, s, passphrase)?;
             return Ok(Unlocked { slot: s, key });
@@ -361,7 +374,10 @@ impl Luks2Header {
         let mut tried = 0;
         let mut last_err = None;
         for prio in [2u8, 1] {
-            for k in infos.iter().filter(|k| k.priority == prio && k.kind == "luks2") {
+            for k in infos
+                .iter()
+                .filter(|k| k.priority == prio && k.kind == "luks2")
+            {
                 if k.unbound && purpose != UnlockPurpose::Unbound {
                     continue;
                 }
@@ -386,9 +402,10 @@ impl Luks2Header {
 
     fn free_keyslot(&self, wanted: Option<usize>) -> Result<usize> {
         match wanted {
-            Some(s) if s >= LUKS2_OBJECTS_MAX => {
-                Err(invalid(s, format!("keyslot numbers are 0..{}", LUKS2_OBJECTS_MAX - 1)))
-            }
+            Some(s) if s >= LUKS2_OBJECTS_MAX => Err(invalid(
+                s,
+                format!("keyslot numbers are 0..{}", LUKS2_OBJECTS_MAX - 1),
+            )),
             Some(s) if self.keyslot_json(s).is_some() => Err(FormatError::KeyslotActive(s)),
             Some(s) => Ok(s),
             None => (0..LUKS2_OBJECTS_MAX)
@@ -475,7 +492,10 @@ impl Luks2Header {
                 return (seg.encryption, n);
             }
         }
-        ("aes-xts-plain64".to_string(), params.cipher_key_size.unwrap_or(64))
+        (
+            "aes-xts-plain64".to_string(),
+            params.cipher_key_size.unwrap_or(64),
+        )
     }
 
     fn add_keyslot_for_digest(
@@ -488,11 +508,13 @@ impl Luks2Header {
     ) -> Result<usize> {
         self.check_requirements()?;
         if params.priority > 2 {
-            return Err(FormatError::InvalidParameter("priority must be 0, 1 or 2".into()));
+            return Err(FormatError::InvalidParameter(
+                "priority must be 0, 1 or 2".into(),
+            ));
         }
         let slot = self.free_keyslot(params.slot)?;
-        let area_size = (material_len(key.len(), af::LUKS_STRIPES) as u64).div_ceil(AREA_ALIGN)
-            * AREA_ALIGN;
+        let area_size =
+            (material_len(key.len(), af::LUKS_STRIPES) as u64).div_ceil(AREA_ALIGN) * AREA_ALIGN;
         let offset = self.find_area_gap(area_size, None)?;
         let (spec, area_key_size) = self.area_cipher_choice(params, key.len());
         let pbkdf = kdf::calibrate(&params.pbkdf, area_key_size)?;
@@ -548,18 +570,22 @@ impl Luks2Header {
         params: &KeyslotParams,
     ) -> Result<(usize, SecretBytes)> {
         if key_size == 0 || key_size > 512 {
-            return Err(FormatError::InvalidParameter(format!("unbound key size {key_size}")));
+            return Err(FormatError::InvalidParameter(format!(
+                "unbound key size {key_size}"
+            )));
         }
         let key = SecretBytes::random(key_size);
-        let digests = self.json["digests"].as_object().cloned().unwrap_or_default();
+        let digests = self.json["digests"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
         let id = (0..)
             .find(|i: &usize| !digests.contains_key(&i.to_string()))
             .unwrap_or(0);
         let digest = new_digest(key.as_bytes(), params.pbkdf.hash, &[], &[])?;
         let old = self.json.clone();
         self.json["digests"][id.to_string()] = digest;
-        match self.add_keyslot_for_digest(io, key.as_bytes(), passphrase, params, &id.to_string())
-        {
+        match self.add_keyslot_for_digest(io, key.as_bytes(), passphrase, params, &id.to_string()) {
             Ok(slot) => Ok((slot, key)),
             Err(e) => {
                 self.json = old;
@@ -630,8 +656,8 @@ impl Luks2Header {
         let old_area = self
             .keyslot_area(old_slot)
             .ok_or_else(|| invalid(old_slot, "invalid area"))?;
-        let area_size = (material_len(key.len(), af::LUKS_STRIPES) as u64).div_ceil(AREA_ALIGN)
-            * AREA_ALIGN;
+        let area_size =
+            (material_len(key.len(), af::LUKS_STRIPES) as u64).div_ceil(AREA_ALIGN) * AREA_ALIGN;
         let (offset, in_place) = match self.find_area_gap(area_size, None) {
             Ok(off) => (off, false),
             Err(_) if old_area.1 >= area_size => (old_area.0, true),
@@ -692,7 +718,9 @@ impl Luks2Header {
     /// write (`config --priority`).
     pub fn set_priority(&mut self, slot: usize, priority: u8) -> Result<()> {
         if priority > 2 {
-            return Err(FormatError::InvalidParameter("priority must be 0, 1 or 2".into()));
+            return Err(FormatError::InvalidParameter(
+                "priority must be 0, 1 or 2".into(),
+            ));
         }
         let ks = self.json["keyslots"]
             .get_mut(slot.to_string())
@@ -709,7 +737,11 @@ impl Luks2Header {
 
 /// Keeps keyslot/segment reference arrays in numeric order, as cryptsetup writes them.
 fn sort_refs(arr: &mut [Value]) {
-    arr.sort_by_key(|v| v.as_str().and_then(super::json::str_u64).unwrap_or(u64::MAX));
+    arr.sort_by_key(|v| {
+        v.as_str()
+            .and_then(super::json::str_u64)
+            .unwrap_or(u64::MAX)
+    });
 }
 
 /// A pbkdf2 digest object for `key` (iterations calibrated to 125 ms like cryptsetup,
@@ -734,4 +766,3 @@ pub(super) fn new_digest(
         "digest": b64().encode(d.as_bytes()),
     }))
 }
-

@@ -15,11 +15,11 @@
 //! keyslot uses) and wiped only *after* the header that drops it, so the surviving header
 //! always points at intact material.
 
+mod areacipher;
 pub mod binary;
 mod dump;
 mod format;
 pub mod json;
-mod areacipher;
 mod keyslot;
 pub mod validate;
 
@@ -29,7 +29,7 @@ pub use keyslot::{KeyslotParams, UnlockPurpose};
 use crate::error::{FormatError, Result};
 use crate::hdrio::HeaderIo;
 use binary::{BinaryHeader, BIN_HDR_LEN, METADATA_SIZES};
-use cryptblk_cipher::SecretBytes;
+use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher, SectorOptions};
 use serde_json::Value;
 
 /// Highest keyslot/token/segment number LUKS2 allows plus one.
@@ -143,7 +143,24 @@ impl Luks2Header {
     /// [`Luks2Header::needs_repair`] then says so and the next [`Luks2Header::write`] (or
     /// [`Luks2Header::repair`]) rewrites both. Fails when neither copy is valid or the
     /// device is smaller than the metadata and keyslots areas.
+    ///
+    /// Like cryptsetup, a header that needs recovery on a device that also carries another
+    /// signature (an LVM2 PV label) is refused as ambiguous until [`repair_device`].
     pub fn read(io: &dyn HeaderIo) -> Result<Self> {
+        let hdr = Self::read_unprobed(io)?;
+        if hdr.needs_repair() {
+            if let Some(sector) = lvm2_signature_sector(io) {
+                return Err(FormatError::Corrupt(format!(
+                    "Device contains ambiguous signatures (LVM2_member label in sector {sector}), \
+                     cannot auto-recover LUKS2. Please run \"cryptsetup repair\" for recovery."
+                )));
+            }
+        }
+        Ok(hdr)
+    }
+
+    /// [`Luks2Header::read`] without the foreign-signature probe (used by repair).
+    fn read_unprobed(io: &dyn HeaderIo) -> Result<Self> {
         let first = read_copy(io, 0, false);
         let mut hdr1_size = None;
         let state1 = match first {
@@ -193,8 +210,7 @@ impl Luks2Header {
                 last
             }
         };
-        let (chosen, other_bin, primary_state, secondary_state, repaired) = match (state1, state2)
-        {
+        let (chosen, other_bin, primary_state, secondary_state, repaired) = match (state1, state2) {
             (Ok((c1, r1)), Ok((c2, r2))) => {
                 if c1.bin.seqid >= c2.bin.seqid {
                     let s2 = if c1.bin.seqid > c2.bin.seqid {
@@ -513,6 +529,34 @@ impl Luks2Header {
             .ok_or_else(|| FormatError::Unsupported("LUKS2 header has no crypt segment".into()))
     }
 
+    /// The dm-crypt parameters of the default segment as a ready sector cipher under the
+    /// volume key `vk` (what activation maps): sector size from the segment, IV offset =
+    /// `iv_tweak` (512-byte units, no `iv_large_sectors`, as cryptsetup's LUKS2 tables).
+    /// Refuses unmet requirements, and kernel-only cipher names with cryptsetup's
+    /// "No known cipher specification pattern" error.
+    pub fn open_segment_cipher(&self, vk: &SecretBytes) -> Result<Box<dyn SectorCipher>> {
+        self.check_requirements()?;
+        let seg = self.default_segment()?;
+        if let Some(i) = &seg.integrity {
+            return Err(FormatError::Unsupported(format!(
+                "segment {} uses integrity '{i}' (dm-integrity is not supported here)",
+                seg.id
+            )));
+        }
+        let opts = SectorOptions {
+            sector_size: seg.sector_size as usize,
+            iv_offset: seg.iv_tweak,
+            iv_large_sectors: false,
+            implementation: None,
+        };
+        cryptblk_cipher::open_cipher(&seg.encryption, vk.as_bytes(), &opts).map_err(|e| match e {
+            CipherError::UnknownSpec(spec) => FormatError::Unsupported(format!(
+                "No known cipher specification pattern detected for '{spec}'"
+            )),
+            other => FormatError::Cipher(other),
+        })
+    }
+
     /// Byte offset of the data (lowest non-backup segment offset).
     pub fn data_offset(&self) -> u64 {
         validate::min_segment_offset(&self.json)
@@ -554,7 +598,12 @@ impl Luks2Header {
     pub fn token_ids(&self) -> Vec<usize> {
         self.json["tokens"]
             .as_object()
-            .map(|t| json::numeric_keys(t).into_iter().map(|(n, _)| n as usize).collect())
+            .map(|t| {
+                json::numeric_keys(t)
+                    .into_iter()
+                    .map(|(n, _)| n as usize)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -576,13 +625,17 @@ impl Luks2Header {
     /// the first free number. Returns the id used.
     pub fn import_token(&mut self, id: Option<usize>, token: Value) -> Result<usize> {
         if !token.is_object() {
-            return Err(FormatError::InvalidParameter("token must be a JSON object".into()));
+            return Err(FormatError::InvalidParameter(
+                "token must be a JSON object".into(),
+            ));
         }
         let used = self.token_ids();
         let id = match id {
             Some(i) if i < LUKS2_OBJECTS_MAX => i,
             Some(i) => {
-                return Err(FormatError::InvalidParameter(format!("token id {i} out of range")))
+                return Err(FormatError::InvalidParameter(format!(
+                    "token id {i} out of range"
+                )))
             }
             None => (0..LUKS2_OBJECTS_MAX)
                 .find(|i| !used.contains(i))
@@ -612,7 +665,8 @@ impl Luks2Header {
     pub fn backup(&self, io: &dyn HeaderIo, out: &dyn HeaderIo) -> Result<()> {
         let len = self.metadata_and_keyslots_size();
         copy_range(io, out, 0, len)?;
-        out.sync().map_err(|e| FormatError::io("syncing header backup", e))
+        out.sync()
+            .map_err(|e| FormatError::io("syncing header backup", e))
     }
 
     /// Restores a header backup onto `io` (`luksHeaderRestore`): the backup must hold a valid
@@ -632,7 +686,8 @@ impl Luks2Header {
         }
         let len = new.metadata_and_keyslots_size();
         copy_range(backup, io, 0, len)?;
-        io.sync().map_err(|e| FormatError::io("syncing restored header", e))?;
+        io.sync()
+            .map_err(|e| FormatError::io("syncing restored header", e))?;
         Self::read(io)
     }
 
@@ -688,35 +743,22 @@ fn copy_range(from: &dyn HeaderIo, to: &dyn HeaderIo, start: u64, len: u64) -> R
     Ok(())
 }
 
-/// Test helper: the probe cryptsetup's `isLuks` performs, including the ambiguous-signature
-/// rule (a LUKS2 header on a device that also carries an LVM2 PV label is not accepted until
-/// repaired).
+/// cryptsetup's `isLuks` for LUKS2: a loadable header (see [`Luks2Header::read`], which
+/// also refuses ambiguous signatures).
 pub fn is_luks2(io: &dyn HeaderIo) -> Result<()> {
-    let hdr = Luks2Header::read(io)?;
-    if let Some(sector) = lvm2_signature_sector(io) {
-        return Err(FormatError::Corrupt(format!(
-            "Device contains ambiguous signatures (LVM2_member label in sector {sector}), \
-             cannot auto-recover LUKS2. Please run \"cryptsetup repair\" for recovery."
-        )));
-    }
-    drop(hdr);
-    Ok(())
+    Luks2Header::read(io).map(|_| ())
 }
 
-/// `repair`: wipes a conflicting LVM2 label (only inside the LUKS2 binary header's padding,
-/// where LUKS2 stores nothing) and rewrites both header copies from the valid one.
+/// `repair`: loads the valid copy without the foreign-signature probe and rewrites both
+/// copies. Rewriting the primary's 4 KiB binary header zeroes sectors 1..7, which removes an
+/// LVM2 label sitting there; a label anywhere else is reported, not touched.
 pub fn repair_device(io: &dyn HeaderIo) -> Result<Luks2Header> {
-    let mut hdr = Luks2Header::read(io)?;
+    let mut hdr = Luks2Header::read_unprobed(io)?;
     hdr.repair(io)?;
     if let Some(sector) = lvm2_signature_sector(io) {
-        // Sector 1..3 of the primary copy is binary-header padding that the rewrite above
-        // already zeroed; sector 0 would be the LUKS2 magic itself and cannot hold a label.
-        let _ = sector;
-    }
-    if lvm2_signature_sector(io).is_some() {
-        return Err(FormatError::Corrupt(
-            "LVM2 label still present after repair".into(),
-        ));
+        return Err(FormatError::Corrupt(format!(
+            "LVM2 label in sector {sector} still present after repair"
+        )));
     }
     Ok(hdr)
 }

@@ -192,9 +192,10 @@ fn validate_digests(hdr: &Value) -> Result<()> {
 
 /// True when the segment carries a flag starting with `backup-`.
 pub fn segment_is_backup(seg: &Value) -> bool {
-    seg.get("flags")
-        .and_then(Value::as_array)
-        .is_some_and(|a| a.iter().any(|f| f.as_str().is_some_and(|s| s.starts_with("backup-"))))
+    seg.get("flags").and_then(Value::as_array).is_some_and(|a| {
+        a.iter()
+            .any(|f| f.as_str().is_some_and(|s| s.starts_with("backup-")))
+    })
 }
 
 fn segment_has_flag(seg: &Value, flag: &str) -> bool {
@@ -234,7 +235,9 @@ fn validate_crypt_segment(
         return Err(bad(format!("{what}: invalid iv_tweak '{iv}'")));
     }
     if size % ss != 0 {
-        return Err(bad(format!("{what}: size {size} is not a multiple of sector_size {ss}")));
+        return Err(bad(format!(
+            "{what}: size {size} is not a multiple of sector_size {ss}"
+        )));
     }
     if !segment_has_digest(key, digests) {
         return Err(bad(format!("{what} has no digest assigned")));
@@ -258,8 +261,7 @@ fn validate_segments(hdr: &Value) -> Result<()> {
         let ty = need_str(seg, "type", &what)?;
         let off = need_str(seg, "offset", &what)?;
         let size_s = need_str(seg, "size", &what)?;
-        let offset =
-            str_u64(off).ok_or_else(|| bad(format!("{what}: invalid offset '{off}'")))?;
+        let offset = str_u64(off).ok_or_else(|| bad(format!("{what}: invalid offset '{off}'")))?;
         let size = if size_s == "dynamic" {
             0
         } else {
@@ -269,7 +271,9 @@ fn validate_segments(hdr: &Value) -> Result<()> {
             }
         };
         if offset % 512 != 0 {
-            return Err(bad(format!("{what}: offset {offset} not aligned to 512 bytes")));
+            return Err(bad(format!(
+                "{what}: offset {offset} not aligned to 512 bytes"
+            )));
         }
         if size % 512 != 0 {
             return Err(bad(format!("{what}: size {size} not aligned to 512 bytes")));
@@ -292,7 +296,9 @@ fn validate_segments(hdr: &Value) -> Result<()> {
             }
         } else {
             if first_backup.is_some_and(|fb| id >= fb) {
-                return Err(bad(format!("{what}: regular segment after a backup segment")));
+                return Err(bad(format!(
+                    "{what}: regular segment after a backup segment"
+                )));
             }
             plain_ids.push(id);
         }
@@ -350,7 +356,9 @@ fn validate_segments(hdr: &Value) -> Result<()> {
             .collect();
         let has = |f: &str| backups.iter().any(|s| segment_has_flag(s, f));
         if !has("backup-final") || !has("backup-previous") {
-            return Err(bad("reencryption requires backup-final and backup-previous segments"));
+            return Err(bad(
+                "reencryption requires backup-final and backup-previous segments",
+            ));
         }
     }
     let _ = plain_ids;
@@ -409,15 +417,17 @@ fn validate_config(hdr: &Value) -> Result<()> {
         .checked_add(BIN_HDR_LEN as u64)
         .ok_or_else(|| bad("config: json_size overflows"))?;
     if !is_valid_metadata_size(metadata_size) {
-        return Err(bad(format!("config: invalid metadata size {metadata_size}")));
+        return Err(bad(format!(
+            "config: invalid metadata size {metadata_size}"
+        )));
     }
     if keyslots_size % 4096 != 0 || keyslots_size > KEYSLOTS_SIZE_MAX {
-        return Err(bad(format!("config: invalid keyslots_size {keyslots_size}")));
+        return Err(bad(format!(
+            "config: invalid keyslots_size {keyslots_size}"
+        )));
     }
     let seg_off = min_segment_offset(hdr);
-    if seg_off != 0
-        && (seg_off < keyslots_size || seg_off - keyslots_size < 2 * metadata_size)
-    {
+    if seg_off != 0 && (seg_off < keyslots_size || seg_off - keyslots_size < 2 * metadata_size) {
         return Err(bad(format!(
             "config: keyslots_size {keyslots_size} does not fit below data offset {seg_off}"
         )));
@@ -460,7 +470,9 @@ fn validate_areas(hdr: &Value) -> Result<()> {
             .checked_add(len)
             .ok_or_else(|| bad(format!("keyslot {key}: area overflows")))?;
         if stop > end {
-            return Err(bad(format!("keyslot {key}: area ends beyond the keyslots area")));
+            return Err(bad(format!(
+                "keyslot {key}: area ends beyond the keyslots area"
+            )));
         }
         for &(o2, l2, k2) in &ix {
             if std::ptr::eq(key, k2) {
@@ -470,7 +482,9 @@ fn validate_areas(hdr: &Value) -> Result<()> {
                 .checked_add(l2)
                 .ok_or_else(|| bad(format!("keyslot {k2}: area overflows")))?;
             if off >= o2 && off < stop2 {
-                return Err(bad(format!("keyslots {key} and {k2} have overlapping areas")));
+                return Err(bad(format!(
+                    "keyslots {key} and {k2} have overlapping areas"
+                )));
             }
         }
     }
@@ -496,7 +510,11 @@ fn validate_json_size(hdr: &Value, json_area_size: u64) -> Result<()> {
 /// Number of digests that list keyslot `slot`.
 pub fn keyslot_digest_count(hdr: &Value, slot: &str) -> usize {
     get_obj(hdr, "digests")
-        .map(|d| d.values().filter(|v| array_has(v.get("keyslots"), slot)).count())
+        .map(|d| {
+            d.values()
+                .filter(|v| array_has(v.get("keyslots"), slot))
+                .count()
+        })
         .unwrap_or(0)
 }
 
