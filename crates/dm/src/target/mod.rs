@@ -6,6 +6,7 @@
 pub mod delay;
 pub mod error;
 pub mod flakey;
+pub mod integrity;
 pub mod linear;
 pub mod verity;
 pub mod zero;
@@ -111,6 +112,7 @@ pub fn build_target(ctx: &BuildContext<'_>) -> Result<Arc<dyn Target>, String> {
         "flakey" => Arc::new(flakey::FlakeyTarget::from_args(ctx, args)?),
         "crypt" => Arc::new(crate::crypt::CryptTarget::from_args(ctx, args)?),
         "verity" => Arc::new(verity::VerityTarget::from_args(ctx, args)?),
+        "integrity" => Arc::new(integrity::IntegrityTarget::from_args(ctx, args)?),
         other => {
             return Err(format!(
                 "unknown target type '{other}' (known: linear crypt zero error delay flakey)"

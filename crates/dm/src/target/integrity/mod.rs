@@ -1,0 +1,1078 @@
+//! `integrity`: the kernel's dm-integrity target — every block carries a tag (an internal
+//! hash of its sector number and contents) in metadata areas interleaved with the data, and
+//! a journal makes data and tag updates atomic.
+//!
+//! Table (kernel `Documentation/admin-guide/device-mapper/dm-integrity.rst`):
+//! `<dev> <start> <tag_size|-> <mode> <#opt_params> <opt_params>...` with modes `J`
+//! (journal), `D` (direct, not crash safe), `R` (recovery: read-only, tags unchecked) and
+//! options `journal_sectors:`, `interleave_sectors:`, `buffer_sectors:`,
+//! `journal_watermark:`, `commit_time:`, `meta_device:`, `block_size:`,
+//! `internal_hash:<alg>[:<hexkey>]`, `fix_padding`, `fix_hmac`, `allow_discards`
+//! (accepted, discards are ignored), `sectors_per_bit:`/`bitmap_flush_interval:` (accepted,
+//! bitmap mode itself is not implemented), `legacy_recalculate`.
+//!
+//! Like the kernel, loading a table over an all-zero superblock area formats the device
+//! (superblock and empty journal); `integritysetup format` relies on exactly that. A read
+//! whose tag does not match fails with `EILSEQ` and is counted — wrong data is never
+//! returned. In `J` mode writes go to an in-memory copy of the journal; a flush (or FUA
+//! write, or a full journal) commits the used sections to the on-disk journal, then copies
+//! data and tags to their home locations and flushes again. On open, committed sections
+//! are replayed with the kernel's commit-id rules, so a crash at any point leaves each
+//! block either old or new.
+
+pub mod hash;
+pub mod journal;
+pub mod layout;
+pub mod superblock;
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cryptblk_cipher::SecretBytes;
+
+use super::{BuildContext, Target};
+use crate::device::{check_range, BlockDevice, WriteFlags};
+use crate::error::errno;
+use crate::SECTOR_SIZE;
+use hash::InternalHash;
+use journal::{next_seq, prev_seq, Journal, N_COMMIT_IDS};
+use layout::{Layout, MAX_TAG_SIZE, SB_SECTORS};
+use superblock::{Superblock, FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_HAVE_JOURNAL_MAC, SUPERBLOCK_BYTES};
+
+/// dm-integrity operating mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntegrityMode {
+    /// `J`: data and tags are written through the journal (crash safe).
+    Journal,
+    /// `D`: data and tags are written in place (a crash may leave mismatching tags).
+    Direct,
+    /// `R`: recovery — no replay, no tag checks, read-only.
+    Recovery,
+}
+
+impl IntegrityMode {
+    fn letter(self) -> char {
+        match self {
+            IntegrityMode::Journal => 'J',
+            IntegrityMode::Direct => 'D',
+            IntegrityMode::Recovery => 'R',
+        }
+    }
+}
+
+/// Parameters of an integrity mapping, as in its table line.
+#[derive(Clone, Debug)]
+pub struct IntegrityConfig {
+    /// Superblock offset on the (metadata) device, in sectors.
+    pub start: u64,
+    /// Tag size; `None` (`-`) = the internal hash's digest size.
+    pub tag_size: Option<u32>,
+    /// Mode.
+    pub mode: IntegrityMode,
+    /// Requested journal size in sectors for a new format (`None` = kernel default).
+    pub journal_sectors: Option<u32>,
+    /// Data sectors per area for a new format.
+    pub interleave_sectors: u32,
+    /// Metadata buffer size (sectors).
+    pub buffer_sectors: u32,
+    /// Journal watermark percentage (kept for the table; commits happen on flush).
+    pub journal_watermark: u32,
+    /// Commit interval in ms (kept for the table; commits happen on flush).
+    pub commit_time: u32,
+    /// Block size in bytes (512..=4096).
+    pub block_size: u32,
+    /// Kernel name of the internal hash (`crc32c`, `sha256`, `hmac(sha256)`).
+    pub internal_hash: Option<String>,
+    /// Key of a keyed internal hash.
+    pub internal_hash_key: Option<SecretBytes>,
+    /// Use 4 KiB metadata padding for a new format (`fix_padding`).
+    pub fix_padding: bool,
+    /// Mix the superblock salt into tags of a new format (`fix_hmac`).
+    pub fix_hmac: bool,
+    /// `allow_discards` (accepted; discards are not passed down).
+    pub allow_discards: bool,
+    /// `legacy_recalculate` (accepted).
+    pub legacy_recalculate: bool,
+    /// `meta_device:` device name, when tags and journal live elsewhere.
+    pub meta_device: Option<String>,
+}
+
+impl IntegrityConfig {
+    /// A configuration with the kernel's defaults for `mode` and `internal_hash`.
+    pub fn new(mode: IntegrityMode, internal_hash: &str) -> Self {
+        IntegrityConfig {
+            start: 0,
+            tag_size: None,
+            mode,
+            journal_sectors: None,
+            interleave_sectors: 32768,
+            buffer_sectors: 128,
+            journal_watermark: 50,
+            commit_time: 10000,
+            block_size: 512,
+            internal_hash: Some(internal_hash.to_string()),
+            internal_hash_key: None,
+            fix_padding: false,
+            fix_hmac: false,
+            allow_discards: false,
+            legacy_recalculate: false,
+            meta_device: None,
+        }
+    }
+
+    /// Parses table arguments; returns the configuration and the data device name.
+    pub fn parse(args: &[String]) -> Result<(Self, String), String> {
+        const USAGE: &str = "integrity <dev> <start> <tag_size|-> <J|D|R> <#opt_params> [<opt_params>...]";
+        if args.len() < 4 {
+            return Err(format!("too few arguments ({}); usage: {USAGE}", args.len()));
+        }
+        let start = super::arg_u64(args, 1, "start")?;
+        let tag_size = if args[2] == "-" {
+            None
+        } else {
+            let t = super::arg_u32(args, 2, "tag_size")?;
+            if t == 0 {
+                return Err("invalid tag size 0".into());
+            }
+            Some(t)
+        };
+        let mode = match args[3].as_str() {
+            "J" => IntegrityMode::Journal,
+            "D" => IntegrityMode::Direct,
+            "R" => IntegrityMode::Recovery,
+            "B" => return Err("bitmap mode (B) is not supported by cryptblk yet".into()),
+            other => return Err(format!("invalid mode '{other}' (expecting J, B, D, R)")),
+        };
+        let mut cfg = IntegrityConfig {
+            tag_size,
+            start,
+            internal_hash: None,
+            ..IntegrityConfig::new(mode, "crc32c")
+        };
+        if args.len() > 4 {
+            let count = super::arg_u64(args, 4, "#opt_params")? as usize;
+            let opts = &args[5..];
+            if opts.len() != count {
+                return Err(format!(
+                    "<#opt_params> is {count} but {} optional arguments follow",
+                    opts.len()
+                ));
+            }
+            for opt in opts {
+                cfg.apply_option(opt)?;
+            }
+        }
+        Ok((cfg, args[0].clone()))
+    }
+
+    fn apply_option(&mut self, opt: &str) -> Result<(), String> {
+        let num = |v: &str| -> Result<u32, String> {
+            v.parse::<u32>().map_err(|_| format!("invalid argument '{opt}'"))
+        };
+        match opt.split_once(':') {
+            Some(("journal_sectors", v)) => self.journal_sectors = Some(num(v)?.max(1)),
+            Some(("interleave_sectors", v)) => self.interleave_sectors = num(v)?,
+            Some(("buffer_sectors", v)) => self.buffer_sectors = num(v)?.max(1),
+            Some(("journal_watermark", v)) => {
+                let w = num(v)?;
+                if w > 100 {
+                    return Err(format!("invalid argument '{opt}'"));
+                }
+                self.journal_watermark = w;
+            }
+            Some(("commit_time", v)) => self.commit_time = num(v)?,
+            Some(("block_size", v)) => {
+                let b = num(v)?;
+                if !(512..=4096).contains(&b) || !b.is_power_of_two() {
+                    return Err("Invalid block_size argument".into());
+                }
+                self.block_size = b;
+            }
+            Some(("meta_device", v)) => self.meta_device = Some(v.to_string()),
+            Some(("sectors_per_bit", v)) | Some(("bitmap_flush_interval", v)) => {
+                v.parse::<u64>().map_err(|_| format!("invalid argument '{opt}'"))?;
+            }
+            Some(("internal_hash", v)) => {
+                let (alg, key) = match v.split_once(':') {
+                    Some((a, k)) => {
+                        let key = hex::decode(k)
+                            .map_err(|_| "Invalid internal_hash argument".to_string())?;
+                        (a, Some(SecretBytes::from_vec(key)))
+                    }
+                    None => (v, None),
+                };
+                self.internal_hash = Some(alg.to_string());
+                self.internal_hash_key = key;
+            }
+            Some(("journal_crypt", _)) | Some(("journal_mac", _)) => {
+                return Err(format!("'{opt}' is not supported by cryptblk yet"))
+            }
+            None if opt == "fix_padding" => self.fix_padding = true,
+            None if opt == "fix_hmac" => self.fix_hmac = true,
+            None if opt == "allow_discards" => self.allow_discards = true,
+            None if opt == "legacy_recalculate" => self.legacy_recalculate = true,
+            None if opt == "recalculate" || opt == "reset_recalculate" => {
+                return Err(format!("'{opt}' is not supported by cryptblk yet"))
+            }
+            _ => return Err(format!("Invalid argument '{opt}'")),
+        }
+        Ok(())
+    }
+}
+
+/// Mutable state behind one lock: the in-memory journal and where writing continues.
+struct State {
+    sb: Superblock,
+    journal: Journal,
+    commit_seq: u8,
+    free_section: u32,
+    free_entry: u32,
+    uncommitted_section: u32,
+    n_uncommitted: u32,
+    /// Logical block sector -> (section, entry) of its newest journal copy not yet written
+    /// to its home location.
+    pending: HashMap<u64, (u32, u32)>,
+}
+
+/// The integrity target.
+pub struct IntegrityTarget {
+    dev: Arc<dyn BlockDevice>,
+    meta: Option<Arc<dyn BlockDevice>>,
+    dev_spec: String,
+    cfg: IntegrityConfig,
+    layout: Layout,
+    hash: InternalHash,
+    len: u64,
+    state: Mutex<State>,
+    mismatches: AtomicU64,
+    /// errno latched by a fatal metadata error (journal corruption); 0 = healthy.
+    failed: AtomicI32,
+}
+
+fn invalid(msg: impl Into<String>) -> String {
+    msg.into()
+}
+
+impl IntegrityTarget {
+    /// Opens (formatting an all-zero superblock area, like the kernel) an integrity device.
+    /// `len` is the mapping size in bytes; `None` maps all provided sectors.
+    pub fn open(
+        dev: Arc<dyn BlockDevice>,
+        dev_spec: &str,
+        meta: Option<Arc<dyn BlockDevice>>,
+        cfg: IntegrityConfig,
+        len: Option<u64>,
+    ) -> Result<Self, String> {
+        let alg = cfg
+            .internal_hash
+            .clone()
+            .ok_or("an internal_hash is required (external tags are not supported by cryptblk yet)")?;
+        let hash = InternalHash::new(&alg, cfg.internal_hash_key.clone())?;
+        let tag_size = cfg.tag_size.unwrap_or(hash.digest_size() as u32);
+        if tag_size > MAX_TAG_SIZE {
+            return Err(invalid("Too big tag size"));
+        }
+        let sectors_per_block = cfg.block_size / 512;
+        let meta_dev = meta.is_some();
+        let mdev: &Arc<dyn BlockDevice> = meta.as_ref().unwrap_or(&dev);
+        let data_sectors = dev.size() / SECTOR_SIZE;
+        let meta_sectors = mdev.size() / SECTOR_SIZE;
+        let io_err = |what: &str, e: io::Error| format!("{what}: {e}");
+
+        let mut sb_area = vec![0u8; SUPERBLOCK_BYTES];
+        mdev.read_at(cfg.start * SECTOR_SIZE, &mut sb_area)
+            .map_err(|e| io_err("Error reading superblock", e))?;
+        let mut should_write_sb = false;
+        let mut sb = match Superblock::parse(&sb_area).map_err(|e| e.to_string())? {
+            Some(sb) => sb,
+            None => {
+                if cfg.mode != IntegrityMode::Recovery && sb_area.iter().any(|&b| b != 0) {
+                    return Err(invalid("The device is not initialized"));
+                }
+                let mut flags = 0;
+                if cfg.fix_padding && !meta_dev {
+                    flags |= FLAG_FIXED_PADDING;
+                }
+                let mut salt = [0u8; 16];
+                if cfg.fix_hmac {
+                    flags |= FLAG_FIXED_HMAC;
+                    salt.copy_from_slice(SecretBytes::random(16).as_bytes());
+                }
+                let journal_sectors = cfg
+                    .journal_sectors
+                    .unwrap_or_else(|| (data_sectors >> 7).min(131072) as u32);
+                let l = Layout::for_new_device(
+                    cfg.start,
+                    meta_dev,
+                    sectors_per_block,
+                    tag_size,
+                    flags,
+                    journal_sectors,
+                    cfg.interleave_sectors,
+                    meta_sectors,
+                    data_sectors,
+                )
+                .ok_or("Could not initialize superblock: the device is too small")?;
+                should_write_sb = cfg.mode != IntegrityMode::Recovery;
+                let mut sb = Superblock {
+                    log2_interleave_sectors: l.log2_interleave_sectors,
+                    integrity_tag_size: tag_size as u16,
+                    journal_sections: l.journal_sections,
+                    provided_data_sectors: l.provided_data_sectors,
+                    flags,
+                    log2_sectors_per_block: l.log2_sectors_per_block,
+                    salt,
+                    ..Default::default()
+                };
+                sb.set_version(false, meta_dev);
+                sb
+            }
+        };
+        if sb.version == 0 || sb.version > 5 {
+            return Err(invalid("Unknown version"));
+        }
+        if sb.integrity_tag_size as u32 != tag_size {
+            return Err(invalid("Tag size doesn't match the information in superblock"));
+        }
+        if sb.log2_sectors_per_block as u32 != sectors_per_block.trailing_zeros() {
+            return Err(invalid("Block size doesn't match the information in superblock"));
+        }
+        if sb.journal_sections == 0 {
+            return Err(invalid("Corrupted superblock, journal_sections is 0"));
+        }
+        if (!meta_dev && !(3..=31).contains(&sb.log2_interleave_sectors))
+            || (meta_dev && sb.log2_interleave_sectors != 0)
+        {
+            return Err(invalid("Invalid interleave_sectors in the superblock"));
+        }
+        if sb.flags & FLAG_HAVE_JOURNAL_MAC != 0 {
+            return Err(invalid("Journal mac mismatch (journal_mac is not supported by cryptblk yet)"));
+        }
+        let layout = Layout::from_superblock(&sb, cfg.start, meta_dev, meta_sectors, data_sectors)
+            .ok_or("The device is too small")?;
+
+        // Bitmap granularity, recorded in new superblocks as the kernel does.
+        let mut log2_spbb: u32 = 15;
+        log2_spbb = log2_spbb.max(layout.log2_sectors_per_block as u32);
+        let bits_in_journal = ((layout.journal_section_sectors as u64 * layout.journal_sections as u64) << 12)
+            .min(u32::MAX as u64);
+        while bits_in_journal < (layout.provided_data_sectors + (1u64 << log2_spbb) - 1) >> log2_spbb {
+            log2_spbb += 1;
+        }
+        if should_write_sb {
+            sb.log2_blocks_per_bitmap_bit = (log2_spbb - layout.log2_sectors_per_block as u32) as u8;
+        }
+
+        let len = len.unwrap_or(layout.provided_data_sectors * SECTOR_SIZE);
+        if len > layout.provided_data_sectors * SECTOR_SIZE {
+            return Err(invalid("Not enough provided sectors for requested mapping size"));
+        }
+        if len % cfg.block_size as u64 != 0 {
+            return Err(format!("mapping length is not a multiple of the {}-byte block", cfg.block_size));
+        }
+
+        let journal = Journal::new(&layout);
+        let target = IntegrityTarget {
+            dev: dev.clone(),
+            meta: meta.clone(),
+            dev_spec: dev_spec.to_string(),
+            cfg,
+            layout,
+            hash,
+            len,
+            state: Mutex::new(State {
+                sb,
+                journal,
+                commit_seq: 0,
+                free_section: 0,
+                free_entry: 0,
+                uncommitted_section: 0,
+                n_uncommitted: 0,
+                pending: HashMap::new(),
+            }),
+            mismatches: AtomicU64::new(0),
+            failed: AtomicI32::new(0),
+        };
+        {
+            let mut st = target.lock();
+            if should_write_sb {
+                let n = st.journal.sections;
+                st.journal.init_sections(0, n, 0);
+                target
+                    .write_journal_sections(&st, 0, n)
+                    .map_err(|e| io_err("Error initializing journal", e))?;
+                target
+                    .write_superblock(&mut st)
+                    .map_err(|e| io_err("Error initializing superblock", e))?;
+            } else if st.sb.provided_data_sectors != target.layout.provided_data_sectors
+                && target.cfg.mode != IntegrityMode::Recovery
+            {
+                // The device grew or shrank: record the new size (as resume does).
+                st.sb.provided_data_sectors = target.layout.provided_data_sectors;
+                target
+                    .write_superblock(&mut st)
+                    .map_err(|e| io_err("writing superblock", e))?;
+            }
+            if target.cfg.mode != IntegrityMode::Recovery {
+                target
+                    .replay(&mut st, should_write_sb)
+                    .map_err(|e| io_err("replaying journal", e))?;
+            }
+        }
+        Ok(target)
+    }
+
+    /// Formats `dev` the way `integritysetup format` does: clears the superblock area, then
+    /// loads the target so that it writes a fresh superblock and empty journal. With
+    /// `wipe`, every block is then written with zeros and valid tags (without it, unwritten
+    /// blocks fail their tag check until written). Returns the new superblock.
+    pub fn format(
+        dev: Arc<dyn BlockDevice>,
+        dev_spec: &str,
+        meta: Option<Arc<dyn BlockDevice>>,
+        cfg: IntegrityConfig,
+        wipe: bool,
+    ) -> Result<Superblock, String> {
+        let mdev = meta.clone().unwrap_or_else(|| dev.clone());
+        mdev.write_at(cfg.start * SECTOR_SIZE, &vec![0u8; SUPERBLOCK_BYTES], WriteFlags { fua: true })
+            .map_err(|e| format!("clearing superblock: {e}"))?;
+        let mut cfg = cfg;
+        if cfg.mode == IntegrityMode::Recovery {
+            cfg.mode = IntegrityMode::Journal;
+        }
+        let t = IntegrityTarget::open(dev, dev_spec, meta, cfg, None)?;
+        if wipe {
+            t.wipe().map_err(|e| format!("wiping device: {e}"))?;
+        }
+        Ok(t.superblock())
+    }
+
+    pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
+        let (cfg, dev_spec) = IntegrityConfig::parse(args)?;
+        let dev = ctx.resolver.open_device(&dev_spec).map_err(|e| e.to_string())?;
+        let meta = match &cfg.meta_device {
+            Some(m) => Some(ctx.resolver.open_device(m).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        Self::open(dev, &dev_spec, meta, cfg, Some(ctx.len_bytes()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mdev(&self) -> &Arc<dyn BlockDevice> {
+        self.meta.as_ref().unwrap_or(&self.dev)
+    }
+
+    /// The superblock as last written.
+    pub fn superblock(&self) -> Superblock {
+        self.lock().sb.clone()
+    }
+
+    /// The device geometry.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Blocks whose tag did not match on read (the kernel's `number_of_mismatches`).
+    pub fn mismatches(&self) -> u64 {
+        self.mismatches.load(Ordering::Relaxed)
+    }
+
+    fn salt(&self, sb: &Superblock) -> Option<[u8; 16]> {
+        (sb.flags & FLAG_FIXED_HMAC != 0).then_some(sb.salt)
+    }
+
+    fn check_failed(&self) -> io::Result<()> {
+        match self.failed.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            e => Err(errno(e)),
+        }
+    }
+
+    fn fail(&self, e: i32) {
+        let _ = self.failed.compare_exchange(0, e, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    fn write_superblock(&self, st: &mut State) -> io::Result<()> {
+        st.sb.set_version(false, self.meta.is_some());
+        self.mdev()
+            .write_at(self.cfg.start * SECTOR_SIZE, &st.sb.to_bytes(), WriteFlags { fua: true })?;
+        self.mdev().flush()
+    }
+
+    /// Writes journal sections `start..start+count` (wrapping) and makes them durable.
+    fn write_journal_sections(&self, st: &State, start: u32, count: u32) -> io::Result<()> {
+        let base = self.layout.journal_offset();
+        let sections = st.journal.sections;
+        let first = count.min(sections - start);
+        let r1 = st.journal.section_range(start);
+        let end1 = st.journal.section_range(start + first - 1).end;
+        self.mdev().write_at(base + r1.start as u64, &st.journal.buf[r1.start..end1], WriteFlags::default())?;
+        if count > first {
+            let end2 = st.journal.section_range(count - first - 1).end;
+            self.mdev().write_at(base, &st.journal.buf[..end2], WriteFlags::default())?;
+        }
+        self.mdev().flush()
+    }
+
+    /// The kernel's `replay_journal`: finds the newest completely written run of
+    /// sections, applies its entries, and decides where writing continues.
+    fn replay(&self, st: &mut State, just_formatted: bool) -> io::Result<()> {
+        let n = st.journal.sections;
+        if !just_formatted {
+            let mut buf = std::mem::take(&mut st.journal.buf);
+            self.mdev().read_at(self.layout.journal_offset(), &mut buf)?;
+            st.journal.buf = buf;
+        }
+        let mut used = [false; N_COMMIT_IDS as usize];
+        let mut max_sec = [0u32; N_COMMIT_IDS as usize];
+        let mut journal_empty = true;
+        let mut corrupt = false;
+        'scan: for i in 0..n {
+            for j in 0..st.journal.section_sectors() {
+                match st.journal.find_seq(i, j) {
+                    Some(k) => {
+                        used[k as usize] = true;
+                        max_sec[k as usize] = i;
+                    }
+                    None => {
+                        corrupt = true;
+                        break 'scan;
+                    }
+                }
+            }
+            if journal_empty && (0..st.journal.section_entries).any(|e| !st.journal.is_unused(i, e)) {
+                journal_empty = false;
+            }
+        }
+        let mut last_used = 0u8;
+        let mut write_start = 0u32;
+        let mut write_sections = 0u32;
+        let mut want = 0u8;
+        if corrupt {
+            eprintln!("device-mapper: integrity: {}: journal commit id mismatch", self.dev_spec);
+            self.fail(libc::EIO);
+        } else {
+            let unused: u8 = if !used[N_COMMIT_IDS as usize - 1] {
+                let mut u = N_COMMIT_IDS - 1;
+                while u > 0 && !used[u as usize - 1] {
+                    u -= 1;
+                }
+                u
+            } else {
+                match (0..N_COMMIT_IDS).find(|&u| !used[u as usize]) {
+                    Some(u) => u,
+                    None => {
+                        self.fail(libc::EIO);
+                        N_COMMIT_IDS
+                    }
+                }
+            };
+            if unused < N_COMMIT_IDS {
+                last_used = prev_seq(unused);
+                want = prev_seq(last_used);
+                if !used[want as usize] && used[prev_seq(want) as usize] {
+                    journal_empty = true;
+                }
+                write_start = max_sec[last_used as usize] + 1;
+                if write_start >= n {
+                    want = next_seq(want);
+                    write_start -= n;
+                }
+                let mut i = write_start;
+                'count: while write_sections < n {
+                    for j in 0..st.journal.section_sectors() {
+                        if st.journal.stored_commit_id(i, j) != Journal::commit_id(i, j, want) {
+                            break 'count;
+                        }
+                    }
+                    i += 1;
+                    if i >= n {
+                        want = next_seq(want);
+                        i = 0;
+                    }
+                    write_sections += 1;
+                }
+                if !journal_empty {
+                    self.apply_sections(st, write_start, write_sections, true)?;
+                }
+            }
+        }
+        let continue_section;
+        if self.failed.load(Ordering::SeqCst) == 0
+            && write_sections == n
+            && (self.cfg.mode == IntegrityMode::Journal || journal_empty)
+        {
+            continue_section = write_start;
+            st.commit_seq = want;
+        } else {
+            // Clear the journal with a sequence number older than anything on disk.
+            let erase_seq = prev_seq(prev_seq(last_used));
+            st.journal.init_sections(0, n, erase_seq);
+            self.write_journal_sections(st, 0, n)?;
+            continue_section = 0;
+            st.commit_seq = next_seq(erase_seq);
+        }
+        st.free_section = continue_section;
+        st.free_entry = 0;
+        st.uncommitted_section = continue_section;
+        st.n_uncommitted = 0;
+        st.pending.clear();
+        Ok(())
+    }
+
+    /// Copies the used entries of sections `start..start+count` (wrapping) to their home
+    /// locations with their tags, then flushes (`do_journal_write`).
+    fn apply_sections(&self, st: &mut State, start: u32, count: u32, from_replay: bool) -> io::Result<()> {
+        let salt = self.salt(&st.sb);
+        let bs = self.cfg.block_size as usize;
+        let spb = self.layout.sectors_per_block as u64;
+        let mut blocks: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        let mut tags = TagWriter::new(self.mdev().as_ref());
+        let mut block = vec![0u8; bs];
+        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        for s in 0..count {
+            let i = (start + s) % st.journal.sections;
+            for e in 0..st.journal.section_entries {
+                if st.journal.is_unused(i, e) {
+                    continue;
+                }
+                let mut sector = st.journal.entry_sector(i, e);
+                if from_replay {
+                    if sector % spb != 0 {
+                        self.fail(libc::EIO);
+                        sector -= sector % spb;
+                    }
+                    if sector >= self.layout.provided_data_sectors {
+                        st.journal.set_unused(i, e);
+                        continue;
+                    }
+                }
+                st.journal.block(i, e, &mut block);
+                if from_replay {
+                    self.hash.tag(salt.as_ref(), sector, &block, &mut tag);
+                    if tag[..] != *st.journal.entry_tag(i, e) {
+                        eprintln!(
+                            "device-mapper: integrity: {}: tag mismatch when replaying journal",
+                            self.dev_spec
+                        );
+                        self.mismatches.fetch_add(1, Ordering::Relaxed);
+                        self.fail(libc::EILSEQ);
+                    }
+                }
+                tags.set(self.layout.tag_position(sector), st.journal.entry_tag(i, e))?;
+                blocks.insert(self.layout.data_sector(sector), block.clone());
+                st.journal.set_unused(i, e);
+            }
+        }
+        // Contiguous runs of home sectors go out as single writes.
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        for (phys, data) in blocks {
+            if !run.is_empty() && run_start + (run.len() / 512) as u64 != phys {
+                self.dev.write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = phys;
+            }
+            run.extend_from_slice(&data);
+        }
+        if !run.is_empty() {
+            self.dev.write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
+        }
+        tags.finish()?;
+        self.dev.flush()?;
+        if self.meta.is_some() {
+            self.mdev().flush()?;
+        }
+        Ok(())
+    }
+
+    /// Commits the journal's uncommitted sections and writes them home (J mode).
+    fn commit(&self, st: &mut State) -> io::Result<()> {
+        if st.free_entry > 0 {
+            st.free_entry = 0;
+            st.free_section = (st.free_section + 1) % st.journal.sections;
+            st.n_uncommitted += 1;
+        }
+        let count = st.n_uncommitted;
+        if count == 0 {
+            self.dev.flush()?;
+            return self.mdev().flush();
+        }
+        let start = st.uncommitted_section;
+        let mut i = start;
+        for _ in 0..count {
+            let seq = st.commit_seq;
+            st.journal.stamp_section(i, seq);
+            i += 1;
+            if i >= st.journal.sections {
+                st.commit_seq = next_seq(st.commit_seq);
+                i = 0;
+            }
+        }
+        self.write_journal_sections(st, start, count)?;
+        self.apply_sections(st, start, count, false)?;
+        st.uncommitted_section = st.free_section;
+        st.n_uncommitted = 0;
+        st.pending.clear();
+        Ok(())
+    }
+
+    /// Journals whole blocks at logical `sector` (J mode).
+    fn journal_write(&self, st: &mut State, sector: u64, data: &[u8]) -> io::Result<()> {
+        let bs = self.cfg.block_size as usize;
+        let salt = self.salt(&st.sb);
+        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        for (k, block) in data.chunks_exact(bs).enumerate() {
+            if st.free_entry == 0 && st.n_uncommitted == st.journal.sections {
+                self.commit(st)?;
+            }
+            let s = sector + (k * bs / 512) as u64;
+            let (i, e) = (st.free_section, st.free_entry);
+            self.hash.tag(salt.as_ref(), s, block, &mut tag);
+            st.journal.put(i, e, s, block, &tag);
+            st.pending.insert(s, (i, e));
+            st.free_entry += 1;
+            if st.free_entry == st.journal.section_entries {
+                st.free_entry = 0;
+                st.free_section = (st.free_section + 1) % st.journal.sections;
+                st.n_uncommitted += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks and their tags in place (D mode, and wiping).
+    fn direct_write(&self, st: &State, sector: u64, data: &[u8]) -> io::Result<()> {
+        let bs = self.cfg.block_size as usize;
+        let salt = self.salt(&st.sb);
+        let mut done = 0usize;
+        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        while done < data.len() {
+            let s = sector + (done / 512) as u64;
+            let n = ((self.layout.sectors_left_in_area(s) * 512) as usize).min(data.len() - done);
+            let chunk = &data[done..done + n];
+            self.dev.write_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk, WriteFlags::default())?;
+            let mut tags = TagWriter::new(self.mdev().as_ref());
+            tags.preload(self.layout.tag_position(s), (n / bs) as u64 * self.layout.tag_size as u64)?;
+            for (k, block) in chunk.chunks_exact(bs).enumerate() {
+                let bsec = s + (k * bs / 512) as u64;
+                self.hash.tag(salt.as_ref(), bsec, block, &mut tag);
+                tags.set(self.layout.tag_position(bsec), &tag)?;
+            }
+            tags.finish()?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads and verifies whole blocks at logical `sector` from their home locations.
+    fn read_home(&self, st: &State, sector: u64, buf: &mut [u8]) -> io::Result<()> {
+        let bs = self.cfg.block_size as usize;
+        let ts = self.layout.tag_size as usize;
+        let salt = self.salt(&st.sb);
+        let mut done = 0usize;
+        let mut tag = vec![0u8; ts];
+        while done < buf.len() {
+            let s = sector + (done / 512) as u64;
+            let n = ((self.layout.sectors_left_in_area(s) * 512) as usize).min(buf.len() - done);
+            let chunk = &mut buf[done..done + n];
+            self.dev.read_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk)?;
+            if self.cfg.mode != IntegrityMode::Recovery {
+                let nblocks = n / bs;
+                let pos = self.layout.tag_position(s);
+                let first = pos / 512 * 512;
+                let end = (pos + (nblocks * ts) as u64).div_ceil(512) * 512;
+                let mut stored = vec![0u8; (end - first) as usize];
+                self.mdev().read_at(first, &mut stored)?;
+                let base = (pos - first) as usize;
+                for (k, block) in chunk.chunks_exact(bs).enumerate() {
+                    let bsec = s + (k * bs / 512) as u64;
+                    self.hash.tag(salt.as_ref(), bsec, block, &mut tag);
+                    if tag[..] != stored[base + k * ts..base + (k + 1) * ts] {
+                        self.mismatches.fetch_add(1, Ordering::Relaxed);
+                        eprintln!(
+                            "device-mapper: integrity: {}: Checksum failed at sector 0x{bsec:x}",
+                            self.dev_spec
+                        );
+                        return Err(errno(libc::EILSEQ));
+                    }
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros with valid tags over the whole provided area, then flushes (what
+    /// `integritysetup format` does through the mapping unless `--no-wipe`).
+    pub fn wipe(&self) -> io::Result<()> {
+        let st = self.lock();
+        let chunk = vec![0u8; 1 << 20];
+        let total = self.layout.provided_data_sectors * SECTOR_SIZE;
+        let mut off = 0u64;
+        while off < total {
+            let n = (total - off).min(chunk.len() as u64) as usize;
+            self.direct_write(&st, off / SECTOR_SIZE, &chunk[..n])?;
+            off += n as u64;
+        }
+        self.dev.flush()?;
+        self.mdev().flush()
+    }
+
+    /// Commits everything and leaves an empty journal, as a clean kernel suspend does.
+    pub fn close(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        if self.cfg.mode != IntegrityMode::Journal {
+            self.dev.flush()?;
+            return self.mdev().flush();
+        }
+        self.commit(&mut st)?;
+        let n = st.journal.sections;
+        let (free, seq) = (st.free_section, st.commit_seq);
+        st.journal.init_sections(free, n - free, seq);
+        if free > 0 {
+            st.journal.init_sections(0, free, next_seq(seq));
+        }
+        self.write_journal_sections(&st, 0, n)
+    }
+
+    fn check_io(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.len, offset, len)?;
+        let bs = self.cfg.block_size as u64;
+        if offset % bs != 0 || len % bs != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        self.check_failed()
+    }
+}
+
+impl BlockDevice for IntegrityTarget {
+    fn size(&self) -> u64 {
+        self.len
+    }
+
+    fn logical_block_size(&self) -> u32 {
+        self.cfg.block_size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check_io(offset, buf.len() as u64)?;
+        let st = self.lock();
+        let bs = self.cfg.block_size as usize;
+        let sector = offset / SECTOR_SIZE;
+        if st.pending.is_empty() {
+            return self.read_home(&st, sector, buf);
+        }
+        // Runs of blocks not in the journal are read from home; journaled ones from memory.
+        let nblocks = buf.len() / bs;
+        let mut k = 0;
+        while k < nblocks {
+            let s = sector + (k * bs / 512) as u64;
+            if let Some(&(i, e)) = st.pending.get(&s) {
+                st.journal.block(i, e, &mut buf[k * bs..(k + 1) * bs]);
+                k += 1;
+                continue;
+            }
+            let mut end = k + 1;
+            while end < nblocks && !st.pending.contains_key(&(sector + (end * bs / 512) as u64)) {
+                end += 1;
+            }
+            self.read_home(&st, s, &mut buf[k * bs..end * bs])?;
+            k = end;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
+        self.check_io(offset, buf.len() as u64)?;
+        let mut st = self.lock();
+        let sector = offset / SECTOR_SIZE;
+        match self.cfg.mode {
+            IntegrityMode::Recovery => Err(errno(libc::EROFS)),
+            IntegrityMode::Journal => {
+                self.journal_write(&mut st, sector, buf)?;
+                if flags.fua {
+                    self.commit(&mut st)?;
+                }
+                Ok(())
+            }
+            IntegrityMode::Direct => {
+                self.direct_write(&st, sector, buf)?;
+                if flags.fua {
+                    self.dev.flush()?;
+                    self.mdev().flush()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.check_failed()?;
+        let mut st = self.lock();
+        match self.cfg.mode {
+            IntegrityMode::Journal => self.commit(&mut st),
+            IntegrityMode::Direct => {
+                self.dev.flush()?;
+                self.mdev().flush()
+            }
+            IntegrityMode::Recovery => Ok(()),
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let chunk = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len() as u64) as usize;
+            self.write_at(offset + done, &chunk[..n], WriteFlags::default())?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+impl Target for IntegrityTarget {
+    fn target_type(&self) -> &'static str {
+        "integrity"
+    }
+
+    fn table_params(&self, show_keys: bool) -> String {
+        let c = &self.cfg;
+        let sb = self.superblock();
+        let mut opts: Vec<String> = Vec::new();
+        if let Some(m) = &c.meta_device {
+            opts.push(format!("meta_device:{m}"));
+        }
+        if c.block_size != 512 {
+            opts.push(format!("block_size:{}", c.block_size));
+        }
+        if c.allow_discards {
+            opts.push("allow_discards".into());
+        }
+        opts.push(format!("journal_sectors:{}", self.layout.initial_sectors - SB_SECTORS));
+        opts.push(format!("interleave_sectors:{}", 1u64 << sb.log2_interleave_sectors));
+        opts.push(format!("buffer_sectors:{}", c.buffer_sectors));
+        if c.mode == IntegrityMode::Journal {
+            opts.push(format!("journal_watermark:{}", c.journal_watermark));
+            opts.push(format!("commit_time:{}", c.commit_time));
+        }
+        if sb.flags & FLAG_FIXED_PADDING != 0 {
+            opts.push("fix_padding".into());
+        }
+        if sb.flags & FLAG_FIXED_HMAC != 0 {
+            opts.push("fix_hmac".into());
+        }
+        if c.legacy_recalculate {
+            opts.push("legacy_recalculate".into());
+        }
+        if let Some(alg) = &c.internal_hash {
+            let mut s = format!("internal_hash:{alg}");
+            if let Some(k) = &c.internal_hash_key {
+                if show_keys {
+                    s.push(':');
+                    s.push_str(&k.to_hex());
+                } else {
+                    s.push(':');
+                    s.push_str(&"0".repeat(k.len() * 2));
+                }
+            }
+            opts.push(s);
+        }
+        format!(
+            "{} {} {} {} {} {}",
+            self.dev_spec,
+            c.start,
+            self.layout.tag_size,
+            c.mode.letter(),
+            opts.len(),
+            opts.join(" ")
+        )
+    }
+
+    /// `<mismatches> <provided_data_sectors> -`, as the kernel reports.
+    fn status_params(&self) -> String {
+        format!("{} {} -", self.mismatches(), self.layout.provided_data_sectors)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Read-modify-write of tag bytes on the metadata device, one 512-byte sector at a time,
+/// written back in sorted runs by [`TagWriter::finish`].
+struct TagWriter<'a> {
+    dev: &'a dyn BlockDevice,
+    sectors: BTreeMap<u64, Vec<u8>>,
+}
+
+impl<'a> TagWriter<'a> {
+    fn new(dev: &'a dyn BlockDevice) -> Self {
+        TagWriter {
+            dev,
+            sectors: BTreeMap::new(),
+        }
+    }
+
+    /// Loads the sectors covering `pos..pos+len` with one read.
+    fn preload(&mut self, pos: u64, len: u64) -> io::Result<()> {
+        let first = pos / 512;
+        let end = (pos + len).div_ceil(512);
+        if end <= first {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; ((end - first) * 512) as usize];
+        self.dev.read_at(first * 512, &mut buf)?;
+        for (k, s) in buf.chunks_exact(512).enumerate() {
+            self.sectors.entry(first + k as u64).or_insert_with(|| s.to_vec());
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, pos: u64, tag: &[u8]) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < tag.len() {
+            let p = pos + done as u64;
+            let sector = p / 512;
+            if !self.sectors.contains_key(&sector) {
+                let mut b = vec![0u8; 512];
+                self.dev.read_at(sector * 512, &mut b)?;
+                self.sectors.insert(sector, b);
+            }
+            let s = self.sectors.get_mut(&sector).expect("loaded above");
+            let at = (p % 512) as usize;
+            let n = (512 - at).min(tag.len() - done);
+            s[at..at + n].copy_from_slice(&tag[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> io::Result<()> {
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        for (sector, data) in self.sectors {
+            if !run.is_empty() && run_start + (run.len() / 512) as u64 != sector {
+                self.dev.write_at(run_start * 512, &run, WriteFlags::default())?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = sector;
+            }
+            run.extend_from_slice(&data);
+        }
+        if !run.is_empty() {
+            self.dev.write_at(run_start * 512, &run, WriteFlags::default())?;
+        }
+        Ok(())
+    }
+}
