@@ -48,7 +48,7 @@ impl AlignedIo {
 
     /// Whether `offset` and `len` are both multiples of the logical block size.
     pub fn is_aligned(&self, offset: u64, len: u64) -> bool {
-        offset % self.block == 0 && len % self.block == 0
+        offset.is_multiple_of(self.block) && len.is_multiple_of(self.block)
     }
 
     fn check_end(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -93,7 +93,12 @@ impl AlignedIo {
     }
 
     /// Writes `data` at `offset`, at any alignment; may clobber `data` (scratch semantics).
-    pub fn write_at_scratch(&self, offset: u64, data: &mut [u8], flags: WriteFlags) -> io::Result<()> {
+    pub fn write_at_scratch(
+        &self,
+        offset: u64,
+        data: &mut [u8],
+        flags: WriteFlags,
+    ) -> io::Result<()> {
         let len = data.len() as u64;
         self.check_end(offset, len)?;
         if len == 0 {

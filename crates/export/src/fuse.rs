@@ -20,9 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use cryptblk_dm::device::{BlockDevice, WriteFlags};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig, LockOwner, MountOption,
-    OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
+    LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
 
 use crate::aligned::AlignedIo;
@@ -67,9 +67,19 @@ pub struct FuseExport {
 impl FuseExport {
     /// Mounts `device` as `<mountpoint>/<file_name>`. When this returns, the kernel has
     /// completed the FUSE handshake and the file can be opened (the export is ready).
-    pub fn mount(device: Arc<dyn BlockDevice>, config: FuseConfig) -> Result<FuseExport, ExportError> {
-        if config.file_name.is_empty() || config.file_name.contains('/') || config.file_name == "." || config.file_name == ".." {
-            return Err(ExportError::Config(format!("invalid file name {:?}", config.file_name)));
+    pub fn mount(
+        device: Arc<dyn BlockDevice>,
+        config: FuseConfig,
+    ) -> Result<FuseExport, ExportError> {
+        if config.file_name.is_empty()
+            || config.file_name.contains('/')
+            || config.file_name == "."
+            || config.file_name == ".."
+        {
+            return Err(ExportError::Config(format!(
+                "invalid file name {:?}",
+                config.file_name
+            )));
         }
         let io = Arc::new(AlignedIo::new(device));
         let fs = DiskFs {
@@ -95,12 +105,15 @@ impl FuseExport {
         }
         fuse_config.n_threads = Some(config.threads.max(1));
         fuse_config.clone_fd = config.threads > 1;
-        let mountpoint = config
-            .mountpoint
-            .canonicalize()
-            .map_err(|e| ExportError::io(format!("mount point {}", config.mountpoint.display()), e))?;
-        let session = fuser::spawn_mount(fs, &mountpoint, &fuse_config)
-            .map_err(|e| ExportError::io(format!("mounting FUSE on {}", config.mountpoint.display()), e))?;
+        let mountpoint = config.mountpoint.canonicalize().map_err(|e| {
+            ExportError::io(format!("mount point {}", config.mountpoint.display()), e)
+        })?;
+        let session = fuser::spawn_mount(fs, &mountpoint, &fuse_config).map_err(|e| {
+            ExportError::io(
+                format!("mounting FUSE on {}", config.mountpoint.display()),
+                e,
+            )
+        })?;
         Ok(FuseExport {
             session: Some(session),
             io,
@@ -131,12 +144,15 @@ impl FuseExport {
             // EINVAL: somebody else already unmounted it; the session has ended then.
             if e.raw_os_error() != Some(libc::EINVAL) {
                 self.session = Some(session);
-                return Err(ExportError::io(format!("unmounting {}", self.mountpoint.display()), e));
+                return Err(ExportError::io(
+                    format!("unmounting {}", self.mountpoint.display()),
+                    e,
+                ));
             }
         }
-        session
-            .join()
-            .map_err(|e| ExportError::io(format!("FUSE session on {}", self.mountpoint.display()), e))?;
+        session.join().map_err(|e| {
+            ExportError::io(format!("FUSE session on {}", self.mountpoint.display()), e)
+        })?;
         self.io
             .flush()
             .map_err(|e| ExportError::io("flushing the device after unmount", e))
@@ -301,7 +317,9 @@ impl Filesystem for DiskFs {
         // plain `dd of=`); like a block device, the file ignores it. Mode/owner/time
         // changes are accepted and ignored so tools that preserve metadata do not fail.
         match size {
-            Some(s) if ino == FILE_INO && s != attr.size && s != 0 => reply.error(Errno::from_i32(libc::EINVAL)),
+            Some(s) if ino == FILE_INO && s != attr.size && s != 0 => {
+                reply.error(Errno::from_i32(libc::EINVAL))
+            }
             _ => reply.attr(&TTL, &attr),
         }
     }
@@ -366,13 +384,23 @@ impl Filesystem for DiskFs {
             return;
         };
         let fua = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
-        match self.io.write_at(offset, &data[..len as usize], WriteFlags { fua }) {
+        match self
+            .io
+            .write_at(offset, &data[..len as usize], WriteFlags { fua })
+        {
             Ok(()) => reply.written(len as u32),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         // close(2): make what this opener wrote durable, as fsync-on-close would.
         match self.io.flush() {
             Ok(()) => reply.ok(),
@@ -380,7 +408,14 @@ impl Filesystem for DiskFs {
         }
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.io.flush() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -409,7 +444,8 @@ impl Filesystem for DiskFs {
         let end = offset.checked_add(length);
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let zeroing = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
-        let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 || (mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && !keep_size) {
             reply.error(Errno::from_i32(libc::EOPNOTSUPP));
             return;
@@ -435,7 +471,14 @@ impl Filesystem for DiskFs {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         if ino != INodeNo::ROOT {
             reply.error(Errno::from_i32(libc::ENOTDIR));
             return;

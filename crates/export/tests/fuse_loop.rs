@@ -51,10 +51,23 @@ struct LoopDev(String);
 
 impl LoopDev {
     fn attach(file: &Path) -> LoopDev {
-        let dev = run_text(Command::new("losetup").args(["-f", "--show", "--direct-io=on"]).arg(file));
+        let dev = run_text(
+            Command::new("losetup")
+                .args(["-f", "--show", "--direct-io=on"])
+                .arg(file),
+        );
         let dev = LoopDev(dev.trim().to_string());
-        let dio = run_text(Command::new("losetup").args(["--list", "--noheadings", "-O", "DIO"]).arg(&dev.0));
-        assert_eq!(dio.trim(), "1", "{} did not get direct I/O on the FUSE file", dev.0);
+        let dio = run_text(
+            Command::new("losetup")
+                .args(["--list", "--noheadings", "-O", "DIO"])
+                .arg(&dev.0),
+        );
+        assert_eq!(
+            dio.trim(),
+            "1",
+            "{} did not get direct I/O on the FUSE file",
+            dev.0
+        );
         dev
     }
 }
@@ -118,15 +131,25 @@ fn file_io_through_the_kernel_matches_the_device() {
     let mut model = pattern(20, 8 * MIB as usize);
     disk.fill(&model);
     let mut export = mount_export(&disk, dir.path());
-    assert_eq!(export.file_path(), dir.path().canonicalize().unwrap().join("disk"));
+    assert_eq!(
+        export.file_path(),
+        dir.path().canonicalize().unwrap().join("disk")
+    );
     let names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names, vec!["disk".to_string()]);
-    assert_eq!(std::fs::metadata(export.file_path()).unwrap().len(), 8 * MIB);
+    assert_eq!(
+        std::fs::metadata(export.file_path()).unwrap().len(),
+        8 * MIB
+    );
 
-    let file = OpenOptions::new().read(true).write(true).open(export.file_path()).unwrap();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(export.file_path())
+        .unwrap();
     let mut rng = pattern(21, 8000);
     for i in 0..300usize {
         let r = u64::from_le_bytes(rng[(i % 1000) * 8..(i % 1000) * 8 + 8].try_into().unwrap());
@@ -139,18 +162,36 @@ fn file_io_through_the_kernel_matches_the_device() {
         } else {
             let mut buf = vec![0u8; len];
             file.read_exact_at(&mut buf, offset).unwrap();
-            assert!(buf == model[offset as usize..offset as usize + len], "read {offset}+{len} differs");
+            assert!(
+                buf == model[offset as usize..offset as usize + len],
+                "read {offset}+{len} differs"
+            );
         }
         if i == 500 {
             rng = pattern(22, 8000);
         }
     }
-    assert!(disk.snapshot() == model, "device differs from the model after file writes");
+    assert!(
+        disk.snapshot() == model,
+        "device differs from the model after file writes"
+    );
 
     // Hole punching and range zeroing must read back as zeros (not as discarded data).
-    fallocate(&file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 10_000, 50_000).unwrap();
+    fallocate(
+        &file,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        10_000,
+        50_000,
+    )
+    .unwrap();
     model[10_000..60_000].fill(0);
-    fallocate(&file, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, 3 * MIB, 2 * MIB + 123).unwrap();
+    fallocate(
+        &file,
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        3 * MIB,
+        2 * MIB + 123,
+    )
+    .unwrap();
     model[3 * MIB as usize..(5 * MIB + 123) as usize].fill(0);
     assert!(disk.snapshot() == model, "fallocate results differ");
     // Growing the file is impossible.
@@ -167,16 +208,25 @@ fn file_io_through_the_kernel_matches_the_device() {
 
     let flushes = disk.flushes.load(Ordering::SeqCst);
     file.sync_all().unwrap();
-    assert!(disk.flushes.load(Ordering::SeqCst) > flushes, "fsync must flush the device");
+    assert!(
+        disk.flushes.load(Ordering::SeqCst) > flushes,
+        "fsync must flush the device"
+    );
     drop(file);
     assert!(disk.snapshot() == model);
     unmount_export(&mut export);
-    assert!(!dir.join("disk").exists(), "the mount is gone after unmount");
+    assert!(
+        !dir.join("disk").exists(),
+        "the mount is gone after unmount"
+    );
 }
 
 #[test]
 fn ext4_on_a_loop_device_survives_an_export_restart() {
-    if !loop_available() || !require_tool("mkfs.ext4", "MKFS_EXT4") || !require_tool("fsck.ext4", "FSCK_EXT4") {
+    if !loop_available()
+        || !require_tool("mkfs.ext4", "MKFS_EXT4")
+        || !require_tool("fsck.ext4", "FSCK_EXT4")
+    {
         return;
     }
     let dir = TempDir::new("fuse-ext4");
@@ -186,7 +236,12 @@ fn ext4_on_a_loop_device_survives_an_export_restart() {
     std::fs::create_dir_all(&fs_dir).unwrap();
     let disk = MemDisk::new(96 * MIB, 512);
     let files: Vec<(String, Vec<u8>)> = (0..12u64)
-        .map(|i| (format!("file{i}.bin"), pattern(300 + i, (i as usize + 1) * 150_000 + 77)))
+        .map(|i| {
+            (
+                format!("file{i}.bin"),
+                pattern(300 + i, (i as usize + 1) * 150_000 + 77),
+            )
+        })
         .collect();
     {
         let mut export = mount_export(&disk, &fuse_dir);
@@ -208,7 +263,11 @@ fn ext4_on_a_loop_device_survives_an_export_restart() {
     let mut export = mount_export(&disk, &fuse_dir);
     {
         let lo = LoopDev::attach(export.file_path());
-        let fsck = Command::new("fsck.ext4").args(["-f", "-n"]).arg(&lo.0).output().unwrap();
+        let fsck = Command::new("fsck.ext4")
+            .args(["-f", "-n"])
+            .arg(&lo.0)
+            .output()
+            .unwrap();
         assert!(
             fsck.status.success(),
             "fsck.ext4 -fn found problems:\n{}{}",
@@ -217,7 +276,10 @@ fn ext4_on_a_loop_device_survives_an_export_restart() {
         );
         let _m = Mounted::mount(&lo.0, &fs_dir, "ro");
         for (name, data) in &files {
-            assert!(std::fs::read(fs_dir.join(name)).unwrap() == *data, "{name} differs after restart");
+            assert!(
+                std::fs::read(fs_dir.join(name)).unwrap() == *data,
+                "{name} differs after restart"
+            );
         }
         assert_eq!(std::fs::read(fs_dir.join("sub/small")).unwrap(), b"hello");
     }
@@ -236,28 +298,45 @@ fn fio_direct_psync_with_verify_on_the_loop_device() {
         let lo = LoopDev::attach(export.file_path());
         let fio = |engine: &str, extra: &[&str]| {
             let mut cmd = Command::new("fio");
-            cmd.args(["--name=loop-verify", "--direct=1", "--rw=randrw", "--bs=4k", "--size=32M"])
-                .arg(format!("--ioengine={engine}"))
-                .args(["--verify=crc32c", "--verify_fatal=1", "--randseed=99"])
-                .arg(format!("--filename={}", lo.0))
-                .args(extra);
+            cmd.args([
+                "--name=loop-verify",
+                "--direct=1",
+                "--rw=randrw",
+                "--bs=4k",
+                "--size=32M",
+            ])
+            .arg(format!("--ioengine={engine}"))
+            .args(["--verify=crc32c", "--verify_fatal=1", "--randseed=99"])
+            .arg(format!("--filename={}", lo.0))
+            .args(extra);
             cmd
         };
         run(&mut fio("psync", &["--do_verify=1"]));
         // Same workload, queued through libaio, and a verify-only pass afterwards.
-        run(&mut fio("libaio", &["--iodepth=16", "--do_verify=1", "--randseed=7"]));
-        run(&mut fio("libaio", &["--iodepth=16", "--verify_only", "--randseed=7"]));
+        run(&mut fio(
+            "libaio",
+            &["--iodepth=16", "--do_verify=1", "--randseed=7"],
+        ));
+        run(&mut fio(
+            "libaio",
+            &["--iodepth=16", "--verify_only", "--randseed=7"],
+        ));
         // The data really is on the device: corrupt the verified blocks behind the loop
         // device's back and fio must notice (direct I/O reads bypass any cache).
         let mut snap = disk.snapshot();
         let mut corrupted = 0;
-        for block in snap.chunks_mut(4096).filter(|b| b[0] == 0xca && b[1] == 0xac) {
+        for block in snap
+            .chunks_mut(4096)
+            .filter(|b| b[0] == 0xca && b[1] == 0xac)
+        {
             block[200] ^= 0x5a;
             corrupted += 1;
         }
         assert!(corrupted > 0, "no fio verify headers on the device");
         disk.fill(&snap);
-        let out = fio("libaio", &["--iodepth=16", "--verify_only", "--randseed=7"]).output().unwrap();
+        let out = fio("libaio", &["--iodepth=16", "--verify_only", "--randseed=7"])
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "fio missed a corrupted block");
     }
     unmount_export(&mut export);

@@ -82,8 +82,14 @@ impl Client {
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello).unwrap();
-        assert_eq!(u64::from_be_bytes(hello[0..8].try_into().unwrap()), NBDMAGIC);
-        assert_eq!(u64::from_be_bytes(hello[8..16].try_into().unwrap()), IHAVEOPT);
+        assert_eq!(
+            u64::from_be_bytes(hello[0..8].try_into().unwrap()),
+            NBDMAGIC
+        );
+        assert_eq!(
+            u64::from_be_bytes(hello[8..16].try_into().unwrap()),
+            IHAVEOPT
+        );
         let hflags = u16::from_be_bytes([hello[16], hello[17]]);
         assert_eq!(hflags, 0b11, "FIXED_NEWSTYLE | NO_ZEROES expected");
         s.write_all(&client_flags.to_be_bytes()).unwrap();
@@ -175,7 +181,15 @@ impl Client {
         c
     }
 
-    fn send_request(&mut self, flags: u16, kind: u16, handle: u64, offset: u64, len: u32, payload: &[u8]) {
+    fn send_request(
+        &mut self,
+        flags: u16,
+        kind: u16,
+        handle: u64,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) {
         let mut m = REQUEST_MAGIC.to_be_bytes().to_vec();
         m.extend_from_slice(&flags.to_be_bytes());
         m.extend_from_slice(&kind.to_be_bytes());
@@ -219,8 +233,9 @@ impl Client {
                     let mlen = u16::from_be_bytes([payload[4], payload[5]]) as usize;
                     r.message = String::from_utf8_lossy(&payload[6..6 + mlen]).into_owned();
                     if kind == TYPE_ERROR_OFFSET {
-                        r.error_offset =
-                            Some(u64::from_be_bytes(payload[6 + mlen..14 + mlen].try_into().unwrap()));
+                        r.error_offset = Some(u64::from_be_bytes(
+                            payload[6 + mlen..14 + mlen].try_into().unwrap(),
+                        ));
                     }
                 }
                 other => panic!("unexpected chunk type {other}"),
@@ -254,7 +269,11 @@ impl Client {
         let mut out = vec![0u8; len as usize];
         let mut covered = 0;
         for (off, d) in &r.data {
-            let at = if self.structured { (off - offset) as usize } else { 0 };
+            let at = if self.structured {
+                (off - offset) as usize
+            } else {
+                0
+            };
             out[at..at + d.len()].copy_from_slice(d);
             covered += d.len();
         }
@@ -291,9 +310,15 @@ fn option_haggling_follows_the_protocol() {
     assert_eq!(&list[0].1[4..4 + name_len], b"crypt0");
     assert_eq!(list[1].0, REP_ACK);
     // INFO on an unknown export.
-    assert_eq!(c.option(OPT_INFO, &Client::info_data("nope", &[]))[0].0, REP_ERR_UNKNOWN);
+    assert_eq!(
+        c.option(OPT_INFO, &Client::info_data("nope", &[]))[0].0,
+        REP_ERR_UNKNOWN
+    );
     // Truncated INFO data.
-    assert_eq!(c.option(OPT_INFO, &[0, 0, 0, 9, b'a'])[0].0, REP_ERR_INVALID);
+    assert_eq!(
+        c.option(OPT_INFO, &[0, 0, 0, 9, b'a'])[0].0,
+        REP_ERR_INVALID
+    );
     // INFO by name with block size and name requests.
     let info = c.option(OPT_INFO, &Client::info_data("crypt0", &[3, 1]));
     assert_eq!(info.last().unwrap().0, REP_ACK);
@@ -308,7 +333,10 @@ fn option_haggling_follows_the_protocol() {
                 let flags = u16::from_be_bytes([d[10], d[11]]);
                 // HAS_FLAGS, SEND_FLUSH, SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES, CAN_MULTI_CONN
                 for bit in [0, 2, 3, 5, 6, 8] {
-                    assert!(flags & (1 << bit) != 0, "flag bit {bit} missing in {flags:#x}");
+                    assert!(
+                        flags & (1 << bit) != 0,
+                        "flag bit {bit} missing in {flags:#x}"
+                    );
                 }
                 assert!(flags & 2 == 0, "read-write export must not be READ_ONLY");
                 saw_export = true;
@@ -418,7 +446,12 @@ fn malformed_requests(structured: bool) {
     let mut expect = good.clone();
     expect[4096..12288].fill(0);
     assert_eq!(&snap[MIB as usize..MIB as usize + 65536], &expect[..]);
-    assert!(snap[8 * MIB as usize..8 * MIB as usize + 65536].iter().all(|&b| b == 0xdd), "trim reached the device");
+    assert!(
+        snap[8 * MIB as usize..8 * MIB as usize + 65536]
+            .iter()
+            .all(|&b| b == 0xdd),
+        "trim reached the device"
+    );
     assert!(disk.flushes.load(std::sync::atomic::Ordering::SeqCst) >= 2);
     // A zero-length read succeeds.
     let r = c.read(0, 0);
@@ -456,7 +489,10 @@ fn read_errors_map_to_eio_with_offset() {
     assert_eq!(r.error, EIO);
     assert_eq!(r.types, vec![TYPE_OFFSET_DATA, TYPE_ERROR_OFFSET]);
     assert_eq!(r.data[0].0, 2 * MIB);
-    assert_eq!(r.data[0].1, disk.snapshot()[2 * MIB as usize..6 * MIB as usize]);
+    assert_eq!(
+        r.data[0].1,
+        disk.snapshot()[2 * MIB as usize..6 * MIB as usize]
+    );
     assert_eq!(r.error_offset, Some(6 * MIB));
     assert_eq!(c.read_ok(0, 4096), disk.snapshot()[..4096]);
 
@@ -479,7 +515,11 @@ fn unaligned_requests_without_block_size_agreement_use_read_modify_write() {
     let mut c = Client::open(&dir.join("nbd.sock"), true, false);
     let mut rng = pattern(5, 4096);
     for i in 0..200 {
-        let r = u64::from_le_bytes(rng[(i % 500) * 8..(i % 500) * 8 + 8].try_into().unwrap_or([1; 8]));
+        let r = u64::from_le_bytes(
+            rng[(i % 500) * 8..(i % 500) * 8 + 8]
+                .try_into()
+                .unwrap_or([1; 8]),
+        );
         let offset = r % (4 * MIB - 20000);
         let len = 1 + (r >> 32) % 19999;
         if i % 3 == 0 {
@@ -547,8 +587,16 @@ fn client_killed_mid_write_leaves_device_untouched_and_server_serving() {
     while server.connection_count() > 1 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(server.connection_count(), 1, "dead clients' connections must end");
-    assert_eq!(disk.snapshot(), before, "a partial write payload must not reach the device");
+    assert_eq!(
+        server.connection_count(),
+        1,
+        "dead clients' connections must end"
+    );
+    assert_eq!(
+        disk.snapshot(),
+        before,
+        "a partial write payload must not reach the device"
+    );
     assert_eq!(other.read_ok(0, 65536), before[..65536]);
     let data = pattern(9, 65536);
     assert_eq!(other.write(0, &data, 0).error, 0);
@@ -588,7 +636,10 @@ fn concurrent_clients_see_each_others_writes() {
     for t in 0..4u64 {
         for i in 0..32u64 {
             let off = (t * 4 * MIB + i * 128 * 1024) as usize;
-            assert_eq!(snap[off..off + 128 * 1024], pattern(t * 1000 + i, 128 * 1024)[..]);
+            assert_eq!(
+                snap[off..off + 128 * 1024],
+                pattern(t * 1000 + i, 128 * 1024)[..]
+            );
         }
     }
     assert_eq!(reader.read_ok(0, 65536), snap[..65536]);
@@ -605,7 +656,10 @@ fn stop_is_graceful_with_clients_connected() {
     assert_eq!(c.write(0, &[3u8; 4096], 0).error, 0);
     let flushes = disk.flushes.load(std::sync::atomic::Ordering::SeqCst);
     server.stop().unwrap();
-    assert!(disk.flushes.load(std::sync::atomic::Ordering::SeqCst) > flushes, "stop flushes");
+    assert!(
+        disk.flushes.load(std::sync::atomic::Ordering::SeqCst) > flushes,
+        "stop flushes"
+    );
     let mut rest = Vec::new();
     let _ = c.s.read_to_end(&mut rest);
     assert!(rest.is_empty(), "the connection is closed after stop");
@@ -626,7 +680,10 @@ fn tcp_listener_on_localhost() {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).unwrap();
-    assert_eq!(u64::from_be_bytes(hello[0..8].try_into().unwrap()), NBDMAGIC);
+    assert_eq!(
+        u64::from_be_bytes(hello[0..8].try_into().unwrap()),
+        NBDMAGIC
+    );
     s.write_all(&3u32.to_be_bytes()).unwrap();
     let mut m = IHAVEOPT.to_be_bytes().to_vec();
     m.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
@@ -644,7 +701,10 @@ fn tcp_listener_on_localhost() {
     s.write_all(&req).unwrap();
     let mut reply = [0u8; 16 + 512];
     s.read_exact(&mut reply).unwrap();
-    assert_eq!(u32::from_be_bytes(reply[0..4].try_into().unwrap()), SIMPLE_MAGIC);
+    assert_eq!(
+        u32::from_be_bytes(reply[0..4].try_into().unwrap()),
+        SIMPLE_MAGIC
+    );
     assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0);
     assert_eq!(reply[16..], disk.snapshot()[512..1024]);
     server.stop().unwrap();

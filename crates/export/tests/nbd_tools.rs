@@ -20,7 +20,8 @@ fn serve(disk: &Arc<MemDisk>, dir: &TempDir, read_only: bool) -> NbdServer {
 
 fn json_export(uri: &str) -> serde_json::Value {
     let text = run_text(Command::new("nbdinfo").arg("--json").arg(uri));
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("nbdinfo JSON: {e}\n{text}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("nbdinfo JSON: {e}\n{text}"));
     v["exports"][0].clone()
 }
 
@@ -39,12 +40,22 @@ fn nbdinfo_shows_size_block_sizes_and_flags() {
         assert_eq!(e["block_size_preferred"], 4096, "{e}");
         assert_eq!(e["block_size_maximum"], 32 << 20, "{e}");
         assert_eq!(e["is_read_only"], read_only, "{e}");
-        for flag in ["can_flush", "can_fua", "can_trim", "can_zero", "can_multi_conn", "can_cache"] {
+        for flag in [
+            "can_flush",
+            "can_fua",
+            "can_trim",
+            "can_zero",
+            "can_multi_conn",
+            "can_cache",
+        ] {
             assert_eq!(e[flag], true, "{flag} in {e}");
         }
         // The human-readable form too (what an operator would look at).
         let text = run_text(Command::new("nbdinfo").arg(server.uri()));
-        assert!(text.contains(&format!("export-size: {}", 24 * MIB)), "{text}");
+        assert!(
+            text.contains(&format!("export-size: {}", 24 * MIB)),
+            "{text}"
+        );
         assert!(text.contains("newstyle-fixed"), "{text}");
         server.stop().unwrap();
     }
@@ -65,11 +76,19 @@ fn nbdcopy_round_trip_over_several_connections() {
         .args(["--connections=4", "--requests=16", "--flush"])
         .arg(dir.join("in.img"))
         .arg(server.uri()));
-    assert!(disk.snapshot() == input, "device differs from the copied-in file");
+    assert!(
+        disk.snapshot() == input,
+        "device differs from the copied-in file"
+    );
     let changed = pattern(12, 32 * MIB as usize);
     disk.fill(&changed);
-    run(Command::new("nbdcopy").arg(server.uri()).arg(dir.join("out.img")));
-    assert!(std::fs::read(dir.join("out.img")).unwrap() == changed, "copied-out file differs");
+    run(Command::new("nbdcopy")
+        .arg(server.uri())
+        .arg(dir.join("out.img")));
+    assert!(
+        std::fs::read(dir.join("out.img")).unwrap() == changed,
+        "copied-out file differs"
+    );
     server.stop().unwrap();
 }
 
@@ -90,14 +109,27 @@ fn qemu_img_convert_in_and_out() {
         .args(["convert", "-n", "-f", "raw", "-O", "raw"])
         .arg(dir.join("in.img"))
         .arg(server.uri()));
-    assert!(disk.snapshot() == input, "device differs after qemu-img convert in");
-    let info = run_text(Command::new("qemu-img").args(["info", "--output=json"]).arg(server.uri()));
-    assert!(info.contains(&format!("\"virtual-size\": {}", 16 * MIB)), "{info}");
+    assert!(
+        disk.snapshot() == input,
+        "device differs after qemu-img convert in"
+    );
+    let info = run_text(
+        Command::new("qemu-img")
+            .args(["info", "--output=json"])
+            .arg(server.uri()),
+    );
+    assert!(
+        info.contains(&format!("\"virtual-size\": {}", 16 * MIB)),
+        "{info}"
+    );
     run(Command::new("qemu-img")
         .args(["convert", "-f", "raw", "-O", "raw"])
         .arg(server.uri())
         .arg(dir.join("out.img")));
-    assert!(std::fs::read(dir.join("out.img")).unwrap() == input, "qemu-img convert out differs");
+    assert!(
+        std::fs::read(dir.join("out.img")).unwrap() == input,
+        "qemu-img convert out differs"
+    );
     server.stop().unwrap();
 }
 
@@ -133,16 +165,25 @@ fn qemu_io_patterns_zeroes_and_discard() {
     cmd.arg(server.uri());
     let out = run_text(&mut cmd);
     // qemu-io reports a pattern mismatch on stdout but still exits 0.
-    assert!(!out.contains("failed") && !out.contains("error"), "qemu-io:\n{out}");
+    assert!(
+        !out.contains("failed") && !out.contains("error"),
+        "qemu-io:\n{out}"
+    );
     let snap = disk.snapshot();
     assert!(snap[..1000].iter().all(|&b| b == 0xab));
     assert!(snap[1000..4000].iter().all(|&b| b == 0x11));
     assert!(snap[4000..65536].iter().all(|&b| b == 0xab));
     assert!(snap[65536..MIB as usize].iter().all(|&b| b == 0x99));
-    assert!(snap[MIB as usize..MIB as usize + 4096].iter().all(|&b| b == 0xcd));
-    assert!(snap[3 * MIB as usize..3 * MIB as usize + 65536].iter().all(|&b| b == 0));
+    assert!(snap[MIB as usize..MIB as usize + 4096]
+        .iter()
+        .all(|&b| b == 0xcd));
+    assert!(snap[3 * MIB as usize..3 * MIB as usize + 65536]
+        .iter()
+        .all(|&b| b == 0));
     assert!(
-        snap[5 * MIB as usize..5 * MIB as usize + 65536].iter().all(|&b| b == 0xdd),
+        snap[5 * MIB as usize..5 * MIB as usize + 65536]
+            .iter()
+            .all(|&b| b == 0xdd),
         "discard must reach the device as a trim"
     );
     // A read that does not match must be reported (the check above can fail).
@@ -152,7 +193,10 @@ fn qemu_io_patterns_zeroes_and_discard() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success() && text.contains("Pattern verification failed"), "{text}");
+    assert!(
+        !out.status.success() && text.contains("Pattern verification failed"),
+        "{text}"
+    );
     server.stop().unwrap();
 }
 
@@ -171,7 +215,11 @@ fn qemu_io_read_only_export_refuses_writes() {
         .arg(server.uri())
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!out.status.success() && !text.contains("wrote"), "{text}");
     let text = run_text(
         Command::new("qemu-io")
@@ -179,7 +227,10 @@ fn qemu_io_read_only_export_refuses_writes() {
             .arg(server.uri()),
     );
     assert!(text.contains("read 65536/65536"), "{text}");
-    assert!(!text.contains("wrote") && !text.contains("failed"), "{text}");
+    assert!(
+        !text.contains("wrote") && !text.contains("failed"),
+        "{text}"
+    );
     assert!(disk.snapshot().iter().all(|&b| b == 0x42));
     server.stop().unwrap();
 }
@@ -214,8 +265,12 @@ fn two_qemu_io_clients_at_once() {
     }
     let snap = disk.snapshot();
     assert!(snap[..4 * MIB as usize].iter().all(|&x| x == 0x5a));
-    assert!(snap[8 * MIB as usize..12 * MIB as usize].iter().all(|&x| x == 0xa5));
-    assert!(snap[4 * MIB as usize..8 * MIB as usize].iter().all(|&x| x == 0));
+    assert!(snap[8 * MIB as usize..12 * MIB as usize]
+        .iter()
+        .all(|&x| x == 0xa5));
+    assert!(snap[4 * MIB as usize..8 * MIB as usize]
+        .iter()
+        .all(|&x| x == 0));
     server.stop().unwrap();
 }
 
@@ -225,7 +280,10 @@ fn fio_nbd_engine_randrw_with_crc32c_verify() {
         return;
     }
     let engines = run_text(Command::new("fio").arg("--enghelp"));
-    assert!(engines.contains("nbd"), "this fio lacks the nbd engine:\n{engines}");
+    assert!(
+        engines.contains("nbd"),
+        "this fio lacks the nbd engine:\n{engines}"
+    );
     let dir = TempDir::new("fio");
     let disk = MemDisk::new(32 * MIB, 512);
     let server = serve(&disk, &dir, false);
@@ -258,16 +316,25 @@ fn fio_nbd_engine_randrw_with_crc32c_verify() {
     // fio's verify headers are really on the device: 4 KiB blocks fio wrote start with
     // its verify magic 0xacca.
     let snap = disk.snapshot();
-    let with_header = snap.chunks(4096).filter(|b| b[0] == 0xca && b[1] == 0xac).count();
+    let with_header = snap
+        .chunks(4096)
+        .filter(|b| b[0] == 0xca && b[1] == 0xac)
+        .count();
     assert!(with_header > 0, "no fio verify headers found on the device");
     // Corrupting the verified blocks behind the server's back must make fio fail.
     let mut bad = snap.clone();
-    for block in bad.chunks_mut(4096).filter(|b| b[0] == 0xca && b[1] == 0xac) {
+    for block in bad
+        .chunks_mut(4096)
+        .filter(|b| b[0] == 0xca && b[1] == 0xac)
+    {
         block[100] ^= 0xff;
     }
     disk.fill(&bad);
     let out = fio(&["--verify_only"]).output().unwrap();
-    assert!(!out.status.success(), "fio did not notice a corrupted block");
+    assert!(
+        !out.status.success(),
+        "fio did not notice a corrupted block"
+    );
     server.stop().unwrap();
 }
 
@@ -298,7 +365,9 @@ fn killed_client_does_not_disturb_the_server() {
     // Still serving correctly.
     let fresh = pattern(15, 64 * MIB as usize);
     std::fs::write(dir.join("in2.img"), &fresh).unwrap();
-    run(Command::new("nbdcopy").arg(dir.join("in2.img")).arg(server.uri()));
+    run(Command::new("nbdcopy")
+        .arg(dir.join("in2.img"))
+        .arg(server.uri()));
     assert!(disk.snapshot() == fresh);
     server.stop().unwrap();
 }

@@ -219,7 +219,12 @@ fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Negotiated> {
             }
             OPT_LIST => {
                 if !data.is_empty() {
-                    send_option_reply(stream, option, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data")?;
+                    send_option_reply(
+                        stream,
+                        option,
+                        REP_ERR_INVALID,
+                        b"NBD_OPT_LIST takes no data",
+                    )?;
                     continue;
                 }
                 let name = shared.config.export_name.as_bytes();
@@ -258,8 +263,14 @@ fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Negotiated> {
 }
 
 /// Answers `NBD_OPT_INFO`/`NBD_OPT_GO`. Returns `Some(block_size_requested)` on success.
-fn info_or_go(stream: &mut Stream, shared: &Shared, option: u32, data: &[u8]) -> io::Result<Option<bool>> {
-    let invalid = |stream: &mut Stream, msg: &[u8]| send_option_reply(stream, option, REP_ERR_INVALID, msg);
+fn info_or_go(
+    stream: &mut Stream,
+    shared: &Shared,
+    option: u32,
+    data: &[u8],
+) -> io::Result<Option<bool>> {
+    let invalid =
+        |stream: &mut Stream, msg: &[u8]| send_option_reply(stream, option, REP_ERR_INVALID, msg);
     if data.len() < 6 {
         invalid(stream, b"option data too short")?;
         return Ok(None);
@@ -273,7 +284,10 @@ fn info_or_go(stream: &mut Stream, shared: &Shared, option: u32, data: &[u8]) ->
     let rest = &data[4 + name_len..];
     let count = u16::from_be_bytes([rest[0], rest[1]]) as usize;
     if rest.len() != 2 + 2 * count {
-        invalid(stream, b"information request list does not match option length")?;
+        invalid(
+            stream,
+            b"information request list does not match option length",
+        )?;
         return Ok(None);
     }
     let requests: Vec<u16> = rest[2..]
@@ -395,18 +409,30 @@ impl Transmission<'_> {
     }
 
     /// Checks flags and range of a request; `beyond_end` is the error for out-of-range.
-    fn validate(&self, req: &Request, allowed_flags: u16, beyond_end: u32, check_max: bool) -> Result<(), Failure> {
+    fn validate(
+        &self,
+        req: &Request,
+        allowed_flags: u16,
+        beyond_end: u32,
+        check_max: bool,
+    ) -> Result<(), Failure> {
         if req.flags & !allowed_flags != 0 {
             return Err(Failure::new(
                 EINVAL,
-                format!("command flags {:#x} not valid for command {}", req.flags, req.kind),
+                format!(
+                    "command flags {:#x} not valid for command {}",
+                    req.flags, req.kind
+                ),
             ));
         }
         let len = u64::from(req.length);
         if check_max && req.length > self.shared.block_sizes.2 {
             return Err(Failure::new(
                 EINVAL,
-                format!("length {len} exceeds the maximum block size {}", self.shared.block_sizes.2),
+                format!(
+                    "length {len} exceeds the maximum block size {}",
+                    self.shared.block_sizes.2
+                ),
             ));
         }
         match req.offset.checked_add(len) {
@@ -414,7 +440,10 @@ impl Transmission<'_> {
             _ => {
                 return Err(Failure::new(
                     beyond_end,
-                    format!("request {}+{len} reaches past the end of the export", req.offset),
+                    format!(
+                        "request {}+{len} reaches past the end of the export",
+                        req.offset
+                    ),
                 ))
             }
         }
@@ -456,9 +485,11 @@ impl Transmission<'_> {
             CMD_TRIM => {
                 self.check_writable()?;
                 self.validate(req, CMD_FLAG_FUA, EINVAL, false)?;
-                io.discard(req.offset, len).map_err(|e| Failure::device(e, "trim"))?;
+                io.discard(req.offset, len)
+                    .map_err(|e| Failure::device(e, "trim"))?;
                 if self.fua(req).fua {
-                    io.flush().map_err(|e| Failure::device(e, "flush after trim"))?;
+                    io.flush()
+                        .map_err(|e| Failure::device(e, "flush after trim"))?;
                 }
                 Ok(())
             }
@@ -486,7 +517,10 @@ impl Transmission<'_> {
         if req.flags & !allowed != 0 {
             return Err(Failure::new(
                 EINVAL,
-                format!("command flags {:#x} not valid for command {}", req.flags, req.kind),
+                format!(
+                    "command flags {:#x} not valid for command {}",
+                    req.flags, req.kind
+                ),
             ));
         }
         Ok(())
@@ -598,7 +632,14 @@ impl Transmission<'_> {
         write_simple(&mut self.stream, handle, error, data)
     }
 
-    fn chunk(&mut self, handle: u64, flags: u16, kind: u16, prefix: &[u8], data: &[u8]) -> io::Result<()> {
+    fn chunk(
+        &mut self,
+        handle: u64,
+        flags: u16,
+        kind: u16,
+        prefix: &[u8],
+        data: &[u8],
+    ) -> io::Result<()> {
         write_chunk(&mut self.stream, handle, flags, kind, prefix, data)
     }
 
@@ -628,7 +669,14 @@ fn write_simple(w: &mut impl Write, handle: u64, error: u32, data: &[u8]) -> io:
 }
 
 /// Writes a structured reply chunk whose payload is `prefix` followed by `data`.
-fn write_chunk(w: &mut impl Write, handle: u64, flags: u16, kind: u16, prefix: &[u8], data: &[u8]) -> io::Result<()> {
+fn write_chunk(
+    w: &mut impl Write,
+    handle: u64,
+    flags: u16,
+    kind: u16,
+    prefix: &[u8],
+    data: &[u8],
+) -> io::Result<()> {
     let mut header = Vec::with_capacity(20 + prefix.len());
     header.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
     header.extend_from_slice(&flags.to_be_bytes());

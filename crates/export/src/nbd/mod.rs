@@ -162,7 +162,10 @@ impl NbdStopper {
 impl NbdServer {
     /// Binds the listening socket and starts serving `device`. The socket accepts clients
     /// as soon as this returns (the server is "ready" then).
-    pub fn start(device: Arc<dyn BlockDevice>, config: NbdConfig) -> Result<NbdServer, ExportError> {
+    pub fn start(
+        device: Arc<dyn BlockDevice>,
+        config: NbdConfig,
+    ) -> Result<NbdServer, ExportError> {
         let io = AlignedIo::new(device);
         let block_sizes = validate_block_sizes(&config, io.block_size(), io.size())?;
         let (listener, address) = bind(&config.listen)?;
@@ -278,11 +281,19 @@ fn reap_finished(conns: &mut Vec<Connection>) {
     });
 }
 
-fn validate_block_sizes(config: &NbdConfig, logical: u64, size: u64) -> Result<(u32, u32, u32), ExportError> {
+fn validate_block_sizes(
+    config: &NbdConfig,
+    logical: u64,
+    size: u64,
+) -> Result<(u32, u32, u32), ExportError> {
     let min = u32::try_from(logical)
         .ok()
         .filter(|m| m.is_power_of_two() && *m <= 65536)
-        .ok_or_else(|| ExportError::Config(format!("logical block size {logical} cannot be advertised over NBD")))?;
+        .ok_or_else(|| {
+            ExportError::Config(format!(
+                "logical block size {logical} cannot be advertised over NBD"
+            ))
+        })?;
     let preferred = config.preferred_block_size.max(min).max(512);
     if !preferred.is_power_of_two() {
         return Err(ExportError::Config(format!(
@@ -291,12 +302,12 @@ fn validate_block_sizes(config: &NbdConfig, logical: u64, size: u64) -> Result<(
         )));
     }
     let max = config.max_block_size;
-    if max < preferred || max % min != 0 {
+    if max < preferred || !max.is_multiple_of(min) {
         return Err(ExportError::Config(format!(
             "maximum block size {max} must be a multiple of {min} and at least {preferred}"
         )));
     }
-    if size % u64::from(min) != 0 {
+    if !size.is_multiple_of(u64::from(min)) {
         return Err(ExportError::Config(format!(
             "device size {size} is not a multiple of its logical block size {min}"
         )));
@@ -308,13 +319,14 @@ fn bind(listen: &NbdListen) -> Result<(Listener, NbdListen), ExportError> {
     match listen {
         NbdListen::Unix(path) => {
             remove_stale_socket(path)?;
-            let listener = UnixListener::bind(path)
-                .map_err(|e| ExportError::io(format!("binding NBD socket {}", path.display()), e))?;
+            let listener = UnixListener::bind(path).map_err(|e| {
+                ExportError::io(format!("binding NBD socket {}", path.display()), e)
+            })?;
             Ok((Listener::Unix(listener), listen.clone()))
         }
         NbdListen::Tcp(addr) => {
-            let listener =
-                TcpListener::bind(addr).map_err(|e| ExportError::io(format!("binding NBD on {addr}"), e))?;
+            let listener = TcpListener::bind(addr)
+                .map_err(|e| ExportError::io(format!("binding NBD on {addr}"), e))?;
             let actual = listener
                 .local_addr()
                 .map_err(|e| ExportError::io("reading the bound NBD address", e))?;
@@ -340,7 +352,8 @@ fn remove_stale_socket(path: &Path) -> Result<(), ExportError> {
             path.display()
         )));
     }
-    fs::remove_file(path).map_err(|e| ExportError::io(format!("removing stale socket {}", path.display()), e))
+    fs::remove_file(path)
+        .map_err(|e| ExportError::io(format!("removing stale socket {}", path.display()), e))
 }
 
 fn accept_loop(listener: Listener, shared: Arc<Shared>) {

@@ -41,7 +41,7 @@ impl MemDisk {
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size(), offset, len)?;
         let b = u64::from(self.block);
-        if offset % b != 0 || len % b != 0 {
+        if !offset.is_multiple_of(b) || !len.is_multiple_of(b) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         Ok(())
@@ -157,7 +157,9 @@ pub fn require_tool(tool: &str, what: &str) -> bool {
 
 /// Runs a command and fails the test with its output when it exits non-zero.
 pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
