@@ -19,6 +19,11 @@ use crate::table::Table;
 pub trait DeviceResolver: Send + Sync {
     /// Opens (or reuses) the device `spec`.
     fn open_device(&self, spec: &str) -> Result<Arc<dyn BlockDevice>, DmError>;
+
+    /// Cipher implementation crypt targets should use (`None` = the fastest available).
+    fn cipher_implementation(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Named mappings plus the devices they use.
@@ -26,6 +31,7 @@ pub struct Registry {
     mappings: RwLock<BTreeMap<String, Arc<Mapping>>>,
     open: Mutex<HashMap<String, Weak<dyn BlockDevice>>>,
     file_options: FileOptions,
+    cipher_implementation: RwLock<Option<String>>,
 }
 
 impl Default for Registry {
@@ -68,6 +74,10 @@ impl DeviceResolver for LoadResolver<'_> {
         }
         self.registry.open_device(spec)
     }
+
+    fn cipher_implementation(&self) -> Option<String> {
+        self.registry.cipher_implementation()
+    }
 }
 
 impl Registry {
@@ -82,7 +92,25 @@ impl Registry {
             mappings: RwLock::new(BTreeMap::new()),
             open: Mutex::new(HashMap::new()),
             file_options: options,
+            cipher_implementation: RwLock::new(None),
         }
+    }
+
+    /// Makes crypt targets loaded from now on use cipher implementation `name` (as listed by
+    /// `cryptblk ciphers`); `None` restores the default (fastest available).
+    pub fn set_cipher_implementation(&self, name: Option<&str>) {
+        *self
+            .cipher_implementation
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = name.map(str::to_string);
+    }
+
+    /// The cipher implementation crypt targets are built with (`None` = default).
+    pub fn cipher_implementation(&self) -> Option<String> {
+        self.cipher_implementation
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// If `spec` names a mapping (`name` or `/dev/mapper/name`), returns the name.
@@ -286,6 +314,10 @@ impl Registry {
 impl DeviceResolver for Registry {
     fn open_device(&self, spec: &str) -> Result<Arc<dyn BlockDevice>, DmError> {
         Registry::open_device(self, spec)
+    }
+
+    fn cipher_implementation(&self) -> Option<String> {
+        Registry::cipher_implementation(self)
     }
 }
 

@@ -11,7 +11,6 @@
 //! The direction's pipeline is chosen per request from the flags, so a table reload that
 //! flips flags (what `cryptsetup refresh --perf-no_*_workqueue` does) switches models.
 
-mod fallback;
 pub mod queued;
 mod split;
 mod stats;
@@ -21,7 +20,7 @@ use std::cell::RefCell;
 use std::io;
 use std::sync::Arc;
 
-use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher};
+use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher, SectorOptions};
 
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
@@ -140,18 +139,22 @@ impl CryptFlags {
     }
 }
 
-/// Opens a sector cipher for `spec` and `key` with dm-crypt semantics.
-///
-/// Uses this crate's small private stand-in (AES-XTS-plain64 and the null cipher) until
-/// `cryptblk_cipher::open_cipher` is available.
+/// Opens a sector cipher for `spec` and `key` with dm-crypt semantics, using the cipher
+/// crate's best implementation (or `implementation`, a name from `cryptblk ciphers`).
 pub fn open_sector_cipher(
     spec: &str,
     key: &[u8],
-    sector_size: u32,
+    flags: &CryptFlags,
     iv_offset: u64,
-    iv_large_sectors: bool,
+    implementation: Option<&str>,
 ) -> Result<Box<dyn SectorCipher>, CipherError> {
-    fallback::open(spec, key, sector_size as usize, iv_offset, iv_large_sectors)
+    let opts = SectorOptions {
+        sector_size: flags.sector_size as usize,
+        iv_offset,
+        iv_large_sectors: flags.iv_large_sectors,
+        implementation: implementation.map(str::to_string),
+    };
+    cryptblk_cipher::open_cipher(spec, key, &opts)
 }
 
 /// Everything needed to build a crypt target programmatically (e.g. from a LUKS header).
@@ -168,6 +171,8 @@ pub struct CryptParams {
     pub offset_sectors: u64,
     /// Optional parameters.
     pub flags: CryptFlags,
+    /// Cipher implementation to use (`None` = the fastest available).
+    pub implementation: Option<String>,
 }
 
 /// The crypt target.
@@ -192,9 +197,9 @@ impl CryptTarget {
         let cipher = open_sector_cipher(
             &params.cipher_spec,
             params.key.as_bytes(),
-            params.flags.sector_size,
+            &params.flags,
             params.iv_offset,
-            params.flags.iv_large_sectors,
+            params.implementation.as_deref(),
         )?;
         Self::with_cipher(dev, len, params, Arc::from(cipher))
     }
@@ -294,6 +299,7 @@ impl CryptTarget {
             dev_spec: args[3].clone(),
             offset_sectors,
             flags,
+            implementation: ctx.resolver.cipher_implementation(),
         };
         Self::new(dev, ctx.len_bytes(), params).map_err(|e| match e {
             DmError::TableShape(m) => m.trim_start_matches("crypt target: ").to_string(),
