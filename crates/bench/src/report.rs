@@ -1,0 +1,449 @@
+//! The benchmark report: what ran, the medians, and renderings (aligned text, markdown, JSON).
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::cipher_speed::CipherSpeed;
+use crate::live::LiveReport;
+use crate::metrics::{BoundFigures, RunMetrics};
+use crate::workload::Workload;
+use crate::BenchError;
+
+/// Facts about the machine the numbers come from.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HostInfo {
+    /// CPU model name.
+    pub cpu: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// Kernel release.
+    pub kernel: String,
+    /// `fio --version`, if fio runs.
+    pub fio: Option<String>,
+}
+
+/// The settings in force.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Settings {
+    /// Smoke run.
+    pub quick: bool,
+    /// Seconds per run.
+    pub runtime_s: f64,
+    /// Runs per cell.
+    pub repeats: u32,
+    /// RAM disk bytes per configuration.
+    pub device_size: u64,
+    /// Bytes of device each transport's I/O covers.
+    pub region: u64,
+    /// fio `--verify=crc32c` on.
+    pub fio_verify: bool,
+    /// How runs are ordered.
+    pub order: String,
+}
+
+/// Whether a transport ran, and why not.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct TransportStatus {
+    /// `inproc`, `nbd`, `loop`.
+    pub name: String,
+    /// True if its runs were done.
+    pub ran: bool,
+    /// How it ran (engine, device) or why it was skipped.
+    pub detail: String,
+}
+
+/// A configuration as it ran.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConfigInfo {
+    /// Name.
+    pub name: String,
+    /// One-line description.
+    pub description: String,
+    /// The live table as `dmsetup table` prints it (key masked); for peers, the command.
+    pub table: String,
+    /// `read/write` pipelines the crypt target reported (`inline`, `queued`, ...).
+    pub pipelines: Option<String>,
+}
+
+/// All runs of one (configuration, workload, transport) and their medians.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResultRow {
+    /// Configuration name.
+    pub config: String,
+    /// Workload name.
+    pub workload: String,
+    /// Transport name.
+    pub transport: String,
+    /// Each run, in the order run.
+    pub runs: Vec<RunMetrics>,
+    /// Field-wise medians of `runs` (absent if every run failed).
+    pub median: Option<RunMetrics>,
+    /// The bound and its achieved fraction (crypt rows with a plain counterpart).
+    pub bound: Option<BoundFigures>,
+    /// The first failure, if a run failed.
+    pub error: Option<String>,
+}
+
+/// Everything a benchmark run produced.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BenchReport {
+    /// "cryptblk bench".
+    pub tool: String,
+    /// Crate version.
+    pub version: String,
+    /// Start time, UTC, ISO 8601.
+    pub started_utc: String,
+    /// Wall-clock seconds of the whole run.
+    pub total_seconds: f64,
+    /// The machine.
+    pub host: HostInfo,
+    /// The settings.
+    pub settings: Settings,
+    /// Which transports ran.
+    pub transports: Vec<TransportStatus>,
+    /// The configurations (and peers) run.
+    pub configurations: Vec<ConfigInfo>,
+    /// The workloads run.
+    pub workloads: Vec<Workload>,
+    /// In-memory cipher speeds used for the bounds.
+    pub cipher_speeds: Vec<CipherSpeed>,
+    /// One row per (configuration, workload, transport).
+    pub results: Vec<ResultRow>,
+    /// The live flip experiment, when run.
+    pub live: Option<LiveReport>,
+}
+
+/// Formats a latency in microseconds with sensible precision.
+fn us(v: f64) -> String {
+    if v == 0.0 {
+        "-".into()
+    } else if v < 10.0 {
+        format!("{v:.2}")
+    } else if v < 1000.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn mbs(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+fn pair(r: f64, w: f64) -> String {
+    format!("{}/{}", us(r), us(w))
+}
+
+const HEADER: [&str; 13] = [
+    "config",
+    "workload",
+    "transport",
+    "read MB/s",
+    "write MB/s",
+    "IOPS",
+    "p50 µs r/w",
+    "p99 µs r/w",
+    "p99.9 µs r/w",
+    "CPU s/GB",
+    "cipher MB/s d/e",
+    "bound MB/s",
+    "of bound",
+];
+
+impl BenchReport {
+    /// The result rows as table cells (header first).
+    fn cells(&self) -> Vec<Vec<String>> {
+        let mut rows = vec![HEADER.iter().map(|s| s.to_string()).collect::<Vec<_>>()];
+        for r in &self.results {
+            let mut row = vec![r.config.clone(), r.workload.clone(), r.transport.clone()];
+            match (&r.median, &r.error) {
+                (Some(m), None) => {
+                    row.push(mbs(m.read.mb_s));
+                    row.push(mbs(m.write.mb_s));
+                    row.push(format!("{:.0}", m.total_iops()));
+                    row.push(pair(m.read.lat_p50_us, m.write.lat_p50_us));
+                    row.push(pair(m.read.lat_p99_us, m.write.lat_p99_us));
+                    row.push(pair(m.read.lat_p999_us, m.write.lat_p999_us));
+                    row.push(format!("{:.2}", m.cpu_s_per_gb));
+                    match &r.bound {
+                        Some(b) => {
+                            row.push(format!(
+                                "{:.0}/{:.0}",
+                                b.cipher_decrypt_mb_s, b.cipher_encrypt_mb_s
+                            ));
+                            row.push(mbs(b.bound_read_mb_s + b.bound_write_mb_s));
+                            row.push(format!("{:.0}%", b.fraction * 100.0));
+                        }
+                        None => row.extend(["".into(), "".into(), "".into()]),
+                    }
+                }
+                (_, err) => {
+                    row.push(format!(
+                        "FAILED: {}",
+                        err.as_deref().unwrap_or("no successful run")
+                    ));
+                    row.resize(HEADER.len(), String::new());
+                }
+            }
+            rows.push(row);
+        }
+        rows
+    }
+
+    /// The results as an aligned text table (what the terminal shows).
+    pub fn render_table(&self) -> String {
+        let cells = self.cells();
+        let ncol = HEADER.len();
+        let mut width = vec![0usize; ncol];
+        for row in &cells {
+            for (i, c) in row.iter().enumerate() {
+                // A failure message spans the rest of the row; it does not widen a column.
+                if !c.starts_with("FAILED") {
+                    width[i] = width[i].max(c.chars().count());
+                }
+            }
+        }
+        let mut out = String::new();
+        for (n, row) in cells.iter().enumerate() {
+            let mut line = String::new();
+            for (i, c) in row.iter().enumerate() {
+                let pad = width[i].saturating_sub(c.chars().count());
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                if i < 3 || c.starts_with("FAILED") {
+                    line.push_str(c);
+                    line.push_str(&" ".repeat(pad));
+                } else {
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(c);
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+            if n == 0 {
+                let total: usize = width.iter().sum::<usize>() + 2 * (ncol - 1);
+                out.push_str(&"-".repeat(total));
+                out.push('\n');
+            }
+        }
+        for t in self.transports.iter().filter(|t| !t.ran) {
+            out.push_str(&format!("transport {} skipped: {}\n", t.name, t.detail));
+        }
+        if let Some(live) = &self.live {
+            out.push_str(&live.summary());
+        }
+        out
+    }
+
+    /// The results table in markdown.
+    pub fn markdown_table(&self) -> String {
+        let cells = self.cells();
+        let mut out = String::new();
+        for (n, row) in cells.iter().enumerate() {
+            out.push_str("| ");
+            out.push_str(&row.join(" | "));
+            out.push_str(" |\n");
+            if n == 0 {
+                out.push('|');
+                for i in 0..row.len() {
+                    out.push_str(if i < 3 { " --- |" } else { " ---: |" });
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// A markdown document: settings, machine, transports, cipher speeds and the table.
+    pub fn render_markdown(&self, svg_name: Option<&str>) -> String {
+        let s = &self.settings;
+        let mut md = String::new();
+        md.push_str("# cryptblk bench results\n\n");
+        md.push_str(&format!(
+            "Measured {} on {} ({} CPUs), kernel {}, {}. Each figure is the median of {} run(s) of {:.2} s; \
+             runs alternate between configurations ({}). RAM disk of {} MiB per configuration, \
+             I/O over {} MiB. MB/s are 10^6 bytes/s; latencies are total latency (submission to completion). \
+             Whole run: {:.0} s.\n\n",
+            self.started_utc,
+            self.host.cpu,
+            self.host.cpus,
+            self.host.kernel,
+            self.host.fio.as_deref().unwrap_or("fio not found"),
+            s.repeats,
+            s.runtime_s,
+            s.order,
+            s.device_size >> 20,
+            s.region >> 20,
+            self.total_seconds,
+        ));
+        md.push_str("## Transports\n\n");
+        for t in &self.transports {
+            md.push_str(&format!(
+                "- **{}**: {}{}\n",
+                t.name,
+                if t.ran { "" } else { "skipped: " },
+                t.detail
+            ));
+        }
+        md.push_str("\n## Configurations\n\n| name | table (`dmsetup table`, key masked) | pipelines r/w |\n| --- | --- | --- |\n");
+        for c in &self.configurations {
+            md.push_str(&format!(
+                "| {} | `{}` | {} |\n",
+                c.name,
+                c.table,
+                c.pipelines.as_deref().unwrap_or("")
+            ));
+        }
+        if !self.cipher_speeds.is_empty() {
+            md.push_str("\n## In-memory cipher speed (the bound's \"cipher\" term)\n\n| cipher | key bits | block | encrypt MB/s | decrypt MB/s | implementation |\n| --- | ---: | ---: | ---: | ---: | --- |\n");
+            for c in &self.cipher_speeds {
+                md.push_str(&format!(
+                    "| {} | {} | {} | {:.0} | {:.0} | {} |\n",
+                    c.cipher,
+                    c.key_bytes * 8,
+                    c.block_size,
+                    c.encrypt_mb_s,
+                    c.decrypt_mb_s,
+                    c.implementation
+                ));
+            }
+        }
+        md.push_str("\n## Results\n\n");
+        md.push_str(
+            "`bound` is the reference's `(plain x cipher) / (plain + cipher)` per direction (plain = the `plain` row \
+             of the same workload and transport, cipher = in-memory decrypt for reads, encrypt for writes), summed \
+             over reads and writes; `of bound` = (read + write MB/s) / bound. CPU s/GB counts this process \
+             (engine or server side) plus fio's usr+sys.\n\n",
+        );
+        md.push_str(&self.markdown_table());
+        if let Some(svg) = svg_name {
+            md.push_str(&format!(
+                "\n![throughput and p99 per configuration]({svg})\n"
+            ));
+        }
+        if let Some(live) = &self.live {
+            md.push_str("\n## Live flip\n\n");
+            md.push_str(&live.summary());
+        }
+        md
+    }
+
+    /// The report as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("report types serialize")
+    }
+
+    /// Rows that failed.
+    pub fn failures(&self) -> Vec<&ResultRow> {
+        self.results.iter().filter(|r| r.error.is_some()).collect()
+    }
+}
+
+/// Writes `text` to `path`, naming the file in the error.
+pub fn write_file(path: &Path, text: &str) -> Result<(), BenchError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+    }
+    std::fs::write(path, text).map_err(|e| BenchError::Output {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::DirMetrics;
+
+    fn row(config: &str, mb: f64, bound: Option<BoundFigures>) -> ResultRow {
+        let m = RunMetrics {
+            read: DirMetrics {
+                mb_s: mb,
+                iops: 10.0,
+                ops: 1,
+                lat_p50_us: 5.5,
+                lat_p99_us: 12.25,
+                lat_p999_us: 1500.0,
+                ..Default::default()
+            },
+            write: DirMetrics {
+                mb_s: mb,
+                iops: 10.0,
+                ops: 1,
+                lat_p50_us: 6.0,
+                lat_p99_us: 13.0,
+                lat_p999_us: 2000.0,
+                ..Default::default()
+            },
+            cpu_s_per_gb: 1.5,
+            ..Default::default()
+        };
+        ResultRow {
+            config: config.into(),
+            workload: "rw4k".into(),
+            transport: "inproc".into(),
+            runs: vec![m.clone()],
+            median: Some(m),
+            bound,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn table_is_aligned_and_complete() {
+        let mut rep = BenchReport::default();
+        rep.results.push(row("plain", 1126.0, None));
+        rep.results.push(row(
+            "xts",
+            147.0,
+            Some(BoundFigures {
+                bound_read_mb_s: 696.0,
+                bound_write_mb_s: 696.0,
+                fraction: 0.2112,
+                cipher_decrypt_mb_s: 1900.0,
+                cipher_encrypt_mb_s: 1823.0,
+                ..Default::default()
+            }),
+        ));
+        let mut failed = row("xts-inline", 0.0, None);
+        failed.error = Some("fio: boom".into());
+        failed.median = None;
+        rep.results.push(failed);
+        rep.transports.push(TransportStatus {
+            name: "loop".into(),
+            ran: false,
+            detail: "needs root".into(),
+        });
+        let t = rep.render_table();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("config"));
+        assert!(lines[1].chars().all(|c| c == '-'));
+        // Right-aligned numeric columns end at the same position on every data row.
+        let end = |line: &str, v: &str| line.find(v).map(|i| i + v.len()).unwrap();
+        assert_eq!(end(lines[2], "1126.0"), end(lines[3], "147.0"));
+        assert_eq!(end(lines[0], "read MB/s"), end(lines[2], "1126.0"));
+        assert!(
+            lines[2].contains("1126.0")
+                && lines[2].contains("5.50/6.00")
+                && lines[2].contains("1500/2000")
+        );
+        assert!(
+            lines[3].contains("1900/1823")
+                && lines[3].contains("1392.0")
+                && lines[3].contains("21%")
+        );
+        assert!(lines[4].contains("FAILED: fio: boom"));
+        assert!(t.contains("transport loop skipped: needs root"));
+        let md = rep.render_markdown(Some("bench.svg"));
+        assert!(md.contains("| plain | rw4k | inproc | 1126.0 |"));
+        assert!(md.contains("![throughput and p99 per configuration](bench.svg)"));
+        let json: serde_json::Value = serde_json::from_str(&rep.to_json()).unwrap();
+        assert_eq!(json["results"][1]["bound"]["bound_read_mb_s"], 696.0);
+        assert_eq!(rep.failures().len(), 1);
+    }
+}
