@@ -184,7 +184,10 @@ impl PlainVolume {
             )));
         }
         let ss = params.sector_size as u64;
-        if !(512..=4096).contains(&ss) || !ss.is_power_of_two() || (size_sectors * 512) % ss != 0 {
+        if !(512..=4096).contains(&ss)
+            || !ss.is_power_of_two()
+            || !(size_sectors * 512).is_multiple_of(ss)
+        {
             return Err(FormatError::InvalidParameter(format!(
                 "sector size {ss} does not fit a mapping of {size_sectors} sectors"
             )));

@@ -212,7 +212,7 @@ fn header_backup_of_compatimage_restores_and_opens_other_data() {
     let img = unxz("compatimage.img.xz", &dir);
     let vol = open(&img);
     let backup = vol.header_backup().unwrap();
-    assert_eq!(backup.len() % 4096, 0);
+    assert!(backup.len().is_multiple_of(4096));
     assert!(backup.len() as u64 >= vol.header().required_size());
     // Break the header, restore, open again.
     let mut bytes = std::fs::read(&img).unwrap();
