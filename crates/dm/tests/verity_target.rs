@@ -28,7 +28,8 @@ fn tool_available() -> bool {
 struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("cryptblk-dmverity-{tag}-{}", std::process::id()));
+        let p =
+            std::env::temp_dir().join(format!("cryptblk-dmverity-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -65,7 +66,16 @@ struct Volume {
     cfg: VerityConfig,
 }
 
-fn veritysetup_format(dir: &TempDir, name: &str, contents: Vec<u8>, extra: &[&str], version: u32, bs: u32, hash: &str, salt: &str) -> Volume {
+fn veritysetup_format(
+    dir: &TempDir,
+    name: &str,
+    contents: Vec<u8>,
+    extra: &[&str],
+    version: u32,
+    bs: u32,
+    hash: &str,
+    salt: &str,
+) -> Volume {
     let data = dir.path(&format!("{name}.data"));
     let hash_path = dir.path(&format!("{name}.hash"));
     std::fs::write(&data, &contents).unwrap();
@@ -82,7 +92,11 @@ fn veritysetup_format(dir: &TempDir, name: &str, contents: Vec<u8>, extra: &[&st
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "veritysetup format: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "veritysetup format: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let root = text
         .lines()
         .find_map(|l| l.strip_prefix("Root hash:"))
@@ -97,17 +111,36 @@ fn veritysetup_format(dir: &TempDir, name: &str, contents: Vec<u8>, extra: &[&st
         hash_start_block: 1, // veritysetup's superblock occupies the first hash block
         algorithm: HashAlgorithm::from_name(hash).unwrap(),
         root_digest: hex::decode(&root).unwrap(),
-        salt: if salt == "-" { vec![] } else { hex::decode(salt).unwrap() },
+        salt: if salt == "-" {
+            vec![]
+        } else {
+            hex::decode(salt).unwrap()
+        },
         mode: CorruptionMode::Eio,
         restart_on_error: false,
         ignore_zero_blocks: false,
         check_at_most_once: false,
     };
-    Volume { data, hash: hash_path, contents, root, cfg }
+    Volume {
+        data,
+        hash: hash_path,
+        contents,
+        root,
+        cfg,
+    }
 }
 
 fn open(path: &Path) -> Arc<dyn BlockDevice> {
-    Arc::new(FileBacking::open(path, FileOptions { direct: false, read_only: true }).unwrap())
+    Arc::new(
+        FileBacking::open(
+            path,
+            FileOptions {
+                direct: false,
+                read_only: true,
+            },
+        )
+        .unwrap(),
+    )
 }
 
 fn target(v: &Volume, cfg: VerityConfig) -> VerityTarget {
@@ -116,7 +149,11 @@ fn target(v: &Volume, cfg: VerityConfig) -> VerityTarget {
 }
 
 fn flip(path: &Path, at: u64, mask: u8) {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, at).unwrap();
     f.write_all_at(&[b[0] ^ mask], at).unwrap();
@@ -133,13 +170,28 @@ fn intact_volumes_read_back_verified() {
     }
     let dir = TempDir::new("intact");
     let cases: [(u32, u32, &str, &str, usize); 4] = [
-        (1, 4096, "sha256", "e48da609055204e89ae53b655ca2216dd983cf3cb829f34f63a297d106d53e2d", 4 << 20),
+        (
+            1,
+            4096,
+            "sha256",
+            "e48da609055204e89ae53b655ca2216dd983cf3cb829f34f63a297d106d53e2d",
+            4 << 20,
+        ),
         (0, 4096, "sha256", "abcd", (1 << 20) + 3 * 4096),
         (1, 1024, "sha1", "dadada", 1 << 20),
         (1, 512, "sha512", "-", 300 * 512),
     ];
     for (n, (version, bs, hash, salt, len)) in cases.into_iter().enumerate() {
-        let v = veritysetup_format(&dir, &format!("v{n}"), pattern(len, n as u64 + 3), &[], version, bs, hash, salt);
+        let v = veritysetup_format(
+            &dir,
+            &format!("v{n}"),
+            pattern(len, n as u64 + 3),
+            &[],
+            version,
+            bs,
+            hash,
+            salt,
+        );
         let t = target(&v, v.cfg.clone());
         assert_eq!(t.size(), len as u64);
         let mut all = vec![0u8; len];
@@ -154,9 +206,18 @@ fn intact_volumes_read_back_verified() {
         assert_eq!(all, v.contents, "case {n}");
         assert_eq!(t.corrupted_blocks(), 0);
         // Read-only target; misaligned reads are refused.
-        assert_eq!(errno(&t.write_at(0, &all[..bs as usize], WriteFlags::default()).unwrap_err()), libc::EROFS);
+        assert_eq!(
+            errno(
+                &t.write_at(0, &all[..bs as usize], WriteFlags::default())
+                    .unwrap_err()
+            ),
+            libc::EROFS
+        );
         if bs > 512 {
-            assert_eq!(errno(&t.read_at(512, &mut all[..512]).unwrap_err()), libc::EINVAL);
+            assert_eq!(
+                errno(&t.read_at(512, &mut all[..512]).unwrap_err()),
+                libc::EINVAL
+            );
         }
     }
 }
@@ -167,7 +228,16 @@ fn table_line_maps_through_the_registry() {
         return;
     }
     let dir = TempDir::new("table");
-    let v = veritysetup_format(&dir, "t", pattern(1 << 20, 11), &[], 1, 4096, "sha256", "0102");
+    let v = veritysetup_format(
+        &dir,
+        "t",
+        pattern(1 << 20, 11),
+        &[],
+        1,
+        4096,
+        "sha256",
+        "0102",
+    );
     let reg = Registry::new();
     let table = format!(
         "0 2048 verity 1 {} {} 4096 4096 256 1 sha256 {} 0102 1 ignore_zero_blocks",
@@ -180,14 +250,27 @@ fn table_line_maps_through_the_registry() {
     m.read_at(0, &mut buf).unwrap();
     assert_eq!(buf, v.contents);
     let shown = m.table(false);
-    assert!(shown.contains(&format!("sha256 {} 0102 1 ignore_zero_blocks", v.root)), "{shown}");
+    assert!(
+        shown.contains(&format!("sha256 {} 0102 1 ignore_zero_blocks", v.root)),
+        "{shown}"
+    );
     // A wrong root hash makes every read fail.
     let bad = table.replace(&v.root, &"ab".repeat(32));
     let m2 = reg.create("vt2", &bad).unwrap();
-    assert_eq!(errno(&m2.read_at(0, &mut buf[..4096]).unwrap_err()), libc::EIO);
+    assert_eq!(
+        errno(&m2.read_at(0, &mut buf[..4096]).unwrap_err()),
+        libc::EIO
+    );
     // Malformed lines are rejected with a message.
-    assert!(reg.create("vt3", &table.replace(" sha256 ", " nohash ")).is_err());
-    assert!(reg.create("vt4", &table.replace(" 1 ignore_zero_blocks", " 2 ignore_zero_blocks")).is_err());
+    assert!(reg
+        .create("vt3", &table.replace(" sha256 ", " nohash "))
+        .is_err());
+    assert!(reg
+        .create(
+            "vt4",
+            &table.replace(" 1 ignore_zero_blocks", " 2 ignore_zero_blocks")
+        )
+        .is_err());
 }
 
 #[test]
@@ -197,7 +280,16 @@ fn data_and_hash_corruption_fail_reads_with_eio() {
     }
     let dir = TempDir::new("tamper");
     let len = 8 << 20;
-    let v = veritysetup_format(&dir, "c", pattern(len, 21), &[], 1, 4096, "sha256", "e48da609");
+    let v = veritysetup_format(
+        &dir,
+        "c",
+        pattern(len, 21),
+        &[],
+        1,
+        4096,
+        "sha256",
+        "e48da609",
+    );
     // Data byte 3456 (block 0), as cryptsetup's verity-compat-test corrupts it.
     flip(&v.data, 3456, 0x01);
     let t = target(&v, v.cfg.clone());
@@ -211,7 +303,15 @@ fn data_and_hash_corruption_fail_reads_with_eio() {
     assert!(t.read_at(0, &mut big).is_err());
     assert_eq!(t.status_params(), "C");
     // veritysetup agrees that the device is corrupt.
-    let ok = Command::new("veritysetup").arg("verify").arg(&v.data).arg(&v.hash).arg(&v.root).output().unwrap().status.success();
+    let ok = Command::new("veritysetup")
+        .arg("verify")
+        .arg(&v.data)
+        .arg(&v.hash)
+        .arg(&v.root)
+        .output()
+        .unwrap()
+        .status
+        .success();
     assert!(!ok);
     flip(&v.data, 3456, 0x01);
 
@@ -220,7 +320,11 @@ fn data_and_hash_corruption_fail_reads_with_eio() {
     flip(&v.hash, 8193, 0x80);
     let t = target(&v, v.cfg.clone());
     for blk in [0u64, 1, 127] {
-        assert_eq!(errno(&t.read_at(blk * 4096, &mut b).unwrap_err()), libc::EIO, "block {blk}");
+        assert_eq!(
+            errno(&t.read_at(blk * 4096, &mut b).unwrap_err()),
+            libc::EIO,
+            "block {blk}"
+        );
     }
     t.read_at(128 * 4096, &mut b).unwrap();
     assert_eq!(b, v.contents[128 * 4096..129 * 4096]);
@@ -246,13 +350,25 @@ fn corruption_modes_and_options() {
     let mut b = vec![0u8; 4096];
 
     // ignore_corruption: the (wrong) data is returned, the event counted.
-    let t = target(&v, VerityConfig { mode: CorruptionMode::Ignore, ..v.cfg.clone() });
+    let t = target(
+        &v,
+        VerityConfig {
+            mode: CorruptionMode::Ignore,
+            ..v.cfg.clone()
+        },
+    );
     t.read_at(2 * 4096, &mut b).unwrap();
     assert_eq!(b[9], v.contents[2 * 4096 + 9] ^ 0x10);
     assert_eq!(t.corrupted_blocks(), 1);
 
     // restart_on_corruption: the first failure stops all further I/O.
-    let t = target(&v, VerityConfig { mode: CorruptionMode::Restart, ..v.cfg.clone() });
+    let t = target(
+        &v,
+        VerityConfig {
+            mode: CorruptionMode::Restart,
+            ..v.cfg.clone()
+        },
+    );
     t.read_at(0, &mut b).unwrap();
     assert!(t.read_at(2 * 4096, &mut b).is_err());
     assert!(t.is_failed());
@@ -260,14 +376,26 @@ fn corruption_modes_and_options() {
 
     // ignore_zero_blocks: a zero block reads as zeros even if its data was changed on disk.
     flip(&v.data, 5 * 4096 + 1, 0xff);
-    let t = target(&v, VerityConfig { ignore_zero_blocks: true, ..v.cfg.clone() });
+    let t = target(
+        &v,
+        VerityConfig {
+            ignore_zero_blocks: true,
+            ..v.cfg.clone()
+        },
+    );
     t.read_at(5 * 4096, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 0));
     let t = target(&v, v.cfg.clone());
     assert!(t.read_at(5 * 4096, &mut b).is_err());
 
     // check_at_most_once: a block verified once is not re-verified.
-    let t = target(&v, VerityConfig { check_at_most_once: true, ..v.cfg.clone() });
+    let t = target(
+        &v,
+        VerityConfig {
+            check_at_most_once: true,
+            ..v.cfg.clone()
+        },
+    );
     t.read_at(7 * 4096, &mut b).unwrap();
     flip(&v.data, 7 * 4096, 0x01);
     t.read_at(7 * 4096, &mut b).unwrap();
@@ -288,17 +416,29 @@ fn hash_area_appended_to_the_data_device() {
     let data = dir.path("dev");
     std::fs::write(&data, &image).unwrap();
     let out = Command::new("veritysetup")
-        .args(["format", "--hash-offset=2097152", "--data-blocks=512", "--salt=aa"])
+        .args([
+            "format",
+            "--hash-offset=2097152",
+            "--data-blocks=512",
+            "--salt=aa",
+        ])
         .arg(&data)
         .arg(&data)
         .output()
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    let root = text.lines().find_map(|l| l.strip_prefix("Root hash:")).unwrap().trim();
+    let root = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Root hash:"))
+        .unwrap()
+        .trim();
     let reg = Registry::new();
     // hash_start_block = hash offset / 4096 + 1 (the superblock block).
-    let table = format!("0 4096 verity 1 {0} {0} 4096 4096 512 513 sha256 {root} aa", data.display());
+    let table = format!(
+        "0 4096 verity 1 {0} {0} 4096 4096 512 513 sha256 {root} aa",
+        data.display()
+    );
     let m = reg.create("ap", &table).unwrap();
     let mut buf = vec![0u8; len];
     m.read_at(0, &mut buf).unwrap();

@@ -54,10 +54,14 @@ impl VeritySuperblock {
     /// Parses and validates a superblock (the first 512 bytes of `bytes`).
     pub fn parse(bytes: &[u8]) -> Result<Self> {
         if bytes.len() < VERITY_SUPERBLOCK_SIZE {
-            return Err(FormatError::TooSmall("verity superblock needs 512 bytes".into()));
+            return Err(FormatError::TooSmall(
+                "verity superblock needs 512 bytes".into(),
+            ));
         }
         if &bytes[0..8] != VERITY_SIGNATURE {
-            return Err(FormatError::Corrupt("no verity superblock signature".into()));
+            return Err(FormatError::Corrupt(
+                "no verity superblock signature".into(),
+            ));
         }
         let version = le_u32(bytes, 8);
         if version != VERITY_SUPERBLOCK_VERSION {
@@ -67,7 +71,9 @@ impl VeritySuperblock {
         }
         let hash_type = le_u32(bytes, 12);
         if hash_type > 1 {
-            return Err(FormatError::Unsupported(format!("verity hash type {hash_type}")));
+            return Err(FormatError::Unsupported(format!(
+                "verity hash type {hash_type}"
+            )));
         }
         let uuid: [u8; 16] = bytes[16..32].try_into().expect("16-byte slice");
         let alg_raw = &bytes[32..64];
@@ -80,7 +86,9 @@ impl VeritySuperblock {
         let data_blocks = u64::from_le_bytes(bytes[72..80].try_into().expect("8-byte slice"));
         let salt_size = u16::from_le_bytes([bytes[80], bytes[81]]) as usize;
         if salt_size > VERITY_MAX_SALT {
-            return Err(FormatError::Corrupt(format!("verity salt size {salt_size} > 256")));
+            return Err(FormatError::Corrupt(format!(
+                "verity salt size {salt_size} > 256"
+            )));
         }
         let salt = bytes[88..88 + salt_size].to_vec();
         let sb = VeritySuperblock {
@@ -100,7 +108,9 @@ impl VeritySuperblock {
     /// Serialises the superblock (reserved fields zero).
     pub fn to_bytes(&self) -> Result<[u8; VERITY_SUPERBLOCK_SIZE]> {
         if self.salt.len() > VERITY_MAX_SALT {
-            return Err(FormatError::InvalidParameter("salt longer than 256 bytes".into()));
+            return Err(FormatError::InvalidParameter(
+                "salt longer than 256 bytes".into(),
+            ));
         }
         if self.algorithm.len() >= 32 {
             return Err(FormatError::InvalidParameter("hash name too long".into()));
@@ -212,10 +222,14 @@ impl VerityParams {
             )));
         }
         if self.salt.len() > VERITY_MAX_SALT {
-            return Err(FormatError::InvalidParameter("salt longer than 256 bytes".into()));
+            return Err(FormatError::InvalidParameter(
+                "salt longer than 256 bytes".into(),
+            ));
         }
         if self.data_blocks == 0 {
-            return Err(FormatError::InvalidParameter("no data blocks to protect".into()));
+            return Err(FormatError::InvalidParameter(
+                "no data blocks to protect".into(),
+            ));
         }
         if self.hash_offset % self.hash_block_size as u64 != 0 {
             return Err(FormatError::InvalidParameter(format!(
@@ -534,7 +548,9 @@ pub fn verify(
                 report.bad_hash_blocks.push(block);
                 // A level-0 block that still matches its stored parent entry is intact, so
                 // the data blocks it disagrees with are the corrupt ones.
-                if lvl == 0 && stored_parent_matches(hash, params, &g, &stored, i as u64, root_hash)? {
+                if lvl == 0
+                    && stored_parent_matches(hash, params, &g, &stored, i as u64, root_hash)?
+                {
                     // Name the data blocks whose stored digest disagrees.
                     for slot in 0..per_block {
                         let idx = (i * per_block + slot) as u64;
@@ -632,7 +648,9 @@ pub fn parse_salt(text: &str) -> Result<Vec<u8>> {
     let salt = hex::decode(text)
         .map_err(|_| FormatError::InvalidParameter(format!("salt '{text}' is not hex")))?;
     if salt.len() > VERITY_MAX_SALT {
-        return Err(FormatError::InvalidParameter("salt longer than 256 bytes".into()));
+        return Err(FormatError::InvalidParameter(
+            "salt longer than 256 bytes".into(),
+        ));
     }
     Ok(salt)
 }
@@ -662,7 +680,12 @@ mod tests {
     #[test]
     fn geometry_matches_veritysetup_block_counts() {
         // Hash block counts for 8 MiB of data printed by veritysetup 2.6.1 / vectors.md.
-        for (bs, hash, blocks) in [(4096u32, 32usize, 17u64), (1024, 32, 265), (512, 32, 1093), (1024, 20, 265)] {
+        for (bs, hash, blocks) in [
+            (4096u32, 32usize, 17u64),
+            (1024, 32, 265),
+            (512, 32, 1093),
+            (1024, 20, 265),
+        ] {
             let g = VerityGeometry::new(hash, 1, bs, (8 << 20) / bs as u64, 1).unwrap();
             assert_eq!(g.hash_blocks(), blocks, "bs {bs}");
         }

@@ -118,7 +118,8 @@ impl Journal {
     }
 
     fn entry_off(&self, i: u32, n: u32) -> usize {
-        self.sector_off(i, n % JOURNAL_BLOCK_SECTORS) + (n / JOURNAL_BLOCK_SECTORS) as usize * self.entry_size as usize
+        self.sector_off(i, n % JOURNAL_BLOCK_SECTORS)
+            + (n / JOURNAL_BLOCK_SECTORS) as usize * self.entry_size as usize
     }
 
     /// Whether entry `n` of section `i` is unused.

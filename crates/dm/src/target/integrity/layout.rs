@@ -23,7 +23,8 @@ const METADATA_PADDING_SECTORS: u64 = 8;
 /// Largest block: 8 sectors.
 pub const MAX_SECTORS_PER_BLOCK: u32 = 8;
 /// Largest tag that fits a journal entry.
-pub const MAX_TAG_SIZE: u32 = JOURNAL_SECTOR_DATA - JOURNAL_MAC_PER_SECTOR - 8 - 8 * MAX_SECTORS_PER_BLOCK;
+pub const MAX_TAG_SIZE: u32 =
+    JOURNAL_SECTOR_DATA - JOURNAL_MAC_PER_SECTOR - 8 - 8 * MAX_SECTORS_PER_BLOCK;
 
 /// The computed geometry of one dm-integrity device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,8 +68,9 @@ impl Layout {
     /// Journal entry and section sizes for a block size, tag size and MAC setting.
     fn set_journal_sizes(&mut self) {
         let mut sector_space = JOURNAL_SECTOR_DATA;
-        self.journal_entry_size =
-            (8 + 8 * self.sectors_per_block + self.tag_size).div_ceil(JOURNAL_ENTRY_ROUNDUP) * JOURNAL_ENTRY_ROUNDUP;
+        self.journal_entry_size = (8 + 8 * self.sectors_per_block + self.tag_size)
+            .div_ceil(JOURNAL_ENTRY_ROUNDUP)
+            * JOURNAL_ENTRY_ROUNDUP;
         if self.flags & FLAG_HAVE_JOURNAL_MAC != 0 {
             sector_space -= JOURNAL_MAC_PER_SECTOR;
         }
@@ -88,7 +90,13 @@ impl Layout {
         meta_device_sectors: u64,
         data_device_sectors: u64,
     ) -> Option<Layout> {
-        let mut l = Layout::empty(start, meta_dev, sb.log2_sectors_per_block, sb.integrity_tag_size as u32, sb.flags);
+        let mut l = Layout::empty(
+            start,
+            meta_dev,
+            sb.log2_sectors_per_block,
+            sb.integrity_tag_size as u32,
+            sb.flags,
+        );
         l.log2_interleave_sectors = sb.log2_interleave_sectors;
         l.journal_sections = sb.journal_sections;
         l.set_journal_sizes();
@@ -145,7 +153,11 @@ impl Layout {
         let journal_sections = (journal_sectors / l.journal_section_sectors).max(1);
         if !meta_dev {
             l.journal_sections = journal_sections;
-            let interleave = if interleave_sectors == 0 { 32768 } else { interleave_sectors };
+            let interleave = if interleave_sectors == 0 {
+                32768
+            } else {
+                interleave_sectors
+            };
             let log2 = 31 - interleave.leading_zeros();
             l.log2_interleave_sectors = log2.clamp(3, 31) as u8;
             l.compute_provided(meta_device_sectors, data_device_sectors);
@@ -188,14 +200,20 @@ impl Layout {
     /// `calculate_device_limits`: sets `initial_sectors`/`metadata_run` and checks that
     /// `provided_data_sectors` fits.
     fn device_limits(&mut self, meta_device_sectors: u64) -> bool {
-        let initial = SB_SECTORS + self.journal_section_sectors as u64 * self.journal_sections as u64;
+        let initial =
+            SB_SECTORS + self.journal_section_sectors as u64 * self.journal_sections as u64;
         if initial + METADATA_PADDING_SECTORS >= meta_device_sectors || initial > u32::MAX as u64 {
             return false;
         }
         self.initial_sectors = initial;
         if !self.meta_dev {
-            let padding: u64 = if self.flags & FLAG_FIXED_PADDING != 0 { 8 << 9 } else { 512 << 8 };
-            let bytes = (self.tag_size as u64) << (self.log2_interleave_sectors - self.log2_sectors_per_block);
+            let padding: u64 = if self.flags & FLAG_FIXED_PADDING != 0 {
+                8 << 9
+            } else {
+                512 << 8
+            };
+            let bytes = (self.tag_size as u64)
+                << (self.log2_interleave_sectors - self.log2_sectors_per_block);
             self.metadata_run = bytes.div_ceil(padding) * padding >> 9;
             let last = self.data_sector(self.provided_data_sectors - 1);
             if last < self.start || last >= meta_device_sectors {
@@ -203,7 +221,8 @@ impl Layout {
             }
         } else {
             // Tags packed after the journal, rounded up to whole metadata buffers.
-            let meta_bytes = (self.provided_data_sectors >> self.log2_sectors_per_block) * self.tag_size as u64;
+            let meta_bytes =
+                (self.provided_data_sectors >> self.log2_sectors_per_block) * self.tag_size as u64;
             let meta_sectors =
                 meta_bytes.div_ceil(512 << self.log2_buffer_sectors) << self.log2_buffer_sectors;
             if self.initial_sectors + meta_sectors > meta_device_sectors {
@@ -239,7 +258,10 @@ impl Layout {
         if self.meta_dev {
             (0, sector)
         } else {
-            (sector >> self.log2_interleave_sectors, sector & ((1u64 << self.log2_interleave_sectors) - 1))
+            (
+                sector >> self.log2_interleave_sectors,
+                sector & ((1u64 << self.log2_interleave_sectors) - 1),
+            )
         }
     }
 
@@ -249,7 +271,11 @@ impl Layout {
             return sector;
         }
         let (area, offset) = self.area_offset(sector);
-        (area << self.log2_interleave_sectors) + (area + 1) * self.metadata_run + self.initial_sectors + offset + self.start
+        (area << self.log2_interleave_sectors)
+            + (area + 1) * self.metadata_run
+            + self.initial_sectors
+            + offset
+            + self.start
     }
 
     /// Byte position on the metadata device of the tag of the block at logical `sector`.
@@ -260,7 +286,8 @@ impl Layout {
         } else {
             (area << self.log2_interleave_sectors) + area * self.metadata_run
         };
-        (self.start + self.initial_sectors + run_start) * 512 + (offset >> self.log2_sectors_per_block) * self.tag_size as u64
+        (self.start + self.initial_sectors + run_start) * 512
+            + (offset >> self.log2_sectors_per_block) * self.tag_size as u64
     }
 
     /// Logical sectors from `sector` to the end of its area (requests are split there
@@ -310,10 +337,13 @@ mod tests {
             (4, 4096, true, 65072),
         ] {
             let flags = if fixed { FLAG_FIXED_PADDING } else { 0 };
-            let l = Layout::for_new_device(0, false, bs / 512, tag, flags, journal, 32768, dev, dev).unwrap();
+            let l =
+                Layout::for_new_device(0, false, bs / 512, tag, flags, journal, 32768, dev, dev)
+                    .unwrap();
             assert_eq!(l.provided_data_sectors, want, "tag {tag} bs {bs}");
         }
-        let l = Layout::for_new_device(0, true, 1, 4, FLAG_FIXED_PADDING, journal, 0, dev, dev).unwrap();
+        let l = Layout::for_new_device(0, true, 1, 4, FLAG_FIXED_PADDING, journal, 0, dev, dev)
+            .unwrap();
         assert_eq!(l.provided_data_sectors, 65536);
     }
 }

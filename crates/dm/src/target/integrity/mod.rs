@@ -40,7 +40,9 @@ use crate::SECTOR_SIZE;
 use hash::InternalHash;
 use journal::{next_seq, prev_seq, Journal, N_COMMIT_IDS};
 use layout::{Layout, MAX_TAG_SIZE, SB_SECTORS};
-use superblock::{Superblock, FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_HAVE_JOURNAL_MAC, SUPERBLOCK_BYTES};
+use superblock::{
+    Superblock, FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_HAVE_JOURNAL_MAC, SUPERBLOCK_BYTES,
+};
 
 /// dm-integrity operating mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,9 +127,13 @@ impl IntegrityConfig {
 
     /// Parses table arguments; returns the configuration and the data device name.
     pub fn parse(args: &[String]) -> Result<(Self, String), String> {
-        const USAGE: &str = "integrity <dev> <start> <tag_size|-> <J|D|R> <#opt_params> [<opt_params>...]";
+        const USAGE: &str =
+            "integrity <dev> <start> <tag_size|-> <J|D|R> <#opt_params> [<opt_params>...]";
         if args.len() < 4 {
-            return Err(format!("too few arguments ({}); usage: {USAGE}", args.len()));
+            return Err(format!(
+                "too few arguments ({}); usage: {USAGE}",
+                args.len()
+            ));
         }
         let start = super::arg_u64(args, 1, "start")?;
         let tag_size = if args[2] == "-" {
@@ -170,7 +176,8 @@ impl IntegrityConfig {
 
     fn apply_option(&mut self, opt: &str) -> Result<(), String> {
         let num = |v: &str| -> Result<u32, String> {
-            v.parse::<u32>().map_err(|_| format!("invalid argument '{opt}'"))
+            v.parse::<u32>()
+                .map_err(|_| format!("invalid argument '{opt}'"))
         };
         match opt.split_once(':') {
             Some(("journal_sectors", v)) => self.journal_sectors = Some(num(v)?.max(1)),
@@ -193,7 +200,8 @@ impl IntegrityConfig {
             }
             Some(("meta_device", v)) => self.meta_device = Some(v.to_string()),
             Some(("sectors_per_bit", v)) | Some(("bitmap_flush_interval", v)) => {
-                v.parse::<u64>().map_err(|_| format!("invalid argument '{opt}'"))?;
+                v.parse::<u64>()
+                    .map_err(|_| format!("invalid argument '{opt}'"))?;
             }
             Some(("internal_hash", v)) => {
                 let (alg, key) = match v.split_once(':') {
@@ -266,10 +274,9 @@ impl IntegrityTarget {
         cfg: IntegrityConfig,
         len: Option<u64>,
     ) -> Result<Self, String> {
-        let alg = cfg
-            .internal_hash
-            .clone()
-            .ok_or("an internal_hash is required (external tags are not supported by cryptblk yet)")?;
+        let alg = cfg.internal_hash.clone().ok_or(
+            "an internal_hash is required (external tags are not supported by cryptblk yet)",
+        )?;
         let hash = InternalHash::new(&alg, cfg.internal_hash_key.clone())?;
         let tag_size = cfg.tag_size.unwrap_or(hash.digest_size() as u32);
         if tag_size > MAX_TAG_SIZE {
@@ -335,10 +342,14 @@ impl IntegrityTarget {
             return Err(invalid("Unknown version"));
         }
         if sb.integrity_tag_size as u32 != tag_size {
-            return Err(invalid("Tag size doesn't match the information in superblock"));
+            return Err(invalid(
+                "Tag size doesn't match the information in superblock",
+            ));
         }
         if sb.log2_sectors_per_block as u32 != sectors_per_block.trailing_zeros() {
-            return Err(invalid("Block size doesn't match the information in superblock"));
+            return Err(invalid(
+                "Block size doesn't match the information in superblock",
+            ));
         }
         if sb.journal_sections == 0 {
             return Err(invalid("Corrupted superblock, journal_sections is 0"));
@@ -349,7 +360,9 @@ impl IntegrityTarget {
             return Err(invalid("Invalid interleave_sectors in the superblock"));
         }
         if sb.flags & FLAG_HAVE_JOURNAL_MAC != 0 {
-            return Err(invalid("Journal mac mismatch (journal_mac is not supported by cryptblk yet)"));
+            return Err(invalid(
+                "Journal mac mismatch (journal_mac is not supported by cryptblk yet)",
+            ));
         }
         let layout = Layout::from_superblock(&sb, cfg.start, meta_dev, meta_sectors, data_sectors)
             .ok_or("The device is too small")?;
@@ -357,21 +370,30 @@ impl IntegrityTarget {
         // Bitmap granularity, recorded in new superblocks as the kernel does.
         let mut log2_spbb: u32 = 15;
         log2_spbb = log2_spbb.max(layout.log2_sectors_per_block as u32);
-        let bits_in_journal = ((layout.journal_section_sectors as u64 * layout.journal_sections as u64) << 12)
-            .min(u32::MAX as u64);
-        while bits_in_journal < (layout.provided_data_sectors + (1u64 << log2_spbb) - 1) >> log2_spbb {
+        let bits_in_journal =
+            ((layout.journal_section_sectors as u64 * layout.journal_sections as u64) << 12)
+                .min(u32::MAX as u64);
+        while bits_in_journal
+            < (layout.provided_data_sectors + (1u64 << log2_spbb) - 1) >> log2_spbb
+        {
             log2_spbb += 1;
         }
         if should_write_sb {
-            sb.log2_blocks_per_bitmap_bit = (log2_spbb - layout.log2_sectors_per_block as u32) as u8;
+            sb.log2_blocks_per_bitmap_bit =
+                (log2_spbb - layout.log2_sectors_per_block as u32) as u8;
         }
 
         let len = len.unwrap_or(layout.provided_data_sectors * SECTOR_SIZE);
         if len > layout.provided_data_sectors * SECTOR_SIZE {
-            return Err(invalid("Not enough provided sectors for requested mapping size"));
+            return Err(invalid(
+                "Not enough provided sectors for requested mapping size",
+            ));
         }
         if len % cfg.block_size as u64 != 0 {
-            return Err(format!("mapping length is not a multiple of the {}-byte block", cfg.block_size));
+            return Err(format!(
+                "mapping length is not a multiple of the {}-byte block",
+                cfg.block_size
+            ));
         }
 
         let journal = Journal::new(&layout);
@@ -437,8 +459,12 @@ impl IntegrityTarget {
         wipe: bool,
     ) -> Result<Superblock, String> {
         let mdev = meta.clone().unwrap_or_else(|| dev.clone());
-        mdev.write_at(cfg.start * SECTOR_SIZE, &vec![0u8; SUPERBLOCK_BYTES], WriteFlags { fua: true })
-            .map_err(|e| format!("clearing superblock: {e}"))?;
+        mdev.write_at(
+            cfg.start * SECTOR_SIZE,
+            &vec![0u8; SUPERBLOCK_BYTES],
+            WriteFlags { fua: true },
+        )
+        .map_err(|e| format!("clearing superblock: {e}"))?;
         let mut cfg = cfg;
         if cfg.mode == IntegrityMode::Recovery {
             cfg.mode = IntegrityMode::Journal;
@@ -452,7 +478,10 @@ impl IntegrityTarget {
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
         let (cfg, dev_spec) = IntegrityConfig::parse(args)?;
-        let dev = ctx.resolver.open_device(&dev_spec).map_err(|e| e.to_string())?;
+        let dev = ctx
+            .resolver
+            .open_device(&dev_spec)
+            .map_err(|e| e.to_string())?;
         let meta = match &cfg.meta_device {
             Some(m) => Some(ctx.resolver.open_device(m).map_err(|e| e.to_string())?),
             None => None,
@@ -495,13 +524,18 @@ impl IntegrityTarget {
     }
 
     fn fail(&self, e: i32) {
-        let _ = self.failed.compare_exchange(0, e, Ordering::SeqCst, Ordering::SeqCst);
+        let _ = self
+            .failed
+            .compare_exchange(0, e, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     fn write_superblock(&self, st: &mut State) -> io::Result<()> {
         st.sb.set_version(false, self.meta.is_some());
-        self.mdev()
-            .write_at(self.cfg.start * SECTOR_SIZE, &st.sb.to_bytes(), WriteFlags { fua: true })?;
+        self.mdev().write_at(
+            self.cfg.start * SECTOR_SIZE,
+            &st.sb.to_bytes(),
+            WriteFlags { fua: true },
+        )?;
         self.mdev().flush()
     }
 
@@ -512,10 +546,15 @@ impl IntegrityTarget {
         let first = count.min(sections - start);
         let r1 = st.journal.section_range(start);
         let end1 = st.journal.section_range(start + first - 1).end;
-        self.mdev().write_at(base + r1.start as u64, &st.journal.buf[r1.start..end1], WriteFlags::default())?;
+        self.mdev().write_at(
+            base + r1.start as u64,
+            &st.journal.buf[r1.start..end1],
+            WriteFlags::default(),
+        )?;
         if count > first {
             let end2 = st.journal.section_range(count - first - 1).end;
-            self.mdev().write_at(base, &st.journal.buf[..end2], WriteFlags::default())?;
+            self.mdev()
+                .write_at(base, &st.journal.buf[..end2], WriteFlags::default())?;
         }
         self.mdev().flush()
     }
@@ -526,7 +565,8 @@ impl IntegrityTarget {
         let n = st.journal.sections;
         if !just_formatted {
             let mut buf = std::mem::take(&mut st.journal.buf);
-            self.mdev().read_at(self.layout.journal_offset(), &mut buf)?;
+            self.mdev()
+                .read_at(self.layout.journal_offset(), &mut buf)?;
             st.journal.buf = buf;
         }
         let mut used = [false; N_COMMIT_IDS as usize];
@@ -546,7 +586,8 @@ impl IntegrityTarget {
                     }
                 }
             }
-            if journal_empty && (0..st.journal.section_entries).any(|e| !st.journal.is_unused(i, e)) {
+            if journal_empty && (0..st.journal.section_entries).any(|e| !st.journal.is_unused(i, e))
+            {
                 journal_empty = false;
             }
         }
@@ -555,7 +596,10 @@ impl IntegrityTarget {
         let mut write_sections = 0u32;
         let mut want = 0u8;
         if corrupt {
-            eprintln!("device-mapper: integrity: {}: journal commit id mismatch", self.dev_spec);
+            eprintln!(
+                "device-mapper: integrity: {}: journal commit id mismatch",
+                self.dev_spec
+            );
             self.fail(libc::EIO);
         } else {
             let unused: u8 = if !used[N_COMMIT_IDS as usize - 1] {
@@ -628,7 +672,13 @@ impl IntegrityTarget {
 
     /// Copies the used entries of sections `start..start+count` (wrapping) to their home
     /// locations with their tags, then flushes (`do_journal_write`).
-    fn apply_sections(&self, st: &mut State, start: u32, count: u32, from_replay: bool) -> io::Result<()> {
+    fn apply_sections(
+        &self,
+        st: &mut State,
+        start: u32,
+        count: u32,
+        from_replay: bool,
+    ) -> io::Result<()> {
         let salt = self.salt(&st.sb);
         let bs = self.cfg.block_size as usize;
         let spb = self.layout.sectors_per_block as u64;
@@ -675,7 +725,8 @@ impl IntegrityTarget {
         let mut run_start = 0u64;
         for (phys, data) in blocks {
             if !run.is_empty() && run_start + (run.len() / 512) as u64 != phys {
-                self.dev.write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
+                self.dev
+                    .write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
                 run.clear();
             }
             if run.is_empty() {
@@ -684,7 +735,8 @@ impl IntegrityTarget {
             run.extend_from_slice(&data);
         }
         if !run.is_empty() {
-            self.dev.write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
+            self.dev
+                .write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
         }
         tags.finish()?;
         self.dev.flush()?;
@@ -759,9 +811,16 @@ impl IntegrityTarget {
             let s = sector + (done / 512) as u64;
             let n = ((self.layout.sectors_left_in_area(s) * 512) as usize).min(data.len() - done);
             let chunk = &data[done..done + n];
-            self.dev.write_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk, WriteFlags::default())?;
+            self.dev.write_at(
+                self.layout.data_sector(s) * SECTOR_SIZE,
+                chunk,
+                WriteFlags::default(),
+            )?;
             let mut tags = TagWriter::new(self.mdev().as_ref());
-            tags.preload(self.layout.tag_position(s), (n / bs) as u64 * self.layout.tag_size as u64)?;
+            tags.preload(
+                self.layout.tag_position(s),
+                (n / bs) as u64 * self.layout.tag_size as u64,
+            )?;
             for (k, block) in chunk.chunks_exact(bs).enumerate() {
                 let bsec = s + (k * bs / 512) as u64;
                 self.hash.tag(salt.as_ref(), bsec, block, &mut tag);
@@ -784,7 +843,8 @@ impl IntegrityTarget {
             let s = sector + (done / 512) as u64;
             let n = ((self.layout.sectors_left_in_area(s) * 512) as usize).min(buf.len() - done);
             let chunk = &mut buf[done..done + n];
-            self.dev.read_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk)?;
+            self.dev
+                .read_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk)?;
             if self.cfg.mode != IntegrityMode::Recovery {
                 let nblocks = n / bs;
                 let pos = self.layout.tag_position(s);
@@ -958,8 +1018,14 @@ impl Target for IntegrityTarget {
         if c.allow_discards {
             opts.push("allow_discards".into());
         }
-        opts.push(format!("journal_sectors:{}", self.layout.initial_sectors - SB_SECTORS));
-        opts.push(format!("interleave_sectors:{}", 1u64 << sb.log2_interleave_sectors));
+        opts.push(format!(
+            "journal_sectors:{}",
+            self.layout.initial_sectors - SB_SECTORS
+        ));
+        opts.push(format!(
+            "interleave_sectors:{}",
+            1u64 << sb.log2_interleave_sectors
+        ));
         opts.push(format!("buffer_sectors:{}", c.buffer_sectors));
         if c.mode == IntegrityMode::Journal {
             opts.push(format!("journal_watermark:{}", c.journal_watermark));
@@ -1000,7 +1066,11 @@ impl Target for IntegrityTarget {
 
     /// `<mismatches> <provided_data_sectors> -`, as the kernel reports.
     fn status_params(&self) -> String {
-        format!("{} {} -", self.mismatches(), self.layout.provided_data_sectors)
+        format!(
+            "{} {} -",
+            self.mismatches(),
+            self.layout.provided_data_sectors
+        )
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -1033,7 +1103,9 @@ impl<'a> TagWriter<'a> {
         let mut buf = vec![0u8; ((end - first) * 512) as usize];
         self.dev.read_at(first * 512, &mut buf)?;
         for (k, s) in buf.chunks_exact(512).enumerate() {
-            self.sectors.entry(first + k as u64).or_insert_with(|| s.to_vec());
+            self.sectors
+                .entry(first + k as u64)
+                .or_insert_with(|| s.to_vec());
         }
         Ok(())
     }
@@ -1062,7 +1134,8 @@ impl<'a> TagWriter<'a> {
         let mut run_start = 0u64;
         for (sector, data) in self.sectors {
             if !run.is_empty() && run_start + (run.len() / 512) as u64 != sector {
-                self.dev.write_at(run_start * 512, &run, WriteFlags::default())?;
+                self.dev
+                    .write_at(run_start * 512, &run, WriteFlags::default())?;
                 run.clear();
             }
             if run.is_empty() {
@@ -1071,7 +1144,8 @@ impl<'a> TagWriter<'a> {
             run.extend_from_slice(&data);
         }
         if !run.is_empty() {
-            self.dev.write_at(run_start * 512, &run, WriteFlags::default())?;
+            self.dev
+                .write_at(run_start * 512, &run, WriteFlags::default())?;
         }
         Ok(())
     }

@@ -52,7 +52,10 @@ impl Superblock {
     /// Decodes a superblock; `Ok(None)` when the magic is absent.
     pub fn parse(b: &[u8]) -> io::Result<Option<Self>> {
         if b.len() < 64 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "superblock too short"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "superblock too short",
+            ));
         }
         if &b[0..8] != MAGIC {
             return Ok(None);
