@@ -127,6 +127,15 @@ impl FuseExport {
         &self.file_path
     }
 
+    /// Whether the file system is still being served; false once it was unmounted, also
+    /// from outside (`umount`, `fusermount3 -u`). A CLI can poll this while waiting for a
+    /// stop signal.
+    pub fn is_active(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| !s.guard.is_finished())
+    }
+
     /// The directory the export is mounted on.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint

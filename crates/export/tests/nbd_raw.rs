@@ -26,6 +26,11 @@ const OPT_LIST: u32 = 3;
 const OPT_INFO: u32 = 6;
 const OPT_GO: u32 = 7;
 const OPT_STRUCTURED_REPLY: u32 = 8;
+const OPT_LIST_META_CONTEXT: u32 = 9;
+const OPT_SET_META_CONTEXT: u32 = 10;
+const REP_META_CONTEXT: u32 = 4;
+const TYPE_BLOCK_STATUS: u16 = 5;
+const FLAG_REQ_ONE: u16 = 8;
 const REP_ACK: u32 = 1;
 const REP_SERVER: u32 = 2;
 const REP_INFO: u32 = 3;
@@ -73,6 +78,8 @@ struct Reply {
     types: Vec<u16>,
     error_offset: Option<u64>,
     message: String,
+    /// Block status chunks as (context id, [(length, flags)]).
+    extents: Vec<(u32, Vec<(u32, u32)>)>,
 }
 
 impl Client {
@@ -237,6 +244,19 @@ impl Client {
                             payload[6 + mlen..14 + mlen].try_into().unwrap(),
                         ));
                     }
+                }
+                TYPE_BLOCK_STATUS => {
+                    let id = u32::from_be_bytes(payload[0..4].try_into().unwrap());
+                    let descs = payload[4..]
+                        .chunks_exact(8)
+                        .map(|d| {
+                            (
+                                u32::from_be_bytes(d[0..4].try_into().unwrap()),
+                                u32::from_be_bytes(d[4..8].try_into().unwrap()),
+                            )
+                        })
+                        .collect();
+                    r.extents.push((id, descs));
                 }
                 other => panic!("unexpected chunk type {other}"),
             }
@@ -707,5 +727,73 @@ fn tcp_listener_on_localhost() {
     );
     assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0);
     assert_eq!(reply[16..], disk.snapshot()[512..1024]);
+    server.stop().unwrap();
+}
+
+fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+#[test]
+fn base_allocation_metadata_context_and_block_status() {
+    let disk = MemDisk::new(8 * MIB, 512);
+    let dir = TempDir::new("meta");
+    let server = serve(&disk, &dir, false);
+    let sock = dir.join("nbd.sock");
+    let mut c = Client::connect_raw(&sock, 0b11);
+    // Metadata contexts need structured replies first.
+    assert_eq!(
+        c.option(OPT_SET_META_CONTEXT, &meta_data("", &["base:allocation"]))[0].0,
+        REP_ERR_INVALID
+    );
+    assert_eq!(c.option(OPT_STRUCTURED_REPLY, &[])[0].0, REP_ACK);
+    c.structured = true;
+    assert_eq!(
+        c.option(OPT_LIST_META_CONTEXT, &[0, 0, 0, 1])[0].0,
+        REP_ERR_INVALID
+    );
+    for queries in [
+        &[][..],
+        &["base:"][..],
+        &["base:allocation", "x-other:thing"][..],
+    ] {
+        let list = c.option(OPT_LIST_META_CONTEXT, &meta_data("crypt0", queries));
+        assert_eq!(list.len(), 2, "{queries:?}: {list:?}");
+        assert_eq!(list[0].0, REP_META_CONTEXT);
+        assert_eq!(&list[0].1[4..], b"base:allocation");
+        assert_eq!(list[1].0, REP_ACK);
+    }
+    // Unknown namespaces select nothing.
+    assert_eq!(
+        c.option(
+            OPT_SET_META_CONTEXT,
+            &meta_data("", &["qemu:dirty-bitmap:x"])
+        ),
+        vec![(REP_ACK, vec![])]
+    );
+    let set = c.option(OPT_SET_META_CONTEXT, &meta_data("", &["base:allocation"]));
+    assert_eq!(set.len(), 2);
+    assert_eq!(set[0].0, REP_META_CONTEXT);
+    let id = u32::from_be_bytes(set[0].1[0..4].try_into().unwrap());
+    let replies = c.option(OPT_GO, &Client::info_data("", &[3]));
+    assert_eq!(replies.last().unwrap().0, REP_ACK);
+    let r = c.cmd(CMD_BLOCK_STATUS, 0, 4096, 65536);
+    assert_eq!(r.error, 0, "{r:?}");
+    assert_eq!(r.types, vec![TYPE_BLOCK_STATUS]);
+    assert_eq!(r.extents, vec![(id, vec![(65536, 0)])]);
+    let r = c.cmd(CMD_BLOCK_STATUS, FLAG_REQ_ONE, 0, 8 * MIB as u32);
+    assert_eq!(r.extents, vec![(id, vec![(8 * MIB as u32, 0)])]);
+    assert_eq!(
+        c.cmd(CMD_BLOCK_STATUS, 0, 8 * MIB - 512, 1024).error,
+        EINVAL
+    );
+    assert_eq!(c.read_ok(0, 512), vec![0u8; 512]);
     server.stop().unwrap();
 }

@@ -50,6 +50,10 @@ fn nbdinfo_shows_size_block_sizes_and_flags() {
         ] {
             assert_eq!(e[flag], true, "{flag} in {e}");
         }
+        // Allocation map through base:allocation: one data extent over the whole export.
+        let map = run_text(Command::new("nbdinfo").arg("--map").arg(server.uri()));
+        let fields: Vec<&str> = map.split_whitespace().collect();
+        assert_eq!(fields, ["0", &(24 * MIB).to_string(), "0", "data"], "{map}");
         // The human-readable form too (what an operator would look at).
         let text = run_text(Command::new("nbdinfo").arg(server.uri()));
         assert!(

@@ -73,8 +73,13 @@ const READ_STEP: usize = 4 << 20;
 
 /// How the handshake ended.
 enum Negotiated {
-    /// Enter transmission; `strict` is true when the client agreed to the block sizes.
-    Transmission { structured: bool, strict: bool },
+    /// Enter transmission; `strict` is true when the client agreed to the block sizes,
+    /// `block_status` when it selected the `base:allocation` metadata context.
+    Transmission {
+        structured: bool,
+        strict: bool,
+        block_status: bool,
+    },
     /// The client aborted or the connection must close.
     Close,
 }
@@ -93,12 +98,17 @@ pub(crate) fn serve(stream: Stream, shared: &Shared) -> io::Result<()> {
 fn serve_inner(mut stream: Stream, shared: &Shared) -> io::Result<()> {
     match handshake(&mut stream, shared)? {
         Negotiated::Close => Ok(()),
-        Negotiated::Transmission { structured, strict } => {
+        Negotiated::Transmission {
+            structured,
+            strict,
+            block_status,
+        } => {
             let mut conn = Transmission {
                 stream,
                 shared,
                 structured,
                 strict,
+                block_status,
                 buf: Vec::new(),
             };
             conn.run()
@@ -171,6 +181,8 @@ fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Negotiated> {
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
     let mut structured = false;
+    // Whether the last NBD_OPT_SET_META_CONTEXT selected base:allocation.
+    let mut meta_selected = false;
     loop {
         let magic = read_u64(stream)?;
         if magic != IHAVEOPT {
@@ -211,6 +223,7 @@ fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Negotiated> {
                 return Ok(Negotiated::Transmission {
                     structured,
                     strict: false,
+                    block_status: meta_selected,
                 });
             }
             OPT_ABORT => {
@@ -238,7 +251,11 @@ fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Negotiated> {
             OPT_INFO | OPT_GO => {
                 if let Some(strict) = info_or_go(stream, shared, option, &data)? {
                     if option == OPT_GO {
-                        return Ok(Negotiated::Transmission { structured, strict });
+                        return Ok(Negotiated::Transmission {
+                            structured,
+                            strict,
+                            block_status: meta_selected,
+                        });
                     }
                 }
             }
@@ -255,11 +272,77 @@ fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Negotiated> {
                 structured = true;
                 send_option_reply(stream, option, REP_ACK, &[])?;
             }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                let set = option == OPT_SET_META_CONTEXT;
+                if set {
+                    // Every SET replaces the selection, even when it fails.
+                    meta_selected = false;
+                }
+                if !structured {
+                    send_option_reply(
+                        stream,
+                        option,
+                        REP_ERR_INVALID,
+                        b"metadata contexts need structured replies first",
+                    )?;
+                    continue;
+                }
+                let Some((name, queries)) = parse_meta_context(&data) else {
+                    send_option_reply(
+                        stream,
+                        option,
+                        REP_ERR_INVALID,
+                        b"malformed metadata context request",
+                    )?;
+                    continue;
+                };
+                if !export_known(shared, name) {
+                    send_option_reply(stream, option, REP_ERR_UNKNOWN, b"no such export")?;
+                    continue;
+                }
+                // LIST with no query lists everything; `base:` is a wildcard for LIST only.
+                let matches = queries
+                    .iter()
+                    .any(|q| *q == BASE_ALLOCATION.as_bytes() || (!set && *q == b"base:"))
+                    || (!set && queries.is_empty());
+                if matches {
+                    let mut ctx = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+                    ctx.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                    send_option_reply(stream, option, REP_META_CONTEXT, &ctx)?;
+                    meta_selected |= set;
+                }
+                send_option_reply(stream, option, REP_ACK, &[])?;
+            }
             _ => {
                 send_option_reply(stream, option, REP_ERR_UNSUP, b"option not supported")?;
             }
         }
     }
+}
+
+/// Splits the data of a metadata context option into export name and queries.
+fn parse_meta_context(data: &[u8]) -> Option<(&[u8], Vec<&[u8]>)> {
+    fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if data.len() < n {
+            return None;
+        }
+        let (head, tail) = data.split_at(n);
+        *data = tail;
+        Some(head)
+    }
+    fn take_u32(data: &mut &[u8]) -> Option<usize> {
+        take(data, 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    let mut rest = data;
+    let name_len = take_u32(&mut rest)?;
+    let name = take(&mut rest, name_len)?;
+    let count = take_u32(&mut rest)?;
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = take_u32(&mut rest)?;
+        queries.push(take(&mut rest, len)?);
+    }
+    rest.is_empty().then_some((name, queries))
 }
 
 /// Answers `NBD_OPT_INFO`/`NBD_OPT_GO`. Returns `Some(block_size_requested)` on success.
@@ -362,6 +445,7 @@ struct Transmission<'a> {
     shared: &'a Shared,
     structured: bool,
     strict: bool,
+    block_status: bool,
     buf: Vec<u8>,
 }
 
@@ -401,6 +485,7 @@ impl Transmission<'_> {
         match req.kind {
             CMD_READ => self.read(req),
             CMD_WRITE => self.write(req),
+            CMD_BLOCK_STATUS if self.block_status => self.block_status(req),
             _ => {
                 let result = self.execute(req);
                 self.reply_status(req.handle, result)
@@ -507,7 +592,7 @@ impl Transmission<'_> {
             }
             CMD_BLOCK_STATUS => Err(Failure::new(
                 EINVAL,
-                "no metadata context was negotiated (NBD_OPT_SET_META_CONTEXT is not supported)",
+                "no metadata context was selected with NBD_OPT_SET_META_CONTEXT",
             )),
             other => Err(Failure::new(EINVAL, format!("unknown command {other}"))),
         }
@@ -614,6 +699,34 @@ impl Transmission<'_> {
                 self.error_chunk(req.handle, &f)
             }
         }
+    }
+
+    /// `base:allocation` status: every byte of a device is allocated and its contents are
+    /// not known to be zero, so the whole range is one extent with status 0 (which the
+    /// protocol says is always safe to report).
+    fn block_status(&mut self, req: &Request) -> io::Result<()> {
+        let checked = self.validate(req, CMD_FLAG_FUA | CMD_FLAG_REQ_ONE, EINVAL, false);
+        let checked = checked.and_then(|()| {
+            if req.length == 0 {
+                Err(Failure::new(EINVAL, "block status of an empty range"))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(f) = checked {
+            return self.reply_status(req.handle, Err(f));
+        }
+        let mut payload = Vec::with_capacity(12);
+        payload.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+        payload.extend_from_slice(&req.length.to_be_bytes());
+        payload.extend_from_slice(&0u32.to_be_bytes());
+        self.chunk(
+            req.handle,
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_BLOCK_STATUS,
+            &payload,
+            &[],
+        )
     }
 
     fn reply_status(&mut self, handle: u64, result: Result<(), Failure>) -> io::Result<()> {

@@ -22,6 +22,11 @@
 //! read-modify-write. READ, WRITE and CACHE longer than the advertised maximum get
 //! `NBD_EINVAL` (a write's payload is read and dropped first, or the connection is closed if
 //! the payload is too large to be worth skipping).
+//!
+//! The one metadata context is `base:allocation`; since every byte of a device is
+//! allocated, `NBD_CMD_BLOCK_STATUS` reports the requested range as one extent with status
+//! 0 (allocated, contents not known to be zero). Without a selected context the command
+//! gets `NBD_EINVAL`, as the protocol asks.
 
 mod conn;
 pub(crate) mod proto;

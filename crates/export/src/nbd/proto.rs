@@ -41,11 +41,14 @@ pub const OPT_LIST: u32 = 3;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 /// Option reply types.
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR + 1;
 pub const REP_ERR_INVALID: u32 = REP_ERR + 3;
@@ -72,14 +75,20 @@ pub const CMD_BLOCK_STATUS: u16 = 7;
 /// Command flags.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 
 /// Structured reply flag marking the final chunk.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 /// Structured reply chunk types.
 pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
+
+/// The only metadata context served, and the id it gets.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+pub const BASE_ALLOCATION_ID: u32 = 1;
 
 /// Error values of the transmission phase (fixed by the protocol, not the host's errno).
 pub const EPERM: u32 = 1;
