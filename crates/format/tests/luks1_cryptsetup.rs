@@ -398,3 +398,62 @@ fn data_encrypted_by_cryptblk_decrypts_with_pyca() {
         );
     }
 }
+
+/// Detached headers (`--header`): data offset 0, header file sized like cryptsetup's.
+#[test]
+fn detached_headers_interoperate() {
+    if !require_tool("cryptsetup", "CRYPTBLK_SKIP_CRYPTSETUP") {
+        return;
+    }
+    let dir = TempDir::new("detached");
+    let key = write_key(&dir, "key", b"detached secret");
+    let data = dir.join("data");
+    File::create(&data).unwrap().set_len(4 << 20).unwrap();
+
+    // cryptsetup writes a detached header; cryptblk opens it.
+    let cs_hdr = dir.join("cs.hdr");
+    let (rc, _, err) = cryptsetup(&[
+        "luksFormat",
+        "--type",
+        "luks1",
+        "--batch-mode",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        s(&key),
+        "--header",
+        s(&cs_hdr),
+        s(&data),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    let vol = Luks1Volume::open(File::open(&cs_hdr).unwrap()).unwrap();
+    assert_eq!(vol.header().payload_offset, 0);
+    let vk = vol.unlock(b"detached secret", None).unwrap().volume_key;
+    assert_eq!(vk.as_bytes(), &cryptsetup_volume_key(&cs_hdr, &key)[..]);
+
+    // cryptblk writes one; cryptsetup accepts it and the file has the same size.
+    let cb_hdr = dir.join("cb.hdr");
+    File::create(&cb_hdr).unwrap();
+    let mut p = Luks1FormatParams::new("aes-xts-plain64", 64, HashAlgorithm::Sha256).unwrap();
+    p.kdf = fast_kdf(HashAlgorithm::Sha256);
+    p.data_offset_sectors = Some(0);
+    let (vol, vk) = Luks1Volume::format(rw(&cb_hdr), &p, b"detached secret").unwrap();
+    assert_eq!(vol.header().payload_offset, 0);
+    assert_eq!(
+        std::fs::metadata(&cb_hdr).unwrap().len(),
+        std::fs::metadata(&cs_hdr).unwrap().len(),
+        "detached header file size differs from cryptsetup's"
+    );
+    let (rc, _, err) = cryptsetup(&[
+        "open",
+        "--test-passphrase",
+        "--batch-mode",
+        "--key-file",
+        s(&key),
+        "--header",
+        s(&cb_hdr),
+        s(&data),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(cryptsetup_volume_key(&cb_hdr, &key), vk.as_bytes());
+}

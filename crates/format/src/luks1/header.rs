@@ -436,6 +436,19 @@ mod tests {
     }
 
     #[test]
+    fn version_probe() {
+        let b = sample().to_bytes().unwrap();
+        assert_eq!(
+            crate::luks_version(&crate::hdrio::MemIo::new(b.to_vec())).unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            crate::luks_version(&crate::hdrio::MemIo::new(vec![0; 4096])).unwrap(),
+            None
+        );
+    }
+
+    #[test]
     fn round_trip() {
         let h = sample();
         let b = h.to_bytes().unwrap();

@@ -225,7 +225,8 @@ impl<D: HeaderIo> Luks1Volume<D> {
 
         // Wipe the metadata area: zeros up to the data offset, random keyslot areas.
         let wipe_end = if payload == 0 {
-            header.required_size()
+            // Detached header: cryptsetup sizes the file to the 4 KiB-aligned keyslot end.
+            header_end * 512
         } else {
             payload as u64 * 512
         };
