@@ -172,6 +172,7 @@ pub enum Action {
         /// Device or image file.
         device: PathBuf,
         /// Key file for the first keyslot (alternative to --key-file).
+        #[arg(id = "positional_key_file", value_name = "KEY_FILE")]
         key_file: Option<PathBuf>,
     },
     /// Open a volume: with --test-passphrase only check it.
@@ -197,6 +198,7 @@ pub enum Action {
         /// Device.
         device: PathBuf,
         /// File with the key to remove.
+        #[arg(id = "positional_key_file", value_name = "KEY_FILE")]
         key_file: Option<PathBuf>,
     },
     /// Replace a passphrase.
@@ -215,6 +217,7 @@ pub enum Action {
         /// Keyslot number.
         slot: u32,
         /// File with a key of another slot, for confirmation.
+        #[arg(id = "positional_key_file", value_name = "KEY_FILE")]
         key_file: Option<PathBuf>,
     },
     /// Save the LUKS header and keyslot areas to --header-backup-file.

@@ -35,7 +35,12 @@ pub fn runtime_dir() -> Result<PathBuf, Failure> {
         .recursive(true)
         .mode(0o700)
         .create(&dir)
-        .map_err(|e| Failure::usage(format!("cannot create runtime directory {}: {e}", dir.display())))?;
+        .map_err(|e| {
+            Failure::usage(format!(
+                "cannot create runtime directory {}: {e}",
+                dir.display()
+            ))
+        })?;
     let meta = std::fs::metadata(&dir)?;
     if meta.permissions().mode() & 0o077 != 0 {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -111,7 +116,10 @@ pub fn request(name: &str, req: &Value) -> Result<Value, Failure> {
         };
         Err(Failure::new(
             code,
-            answer["error"].as_str().unwrap_or("daemon refused the request").to_string(),
+            answer["error"]
+                .as_str()
+                .unwrap_or("daemon refused the request")
+                .to_string(),
         ))
     }
 }

@@ -28,19 +28,54 @@ fn main() {
         }
     };
     if let Err(f) = run(cli) {
-        eprintln!("{}", f.message);
+        if !f.message.is_empty() {
+            eprintln!("{}", f.message);
+        }
         std::process::exit(f.code as i32);
     }
 }
 
 fn run(cli: args::Cli) -> ActionResult {
-    let json = cli.opts.json;
+    use actions::{info, luks, offline, serving};
+    let o = &cli.opts;
+    let json = o.json;
     match &cli.action {
-        Action::Dm(a) => actions::serving::dm(a, json),
-        Action::Close { name } => actions::serving::close(name),
-        Action::Status { name } => actions::serving::status(name, json),
-        Action::Refresh { name, perf } => actions::serving::refresh(name, perf),
+        Action::LuksFormat { device, key_file } => {
+            luks::luks_format(o, device, key_file.as_deref())
+        }
+        Action::Open(a) => luks::open(o, a),
+        Action::LuksDump { device } => luks::dump(o, device),
+        Action::LuksAddKey {
+            device,
+            new_key_file,
+        } => luks::add_key(o, device, new_key_file.as_deref()),
+        Action::LuksRemoveKey { device, key_file } => {
+            luks::remove_key(o, device, key_file.as_deref())
+        }
+        Action::LuksChangeKey {
+            device,
+            new_key_file,
+        } => luks::change_key(o, device, new_key_file.as_deref()),
+        Action::LuksKillSlot {
+            device,
+            slot,
+            key_file,
+        } => luks::kill_slot(o, device, *slot, key_file.as_deref()),
+        Action::LuksHeaderBackup { device } => luks::header_backup(o, device),
+        Action::LuksHeaderRestore { device } => luks::header_restore(o, device),
+        Action::LuksUuid { device } => luks::uuid(o, device),
+        Action::IsLuks { device } => luks::is_luks(o, device),
+        Action::Erase { device } => luks::erase(o, device),
+        Action::Config { device } => luks::config(o, device),
+        Action::Convert { .. } => Err(Failure::usage("convert is not implemented yet")),
+        Action::Benchmark => info::benchmark(o),
+        Action::Ciphers => info::ciphers(o),
+        Action::Encrypt { input, output } => offline::encrypt(o, input, output),
+        Action::Decrypt { device, output } => offline::decrypt(o, device, output),
+        Action::Dm(a) => serving::dm(a, json),
+        Action::Close { name } => serving::close(name),
+        Action::Status { name } => serving::status(name, json),
+        Action::Refresh { name, perf } => serving::refresh(name, perf),
         Action::Serve => Err(Failure::usage("__serve is internal")),
-        other => Err(Failure::usage(format!("action {other:?} is not available in this build yet"))),
     }
 }

@@ -101,12 +101,7 @@ pub fn spawn(spec: &ServeSpec) -> Result<Value, Failure> {
     let detail = line
         .strip_prefix("ERROR ")
         .map(str::to_string)
-        .unwrap_or_else(|| {
-            format!(
-                "daemon exited before serving; see {}",
-                log.display()
-            )
-        });
+        .unwrap_or_else(|| format!("daemon exited before serving; see {}", log.display()));
     let (code, msg) = match detail.split_once(' ') {
         Some((c, m)) if c.parse::<i32>().is_ok() => (c.parse::<i32>().unwrap(), m.to_string()),
         _ => (ExitCode::WrongDevice as i32, detail.clone()),
@@ -197,9 +192,9 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
             Export::Nbd(start_nbd(device, cfg)?)
         }
         ExportSpec::NbdTcp(addr) => {
-            let sock = addr
-                .parse()
-                .map_err(|_| Failure::usage(format!("invalid NBD address '{addr}' (want host:port)")))?;
+            let sock = addr.parse().map_err(|_| {
+                Failure::usage(format!("invalid NBD address '{addr}' (want host:port)"))
+            })?;
             let mut cfg = NbdConfig::new(NbdListen::Tcp(sock));
             cfg.read_only = spec.readonly;
             Export::Nbd(start_nbd(device, cfg)?)
@@ -207,10 +202,12 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
         ExportSpec::Fuse(dir) => {
             let mut cfg = FuseConfig::new(dir);
             cfg.read_only = spec.readonly;
-            Export::Fuse(
-                FuseExport::mount(device, cfg)
-                    .map_err(|e| Failure::device(format!("cannot mount FUSE export at {}: {e}", dir.display())))?,
-            )
+            Export::Fuse(FuseExport::mount(device, cfg).map_err(|e| {
+                Failure::device(format!(
+                    "cannot mount FUSE export at {}: {e}",
+                    dir.display()
+                ))
+            })?)
         }
         ExportSpec::None => Export::None,
     };
@@ -221,7 +218,8 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
         .map_err(|e| Failure::device(format!("cannot bind {}: {e}", ctl_path.display())))?;
     spawn_signal_watcher(ctl_path.clone());
 
-    let facts = json!({ "name": spec.name, "pid": std::process::id(), "export": export.describe() });
+    let facts =
+        json!({ "name": spec.name, "pid": std::process::id(), "export": export.describe() });
     on_ready(&facts);
 
     let stopping = AtomicBool::new(false);
@@ -242,7 +240,8 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
 }
 
 fn start_nbd(device: Arc<dyn BlockDevice>, cfg: NbdConfig) -> Result<NbdServer, Failure> {
-    NbdServer::start(device, cfg).map_err(|e| Failure::device(format!("cannot start NBD server: {e}")))
+    NbdServer::start(device, cfg)
+        .map_err(|e| Failure::device(format!("cannot start NBD server: {e}")))
 }
 
 /// One request per connection: read a JSON line, answer a JSON line.
@@ -255,7 +254,9 @@ fn handle_client(
     stopping: &AtomicBool,
 ) {
     let mut line = String::new();
-    let Ok(reader_stream) = stream.try_clone() else { return };
+    let Ok(reader_stream) = stream.try_clone() else {
+        return;
+    };
     if BufReader::new(reader_stream).read_line(&mut line).is_err() {
         return;
     }
@@ -294,7 +295,9 @@ fn answer(
                 "pid": std::process::id(),
             }))
         }
-        "table" => control::ok(json!({ "table": mapping.table(req["showkeys"].as_bool() == Some(true)) })),
+        "table" => {
+            control::ok(json!({ "table": mapping.table(req["showkeys"].as_bool() == Some(true)) }))
+        }
         "close" => {
             stopping.store(true, Ordering::SeqCst);
             control::ok(json!({}))
@@ -319,7 +322,11 @@ fn answer(
         "refresh" => {
             let flags: Vec<String> = req["flags"]
                 .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default();
             match refreshed_table(&mapping.table(true), &flags) {
                 Ok(text) => {
@@ -338,7 +345,10 @@ fn answer(
                 Err(msg) => control::err(ExitCode::WrongParameters, msg),
             }
         }
-        other => control::err(ExitCode::WrongParameters, format!("unknown request '{other}'")),
+        other => control::err(
+            ExitCode::WrongParameters,
+            format!("unknown request '{other}'"),
+        ),
     }
 }
 
@@ -353,7 +363,11 @@ fn refreshed_table(table: &str, perf: &[String]) -> Result<String, String> {
             let opts: &[String] = if args.len() > 6 { &args[6..] } else { &[] };
             let mut kept: Vec<String> = opts
                 .iter()
-                .filter(|o| o.starts_with("sector_size:") || *o == "iv_large_sectors" || *o == "allow_discards")
+                .filter(|o| {
+                    o.starts_with("sector_size:")
+                        || *o == "iv_large_sectors"
+                        || *o == "allow_discards"
+                })
                 .cloned()
                 .collect();
             kept.extend(perf.iter().cloned());
@@ -365,7 +379,11 @@ fn refreshed_table(table: &str, perf: &[String]) -> Result<String, String> {
                 args.extend(formatted);
             }
         }
-        let mut fields = vec![l.start.to_string(), l.len.to_string(), l.target_type.clone()];
+        let mut fields = vec![
+            l.start.to_string(),
+            l.len.to_string(),
+            l.target_type.clone(),
+        ];
         fields.extend(args);
         out.push_str(&fields.join(" "));
         out.push('\n');
@@ -375,7 +393,9 @@ fn refreshed_table(table: &str, perf: &[String]) -> Result<String, String> {
 
 /// For `status`: the pipeline of each crypt line per direction, read from its flags.
 fn crypt_pipelines(table: &str) -> Vec<Value> {
-    let Ok(lines) = parse_table_lines(table) else { return Vec::new() };
+    let Ok(lines) = parse_table_lines(table) else {
+        return Vec::new();
+    };
     lines
         .iter()
         .filter(|l| l.target_type == "crypt")
@@ -435,18 +455,28 @@ mod tests {
     #[test]
     fn refresh_replaces_only_perf_flags() {
         let t = "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 3 allow_discards sector_size:4096 same_cpu_crypt\n";
-        let out = refreshed_table(t, &["no_read_workqueue".into(), "no_write_workqueue".into()]).unwrap();
+        let out = refreshed_table(
+            t,
+            &["no_read_workqueue".into(), "no_write_workqueue".into()],
+        )
+        .unwrap();
         assert_eq!(
             out,
             "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 4 allow_discards no_read_workqueue no_write_workqueue sector_size:4096\n"
         );
         let queued = refreshed_table(&out, &[]).unwrap();
-        assert_eq!(queued, "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 2 allow_discards sector_size:4096\n");
+        assert_eq!(
+            queued,
+            "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 2 allow_discards sector_size:4096\n"
+        );
     }
 
     #[test]
     fn refresh_leaves_other_targets_alone() {
         let t = "0 8 linear /dev/x 0\n8 8 zero\n";
-        assert_eq!(refreshed_table(t, &["no_read_workqueue".into()]).unwrap(), t);
+        assert_eq!(
+            refreshed_table(t, &["no_read_workqueue".into()]).unwrap(),
+            t
+        );
     }
 }

@@ -15,8 +15,14 @@ fn key_file(dir: &Path, name: &str, contents: &[u8]) -> std::path::PathBuf {
 
 /// Formats `img` with cryptsetup; returns false when cryptsetup is unavailable and skipped.
 fn cryptsetup_format(img: &Path, key: &Path, extra: &[&str]) -> bool {
-    let Some(mut c) = cryptsetup() else { return false };
-    c.arg("luksFormat").args(extra).arg("--key-file").arg(key).arg(img);
+    let Some(mut c) = cryptsetup() else {
+        return false;
+    };
+    c.arg("luksFormat")
+        .args(extra)
+        .arg("--key-file")
+        .arg(key)
+        .arg(img);
     run_ok(&mut c, b"");
     true
 }
@@ -45,7 +51,12 @@ fn test_passphrase_cryptsetup(img: &Path, key: &Path, extra: &[&str]) -> i32 {
 fn cryptblk_volume_key(img: &Path, key: &Path, extra: &[&str]) -> String {
     let out = run_ok(
         cryptblk()
-            .args(["luksDump", "--dump-volume-key", "--batch-mode", "--key-file"])
+            .args([
+                "luksDump",
+                "--dump-volume-key",
+                "--batch-mode",
+                "--key-file",
+            ])
             .arg(key)
             .args(extra)
             .arg(img),
@@ -60,19 +71,65 @@ fn cryptsetup_volumes_unlock_in_cryptblk() {
     let key = key_file(dir.path(), "key", b"correct horse battery staple");
     let wrong = key_file(dir.path(), "wrong", b"not the passphrase");
     let cases: &[(&str, &[&str])] = &[
-        ("luks1-xts", &["--type", "luks1", "--pbkdf-force-iterations", "1000"]),
+        (
+            "luks1-xts",
+            &["--type", "luks1", "--pbkdf-force-iterations", "1000"],
+        ),
         (
             "luks1-cbc-essiv-sha1",
-            &["--type", "luks1", "--cipher", "aes-cbc-essiv:sha256", "--key-size", "256", "--hash", "sha1", "--pbkdf-force-iterations", "1000"],
+            &[
+                "--type",
+                "luks1",
+                "--cipher",
+                "aes-cbc-essiv:sha256",
+                "--key-size",
+                "256",
+                "--hash",
+                "sha1",
+                "--pbkdf-force-iterations",
+                "1000",
+            ],
         ),
-        ("luks2-pbkdf2", &["--type", "luks2", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]),
+        (
+            "luks2-pbkdf2",
+            &[
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+            ],
+        ),
         (
             "luks2-argon2id",
-            &["--type", "luks2", "--pbkdf", "argon2id", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4", "--pbkdf-parallel", "1"],
+            &[
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "argon2id",
+                "--pbkdf-memory",
+                "32768",
+                "--pbkdf-force-iterations",
+                "4",
+                "--pbkdf-parallel",
+                "1",
+            ],
         ),
         (
             "luks2-argon2i-4k",
-            &["--type", "luks2", "--pbkdf", "argon2i", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4", "--sector-size", "4096"],
+            &[
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "argon2i",
+                "--pbkdf-memory",
+                "32768",
+                "--pbkdf-force-iterations",
+                "4",
+                "--sector-size",
+                "4096",
+            ],
         ),
     ];
     for (name, opts) in cases {
@@ -81,10 +138,22 @@ fn cryptsetup_volumes_unlock_in_cryptblk() {
         if !cryptsetup_format(&img, &key, opts) {
             return;
         }
-        assert_eq!(test_passphrase_cryptblk(&img, &key, &[]), 0, "{name}: right key");
-        assert_eq!(test_passphrase_cryptblk(&img, &wrong, &[]), 2, "{name}: wrong key must exit 2");
+        assert_eq!(
+            test_passphrase_cryptblk(&img, &key, &[]),
+            0,
+            "{name}: right key"
+        );
+        assert_eq!(
+            test_passphrase_cryptblk(&img, &wrong, &[]),
+            2,
+            "{name}: wrong key must exit 2"
+        );
         let expected = cryptsetup_volume_key(&img, &key, &[]).unwrap();
-        assert_eq!(cryptblk_volume_key(&img, &key, &[]), expected, "{name}: volume key");
+        assert_eq!(
+            cryptblk_volume_key(&img, &key, &[]),
+            expected,
+            "{name}: volume key"
+        );
     }
 }
 
@@ -94,32 +163,92 @@ fn cryptblk_volumes_open_in_cryptsetup() {
     let key = key_file(dir.path(), "key", b"s3cret passphrase");
     let wrong = key_file(dir.path(), "wrong", b"other");
     let cases: &[(&str, &[&str])] = &[
-        ("luks1", &["--type", "luks1", "--pbkdf-force-iterations", "1000"]),
-        ("luks2", &["--type", "luks2", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]),
+        (
+            "luks1",
+            &["--type", "luks1", "--pbkdf-force-iterations", "1000"],
+        ),
+        (
+            "luks2",
+            &[
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+            ],
+        ),
         (
             "luks2-argon2id-4k",
-            &["--type", "luks2", "--pbkdf", "argon2id", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4", "--sector-size", "4096", "--label", "cryptblk-test"],
+            &[
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "argon2id",
+                "--pbkdf-memory",
+                "32768",
+                "--pbkdf-force-iterations",
+                "4",
+                "--sector-size",
+                "4096",
+                "--label",
+                "cryptblk-test",
+            ],
         ),
-        ("luks2-cbc", &["--type", "luks2", "--cipher", "aes-cbc-essiv:sha256", "--key-size", "256", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]),
+        (
+            "luks2-cbc",
+            &[
+                "--type",
+                "luks2",
+                "--cipher",
+                "aes-cbc-essiv:sha256",
+                "--key-size",
+                "256",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+            ],
+        ),
     ];
     for (name, opts) in cases {
         let img = dir.path().join(format!("{name}.img"));
         sparse_file(&img, 20 << 20);
         run_ok(
-            cryptblk().args(["luksFormat", "--batch-mode"]).args(*opts).arg("--key-file").arg(&key).arg(&img),
+            cryptblk()
+                .args(["luksFormat", "--batch-mode"])
+                .args(*opts)
+                .arg("--key-file")
+                .arg(&key)
+                .arg(&img),
             b"",
         );
         if cryptsetup().is_none() {
             return;
         }
-        assert_eq!(test_passphrase_cryptsetup(&img, &key, &[]), 0, "{name}: cryptsetup accepts the key");
-        assert_eq!(test_passphrase_cryptsetup(&img, &wrong, &[]), 2, "{name}: cryptsetup rejects a wrong key");
+        assert_eq!(
+            test_passphrase_cryptsetup(&img, &key, &[]),
+            0,
+            "{name}: cryptsetup accepts the key"
+        );
+        assert_eq!(
+            test_passphrase_cryptsetup(&img, &wrong, &[]),
+            2,
+            "{name}: cryptsetup rejects a wrong key"
+        );
         let mut dump = cryptsetup().unwrap();
         dump.arg("luksDump").arg(&img);
         let text = run_ok(&mut dump, b"");
-        assert!(text.contains("0: luks2") || text.contains("Key Slot 0: ENABLED"), "{name}: {text}");
+        assert!(
+            text.contains("0: luks2") || text.contains("Key Slot 0: ENABLED"),
+            "{name}: {text}"
+        );
         let expected = cryptsetup_volume_key(&img, &key, &[]).unwrap();
-        assert_eq!(cryptblk_volume_key(&img, &key, &[]), expected, "{name}: same volume key");
+        assert_eq!(
+            cryptblk_volume_key(&img, &key, &[]),
+            expected,
+            "{name}: same volume key"
+        );
     }
 }
 
@@ -137,25 +266,69 @@ fn keyslot_changes_are_seen_by_the_other_tool() {
         }
         // cryptblk adds a key; cryptsetup must accept it.
         run_ok(
-            cryptblk().args(["luksAddKey", "--batch-mode"]).args(FAST_PBKDF2).arg("--key-file").arg(&k0).arg(&img).arg(&k1),
+            cryptblk()
+                .args(["luksAddKey", "--batch-mode"])
+                .args(FAST_PBKDF2)
+                .arg("--key-file")
+                .arg(&k0)
+                .arg(&img)
+                .arg(&k1),
             b"",
         );
-        assert_eq!(test_passphrase_cryptsetup(&img, &k1, &[]), 0, "{ty}: key added by cryptblk");
+        assert_eq!(
+            test_passphrase_cryptsetup(&img, &k1, &[]),
+            0,
+            "{ty}: key added by cryptblk"
+        );
         // cryptsetup adds a key; cryptblk must accept it.
         let mut add = cryptsetup().unwrap();
-        add.arg("luksAddKey").args(FAST_PBKDF2).arg("--key-file").arg(&k1).arg(&img).arg(&k2);
+        add.arg("luksAddKey")
+            .args(FAST_PBKDF2)
+            .arg("--key-file")
+            .arg(&k1)
+            .arg(&img)
+            .arg(&k2);
         run_ok(&mut add, b"");
-        assert_eq!(test_passphrase_cryptblk(&img, &k2, &[]), 0, "{ty}: key added by cryptsetup");
+        assert_eq!(
+            test_passphrase_cryptblk(&img, &k2, &[]),
+            0,
+            "{ty}: key added by cryptsetup"
+        );
         // cryptblk removes the first key; cryptsetup must reject it, the others still work.
-        run_ok(cryptblk().args(["luksRemoveKey", "--batch-mode"]).arg(&img).arg(&k0), b"");
-        assert_ne!(test_passphrase_cryptsetup(&img, &k0, &[]), 0, "{ty}: removed key");
-        assert_eq!(test_passphrase_cryptsetup(&img, &k2, &[]), 0, "{ty}: remaining key");
+        run_ok(
+            cryptblk()
+                .args(["luksRemoveKey", "--batch-mode"])
+                .arg(&img)
+                .arg(&k0),
+            b"",
+        );
+        assert_ne!(
+            test_passphrase_cryptsetup(&img, &k0, &[]),
+            0,
+            "{ty}: removed key"
+        );
+        assert_eq!(
+            test_passphrase_cryptsetup(&img, &k2, &[]),
+            0,
+            "{ty}: remaining key"
+        );
         // cryptsetup kills slot 1 (cryptblk's key); cryptblk must reject that key.
         let mut kill = cryptsetup().unwrap();
-        kill.args(["luksKillSlot", "--key-file"]).arg(&k2).arg(&img).arg("1");
+        kill.args(["luksKillSlot", "--key-file"])
+            .arg(&k2)
+            .arg(&img)
+            .arg("1");
         run_ok(&mut kill, b"");
-        assert_ne!(test_passphrase_cryptblk(&img, &k1, &[]), 0, "{ty}: slot killed by cryptsetup");
-        assert_eq!(test_passphrase_cryptblk(&img, &k2, &[]), 0, "{ty}: surviving slot");
+        assert_ne!(
+            test_passphrase_cryptblk(&img, &k1, &[]),
+            0,
+            "{ty}: slot killed by cryptsetup"
+        );
+        assert_eq!(
+            test_passphrase_cryptblk(&img, &k2, &[]),
+            0,
+            "{ty}: surviving slot"
+        );
     }
 }
 
@@ -180,20 +353,35 @@ fn encrypt_and_decrypt_agree_with_an_independent_implementation() {
             enc.args(["--sector-size", &sector.to_string()]);
         }
         run_ok(enc.arg(&plain).arg(&vol), b"");
-        let Some(vk) = cryptsetup_volume_key(&vol, &key, &[]) else { return };
+        let Some(vk) = cryptsetup_volume_key(&vol, &key, &[]) else {
+            return;
+        };
         let mut dump = cryptsetup().unwrap();
         let text = run_ok(dump.arg("luksDump").arg(&vol), b"");
         let offset = data_offset_bytes(&text);
         let volume = std::fs::read(&vol).unwrap();
         let ciphertext = &volume[offset as usize..offset as usize + data.len()];
         let decrypted = independent("decrypt", cipher, &vk, sector, ciphertext);
-        assert!(decrypted == data, "{ty}/{cipher}/{sector}: independent decryption differs");
+        assert!(
+            decrypted == data,
+            "{ty}/{cipher}/{sector}: independent decryption differs"
+        );
 
         // And back: cryptblk decrypt yields the input again.
         let out = dir.path().join("out.bin");
-        run_ok(cryptblk().args(["decrypt", "--key-file"]).arg(&key).arg(&vol).arg(&out), b"");
+        run_ok(
+            cryptblk()
+                .args(["decrypt", "--key-file"])
+                .arg(&key)
+                .arg(&vol)
+                .arg(&out),
+            b"",
+        );
         let back = std::fs::read(&out).unwrap();
-        assert!(back[..data.len()] == data[..], "{ty}: cryptblk decrypt round trip");
+        assert!(
+            back[..data.len()] == data[..],
+            "{ty}: cryptblk decrypt round trip"
+        );
     }
 }
 

@@ -1,3 +1,7 @@
 //! One module per family of actions.
 
+pub mod info;
+pub mod luks;
+pub mod offline;
 pub mod serving;
+pub mod volume;

@@ -26,8 +26,16 @@ pub fn start(spec: ServeSpec, export: &ExportArgs, json_out: bool) -> ActionResu
 fn describe(facts: &Value) -> String {
     let export = &facts["export"];
     match export["kind"].as_str() {
-        Some("nbd") => format!("{} at {}", facts["name"].as_str().unwrap_or(""), export["uri"].as_str().unwrap_or("")),
-        Some("fuse") => format!("{} as {}", facts["name"].as_str().unwrap_or(""), export["file"].as_str().unwrap_or("")),
+        Some("nbd") => format!(
+            "{} at {}",
+            facts["name"].as_str().unwrap_or(""),
+            export["uri"].as_str().unwrap_or("")
+        ),
+        Some("fuse") => format!(
+            "{} as {}",
+            facts["name"].as_str().unwrap_or(""),
+            export["file"].as_str().unwrap_or("")
+        ),
         _ => facts["name"].as_str().unwrap_or("").to_string(),
     }
 }
@@ -41,7 +49,11 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
                 Ok(ExportSpec::NbdTcp(n.clone()))
             } else {
                 let p = std::path::PathBuf::from(n);
-                let abs = if p.is_absolute() { p } else { std::env::current_dir()?.join(p) };
+                let abs = if p.is_absolute() {
+                    p
+                } else {
+                    std::env::current_dir()?.join(p)
+                };
                 Ok(ExportSpec::NbdUnix(abs))
             }
         }
@@ -50,7 +62,9 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
                 .map_err(|e| Failure::usage(format!("FUSE mount point {}: {e}", dir.display())))?;
             Ok(ExportSpec::Fuse(abs))
         }
-        (None, None) => Err(Failure::usage("no export given: use --nbd <socket|host:port> or --fuse <dir>")),
+        (None, None) => Err(Failure::usage(
+            "no export given: use --nbd <socket|host:port> or --fuse <dir>",
+        )),
     }
 }
 
@@ -58,7 +72,11 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
 /// carry crypt keys: a command line is visible to every user through /proc.
 pub fn read_table(args: &TableArgs) -> Result<Zeroizing<String>, Failure> {
     let text = match (&args.table, &args.table_file) {
-        (Some(_), Some(_)) => return Err(Failure::usage("give the table with --table or --table-file, not both")),
+        (Some(_), Some(_)) => {
+            return Err(Failure::usage(
+                "give the table with --table or --table-file, not both",
+            ))
+        }
         (Some(t), None) => {
             if has_crypt_key(t) {
                 return Err(Failure::usage(
@@ -68,9 +86,11 @@ pub fn read_table(args: &TableArgs) -> Result<Zeroizing<String>, Failure> {
             Zeroizing::new(t.clone())
         }
         (None, Some(p)) if p.as_os_str() == "-" => read_stdin()?,
-        (None, Some(p)) => Zeroizing::new(
-            std::fs::read_to_string(p).map_err(|e| Failure::usage(format!("cannot read table file {}: {e}", p.display())))?,
-        ),
+        (None, Some(p)) => {
+            Zeroizing::new(std::fs::read_to_string(p).map_err(|e| {
+                Failure::usage(format!("cannot read table file {}: {e}", p.display()))
+            })?)
+        }
         (None, None) => read_stdin()?,
     };
     Ok(text)
@@ -93,7 +113,11 @@ fn has_crypt_key(table: &str) -> bool {
 /// `dm <action>`.
 pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
     match action {
-        DmAction::Create { name, table, export } => {
+        DmAction::Create {
+            name,
+            table,
+            export,
+        } => {
             control::check_name(name)?;
             let text = read_table(table)?;
             let spec = ServeSpec {
@@ -122,8 +146,12 @@ pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
             control::request(name, &json!({ "cmd": "reload", "table": text.as_str() }))?;
             Ok(())
         }
-        DmAction::Suspend { name } => control::request(name, &json!({ "cmd": "suspend" })).map(|_| ()),
-        DmAction::Resume { name } => control::request(name, &json!({ "cmd": "resume" })).map(|_| ()),
+        DmAction::Suspend { name } => {
+            control::request(name, &json!({ "cmd": "suspend" })).map(|_| ())
+        }
+        DmAction::Resume { name } => {
+            control::request(name, &json!({ "cmd": "resume" })).map(|_| ())
+        }
         DmAction::Status { name } => {
             let a = control::request(name, &json!({ "cmd": "status" }))?;
             if json_out {
@@ -169,7 +197,10 @@ pub fn close(name: &str) -> ActionResult {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    Err(Failure::new(crate::exit::ExitCode::Busy, format!("Device {name} did not close within 30 s")))
+    Err(Failure::new(
+        crate::exit::ExitCode::Busy,
+        format!("Device {name} did not close within 30 s"),
+    ))
 }
 
 /// `status <name>`, like `cryptsetup status` (or JSON).
@@ -181,7 +212,12 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
     }
     let info = &a["info"];
     println!("/dev/mapper/{name} is active.");
-    let field = |k: &str| info[k].as_str().map(str::to_string).or_else(|| info[k].as_u64().map(|n| n.to_string()));
+    let field = |k: &str| {
+        info[k]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| info[k].as_u64().map(|n| n.to_string()))
+    };
     for (label, key) in [
         ("type", "type"),
         ("cipher", "cipher"),
@@ -191,18 +227,40 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         ("offset", "offset"),
     ] {
         if let Some(v) = field(key) {
-            println!("  {label}:{}{v}", " ".repeat(12usize.saturating_sub(label.len())));
+            println!(
+                "  {label}:{}{v}",
+                " ".repeat(12usize.saturating_sub(label.len()))
+            );
         }
     }
-    println!("  size:        {} sectors", a["size"].as_u64().unwrap_or(0) / 512);
-    println!("  mode:        {}", if a["readonly"].as_bool() == Some(true) { "readonly" } else { "read/write" });
+    println!(
+        "  size:        {} sectors",
+        a["size"].as_u64().unwrap_or(0) / 512
+    );
+    println!(
+        "  mode:        {}",
+        if a["readonly"].as_bool() == Some(true) {
+            "readonly"
+        } else {
+            "read/write"
+        }
+    );
     for p in a["pipeline"].as_array().into_iter().flatten() {
-        let flags: Vec<&str> = p["flags"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).collect();
+        let flags: Vec<&str> = p["flags"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str())
+            .collect();
         println!(
             "  pipeline:    read {}, write {}{}",
             p["read"].as_str().unwrap_or("?"),
             p["write"].as_str().unwrap_or("?"),
-            if flags.is_empty() { String::new() } else { format!(" (flags: {})", flags.join(" ")) }
+            if flags.is_empty() {
+                String::new()
+            } else {
+                format!(" (flags: {})", flags.join(" "))
+            }
         );
     }
     if let Some(uri) = a["export"]["uri"].as_str() {
@@ -211,7 +269,10 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
     if let Some(file) = a["export"]["file"].as_str() {
         println!("  export:      fuse {file}");
     }
-    println!("  status:      {}", a["status"].as_str().unwrap_or("").trim());
+    println!(
+        "  status:      {}",
+        a["status"].as_str().unwrap_or("").trim()
+    );
     Ok(())
 }
 

@@ -121,7 +121,11 @@ pub fn parse_volume_key(dump: &str) -> Option<String> {
     let mut hex = String::new();
     for line in rest.lines() {
         let t = line.trim();
-        if !t.is_empty() && !t.split_whitespace().all(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit())) {
+        if !t.is_empty()
+            && !t
+                .split_whitespace()
+                .all(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        {
             break;
         }
         hex.extend(t.split_whitespace());
@@ -135,7 +139,13 @@ pub fn independent_model() -> PathBuf {
 }
 
 /// Decrypts (or encrypts) `input` with the independent model and returns the result.
-pub fn independent(direction: &str, cipher: &str, key_hex: &str, sector_size: u32, input: &[u8]) -> Vec<u8> {
+pub fn independent(
+    direction: &str,
+    cipher: &str,
+    key_hex: &str,
+    sector_size: u32,
+    input: &[u8],
+) -> Vec<u8> {
     let out = run(
         Command::new("python3")
             .arg(independent_model())
@@ -145,6 +155,10 @@ pub fn independent(direction: &str, cipher: &str, key_hex: &str, sector_size: u3
             .args(["-", "-"]),
         input,
     );
-    assert!(out.status.success(), "independent model failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "independent model failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout
 }

@@ -1,0 +1,132 @@
+//! `ciphers` and `benchmark`: what this machine offers and how fast it is, measured in
+//! process like `cryptsetup benchmark` (memory only, no storage I/O).
+
+use crate::args::Opts;
+use crate::exit::ActionResult;
+use cryptblk_cipher::hash::HashAlgorithm;
+use serde_json::json;
+use std::time::Duration;
+
+/// `ciphers`: the implementation registry, like the kernel's /proc/crypto.
+pub fn ciphers(opts: &Opts) -> ActionResult {
+    let list = cryptblk_cipher::implementations();
+    if opts.json {
+        let v: Vec<_> = list
+            .iter()
+            .map(|i| {
+                json!({
+                    "name": i.name, "description": i.description, "algorithms": i.algorithms,
+                    "priority": i.priority, "available": i.available, "default": i.selected_by_default,
+                })
+            })
+            .collect();
+        println!("{}", json!(v));
+        return Ok(());
+    }
+    for i in list {
+        println!("name         : {}", i.name);
+        println!("description  : {}", i.description);
+        println!("priority     : {}", i.priority);
+        println!(
+            "available    : {}",
+            if i.available {
+                "yes"
+            } else {
+                "no (CPU lacks the instructions)"
+            }
+        );
+        println!(
+            "default      : {}",
+            if i.selected_by_default { "yes" } else { "no" }
+        );
+        println!("algorithms   : {}", i.algorithms.join(", "));
+        println!();
+    }
+    Ok(())
+}
+
+/// The ciphers `cryptsetup benchmark` lists: (spec, key bits).
+const CIPHERS: &[(&str, usize)] = &[
+    ("aes-cbc-plain64", 128),
+    ("serpent-cbc-plain64", 128),
+    ("twofish-cbc-plain64", 128),
+    ("aes-cbc-plain64", 256),
+    ("serpent-cbc-plain64", 256),
+    ("twofish-cbc-plain64", 256),
+    ("aes-xts-plain64", 256),
+    ("serpent-xts-plain64", 256),
+    ("twofish-xts-plain64", 256),
+    ("aes-xts-plain64", 512),
+    ("serpent-xts-plain64", 512),
+    ("twofish-xts-plain64", 512),
+];
+
+/// `benchmark [--cipher C --key-size N]`: PBKDF2 iterations per second per hash, Argon2
+/// cost, and cipher MB/s per implementation on 4 KiB buffers.
+pub fn benchmark(opts: &Opts) -> ActionResult {
+    let duration = Duration::from_millis(300);
+    let mut rows = Vec::new();
+    if !opts.json {
+        println!("# Tests are approximate using memory only (no storage IO).");
+    }
+    if opts.cipher.is_none() {
+        for h in ["sha1", "sha256", "sha512", "ripemd160", "whirlpool"] {
+            let alg = HashAlgorithm::from_name(h)?;
+            let per_ms = cryptblk_format::kdf::pbkdf2_iterations_per_ms(alg, 32)?;
+            let per_s = (per_ms * 1000.0) as u64;
+            if !opts.json {
+                println!("PBKDF2-{h:<10} {per_s:>8} iterations per second for 256-bit key");
+            }
+            rows.push(json!({ "kind": "pbkdf2", "hash": h, "iterations_per_second": per_s }));
+        }
+    }
+    let wanted: Vec<(String, usize)> = match &opts.cipher {
+        Some(c) => vec![(
+            c.clone(),
+            opts.key_size
+                .unwrap_or(if c.contains("xts") { 512 } else { 256 }) as usize,
+        )],
+        None => CIPHERS.iter().map(|(c, k)| (c.to_string(), *k)).collect(),
+    };
+    if !opts.json {
+        println!(
+            "#     Algorithm |       Key |  Implementation |      Encryption |      Decryption"
+        );
+    }
+    let impls = cryptblk_cipher::implementations();
+    for (spec, bits) in wanted {
+        let mut any = false;
+        for imp in impls.iter().filter(|i| i.available) {
+            let Ok(t) = cryptblk_cipher::measure(&spec, bits / 8, 4096, Some(&imp.name), duration)
+            else {
+                continue;
+            };
+            any = true;
+            let algo = spec
+                .rsplit_once('-')
+                .map(|x| x.0)
+                .unwrap_or(&spec)
+                .replace('-', "-");
+            if !opts.json {
+                println!(
+                    "{algo:>15} {bits:>8}b {:>17} {:>11.1} MiB/s {:>11.1} MiB/s",
+                    imp.name, t.encrypt_mb_s, t.decrypt_mb_s
+                );
+            }
+            rows.push(json!({
+                "kind": "cipher", "cipher": spec, "key_bits": bits, "implementation": imp.name,
+                "encrypt_mb_s": t.encrypt_mb_s, "decrypt_mb_s": t.decrypt_mb_s,
+            }));
+        }
+        if !any && !opts.json {
+            println!(
+                "{spec:>15} {bits:>8}b {:>17}             N/A             N/A",
+                "-"
+            );
+        }
+    }
+    if opts.json {
+        println!("{}", json!(rows));
+    }
+    Ok(())
+}

@@ -1,0 +1,709 @@
+//! cryptsetup's LUKS actions: luksFormat, open, luksDump, key management, header backup,
+//! uuid, isLuks, erase, config.
+
+use super::volume::{self, Volume};
+use crate::args::{OpenArgs, Opts, VolumeType};
+use crate::exit::{ActionResult, ExitCode, Failure};
+use crate::serve::ServeSpec;
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::hdrio::HeaderIo;
+use cryptblk_format::luks1::{Luks1FormatParams, Luks1Volume};
+use cryptblk_format::luks2::{FormatParams, Luks2Header, UnlockPurpose};
+use cryptblk_format::plain::{PlainParams, PlainVolume};
+use serde_json::json;
+use std::path::Path;
+
+/// Parses sizes such as `16384`, `16k`, `4m` (bytes).
+fn parse_bytes(text: &str, what: &str) -> Result<u64, Failure> {
+    let t = text.trim().to_ascii_lowercase();
+    let (num, mult) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        None => (t.as_str(), 1u64),
+        Some((i, _)) => {
+            let m = match &t[i..] {
+                "k" | "kib" | "kb" => 1 << 10,
+                "m" | "mib" | "mb" => 1 << 20,
+                "g" | "gib" | "gb" => 1 << 30,
+                _ => return Err(Failure::usage(format!("invalid {what} '{text}'"))),
+            };
+            (&t[..i], m)
+        }
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| Failure::usage(format!("invalid {what} '{text}'")))
+}
+
+/// The cipher and key size for a new volume, with cryptsetup 2.x defaults.
+fn cipher_and_key_bytes(opts: &Opts) -> Result<(String, usize), Failure> {
+    let cipher = opts
+        .cipher
+        .clone()
+        .unwrap_or_else(|| "aes-xts-plain64".into());
+    let bits = match opts.key_size {
+        Some(b) => b,
+        None if cipher.contains("xts") => 512,
+        None => 256,
+    };
+    if bits % 8 != 0 || bits == 0 {
+        return Err(Failure::usage(format!(
+            "Key size {bits} is not a multiple of 8 bits."
+        )));
+    }
+    cryptblk_cipher::CipherSpec::parse(&cipher)?.check_key_size(bits as usize / 8)?;
+    Ok((cipher, bits as usize / 8))
+}
+
+/// Formats `dev` (a header device) and returns the volume key and data offset in bytes.
+pub fn format_on(
+    opts: &Opts,
+    dev: &dyn HeaderIo,
+    passphrase: &[u8],
+) -> Result<(SecretBytes, u64), Failure> {
+    let (cipher, key_bytes) = cipher_and_key_bytes(opts)?;
+    let vk = opts
+        .volume_key_file
+        .as_deref()
+        .map(volume::read_volume_key_file)
+        .transpose()?;
+    let detached = opts.header.is_some();
+    match opts.volume_type {
+        Some(VolumeType::Luks1) => {
+            if opts.sector_size.is_some_and(|s| s != 512) {
+                return Err(Failure::usage(
+                    "Unsupported encryption sector size for LUKS1.",
+                ));
+            }
+            let hash = opts.hash.clone().unwrap_or_else(|| "sha256".into());
+            let hash = cryptblk_cipher::hash::HashAlgorithm::from_name(&hash)
+                .map_err(|_| Failure::usage(format!("Hash algorithm {hash} not supported.")))?;
+            let mut p = Luks1FormatParams::new(&cipher, key_bytes, hash)?;
+            p.kdf = volume::pbkdf_request(opts, true)?;
+            p.uuid = opts.uuid.clone();
+            p.volume_key = vk;
+            p.keyslot = opts.key_slot.unwrap_or(0) as usize;
+            if let Some(o) = opts.offset {
+                p.data_offset_sectors = Some(o);
+            } else if detached {
+                p.data_offset_sectors = Some(0);
+            }
+            let (v, key) = Luks1Volume::format(dev, &p, passphrase)?;
+            Ok((key, v.header().data_offset_bytes()))
+        }
+        Some(VolumeType::Luks2) | Some(VolumeType::Luks) | None => {
+            let mut p = FormatParams {
+                cipher,
+                key_size: key_bytes,
+                sector_size: opts.sector_size.unwrap_or(512),
+                uuid: opts.uuid.clone(),
+                label: opts.label.clone().unwrap_or_default(),
+                subsystem: opts.subsystem.clone().unwrap_or_default(),
+                detached_header: detached,
+                data_offset: opts.offset.map(|o| o * 512),
+                volume_key: vk,
+                keyslot: volume::keyslot_params(opts)?,
+                ..FormatParams::default()
+            };
+            p.digest_hash = volume::hash_opt(opts)?;
+            if let Some(m) = &opts.luks2_metadata_size {
+                p.metadata_size = parse_bytes(m, "--luks2-metadata-size")?;
+            }
+            if let Some(k) = &opts.luks2_keyslots_size {
+                p.keyslots_size = Some(parse_bytes(k, "--luks2-keyslots-size")?);
+            }
+            let (h, key, _slot) = Luks2Header::format(dev, &p, passphrase)?;
+            Ok((key, h.data_offset()))
+        }
+        Some(VolumeType::Plain) => Err(Failure::usage(
+            "plain volumes have no header to format; use open --type plain",
+        )),
+    }
+}
+
+/// `luksFormat <device> [<key file>]`.
+pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> ActionResult {
+    let pass = new_passphrase_for_format(opts, key_file)?;
+    volume::confirm(
+        opts,
+        &format!(
+            "This will overwrite data on {} irrevocably.",
+            device.display()
+        ),
+    )?;
+    let header = volume::header_path(opts, device);
+    if opts.header.is_some() && !header.exists() {
+        std::fs::File::create(header)?;
+    }
+    let f = volume::open_file(header, true)?;
+    format_on(opts, &f, pass.as_bytes())?;
+    Ok(())
+}
+
+fn new_passphrase_for_format(opts: &Opts, key_file: Option<&Path>) -> Result<SecretBytes, Failure> {
+    match opts.key_file.as_deref().or(key_file) {
+        Some(_) => volume::read_secret(
+            &volume::key_source(opts, key_file),
+            volume::limits(opts),
+            "",
+        ),
+        None => volume::read_new_secret(None, "Enter passphrase for the new volume: "),
+    }
+}
+
+/// Unlocks a LUKS volume for `open`/`luksDump --dump-volume-key`/`decrypt`: a volume key
+/// file, or a passphrase.
+pub fn unlock(
+    opts: &Opts,
+    vol: &Volume,
+    device: &Path,
+    purpose: UnlockPurpose,
+) -> Result<(Option<usize>, SecretBytes), Failure> {
+    if let Some(p) = &opts.volume_key_file {
+        let vk = volume::read_volume_key_file(p)?;
+        vol.verify_volume_key(vk.as_bytes())?;
+        return Ok((None, vk));
+    }
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let (slot, key) = vol.unlock(pass.as_bytes(), opts.key_slot.map(|s| s as usize), purpose)?;
+    Ok((Some(slot), key))
+}
+
+/// The dm table of an unlocked volume (keys included: only ever sent over a pipe).
+pub fn crypt_table(
+    seg: &volume::Segment,
+    vk: &SecretBytes,
+    data_dev: &Path,
+    flags: &[String],
+) -> Result<String, Failure> {
+    if let Some(i) = &seg.integrity {
+        return Err(Failure::usage(format!(
+            "activating a volume with integrity ({i}) is not supported yet"
+        )));
+    }
+    cryptblk_cipher::CipherSpec::parse(&seg.cipher)?;
+    let path = volume::table_path(data_dev)?;
+    let dev_size = volume::device_size(data_dev)?;
+    let len = match seg.size {
+        Some(s) => s,
+        None => dev_size
+            .checked_sub(seg.offset)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Failure::device(format!(
+                    "Device {} is too small (no data area after the header).",
+                    data_dev.display()
+                ))
+            })?,
+    };
+    let len = len - len % seg.sector_size as u64;
+    if len == 0 {
+        return Err(Failure::device(format!(
+            "Device {} is too small.",
+            data_dev.display()
+        )));
+    }
+    let mut opts: Vec<String> = flags.to_vec();
+    if seg.sector_size != 512 {
+        opts.push(format!("sector_size:{}", seg.sector_size));
+    }
+    let key = if seg.cipher.contains("cipher_null") {
+        "-".to_string()
+    } else {
+        vk.to_hex()
+    };
+    let mut t = format!(
+        "0 {} crypt {} {} {} {} {}",
+        len / 512,
+        seg.cipher,
+        key,
+        seg.iv_offset,
+        path.display(),
+        seg.offset / 512
+    );
+    if !opts.is_empty() {
+        t.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
+    }
+    Ok(t)
+}
+
+/// `open <device> [<name>]`.
+pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
+    if opts.volume_type == Some(VolumeType::Plain) {
+        return open_plain(opts, a);
+    }
+    let vol = Volume::load(opts, &a.device, false)?;
+    let purpose = if opts.unbound {
+        UnlockPurpose::Unbound
+    } else if opts.test_passphrase {
+        UnlockPurpose::Verify
+    } else {
+        UnlockPurpose::Activate
+    };
+    let (slot, vk) = unlock(opts, &vol, &a.device, purpose)?;
+    if let Some(s) = slot {
+        if opts.verbose {
+            eprintln!("Key slot {s} unlocked.");
+        }
+    }
+    if opts.test_passphrase {
+        return Ok(());
+    }
+    if opts.unbound {
+        return Err(Failure::usage(
+            "an unbound keyslot cannot activate a device (use --test-passphrase)",
+        ));
+    }
+    let name = a
+        .name
+        .as_deref()
+        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
+    crate::control::check_name(name)?;
+    let seg = vol.segment()?;
+    let table = crypt_table(&seg, &vk, &a.device, &a.perf.table_flags())?;
+    let spec = ServeSpec {
+        name: name.to_string(),
+        table,
+        export: super::serving::export_spec(&a.export)?,
+        readonly: opts.readonly,
+        info: json!({
+            "type": vol.type_name(),
+            "uuid": vol.uuid(),
+            "cipher": seg.cipher,
+            "keysize": format!("{} bits", vk.len() * 8),
+            "device": a.device.display().to_string(),
+            "sector_size": seg.sector_size,
+            "offset": format!("{} sectors", seg.offset / 512),
+        }),
+    };
+    super::serving::start(spec, &a.export, opts.json)
+}
+
+fn plain_params(opts: &Opts) -> Result<PlainParams, Failure> {
+    let cipher = opts
+        .cipher
+        .clone()
+        .unwrap_or_else(|| "aes-cbc-essiv:sha256".into());
+    let bits = opts.key_size.unwrap_or(256);
+    Ok(PlainParams {
+        cipher_spec: cipher,
+        key_bytes: bits as usize / 8,
+        hash: opts.hash.clone().unwrap_or_else(|| "ripemd160".into()),
+        offset_sectors: opts.offset.unwrap_or(0),
+        iv_offset_sectors: opts.skip.unwrap_or(0),
+        size_sectors: opts.size,
+        sector_size: opts.sector_size.unwrap_or(512),
+    })
+}
+
+/// A plain volume from the options: key file bytes are the key, a passphrase is hashed.
+fn plain_volume(opts: &Opts, device: &Path) -> Result<PlainVolume, Failure> {
+    let params = plain_params(opts)?;
+    let size = volume::device_size(device)?;
+    Ok(match &opts.key_file {
+        Some(kf) => {
+            PlainVolume::from_key_file(&params, kf, opts.keyfile_offset.unwrap_or(0), size)?
+        }
+        None => {
+            let pass = volume::read_secret(
+                &volume::key_source(opts, None),
+                volume::limits(opts),
+                &format!("Enter passphrase for {}: ", device.display()),
+            )?;
+            PlainVolume::from_passphrase(&params, pass.as_bytes(), size)?
+        }
+    })
+}
+
+fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
+    let pv = plain_volume(opts, &a.device)?;
+    if opts.test_passphrase {
+        return Ok(());
+    }
+    let name = a
+        .name
+        .as_deref()
+        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
+    crate::control::check_name(name)?;
+    let seg = volume::Segment {
+        cipher: pv.cipher_spec.clone(),
+        offset: pv.offset_sectors * 512,
+        size: Some(pv.size_sectors * 512),
+        iv_offset: pv.iv_offset_sectors,
+        sector_size: pv.sector_size,
+        integrity: None,
+    };
+    let table = crypt_table(&seg, &pv.volume_key, &a.device, &a.perf.table_flags())?;
+    let spec = ServeSpec {
+        name: name.to_string(),
+        table,
+        export: super::serving::export_spec(&a.export)?,
+        readonly: opts.readonly,
+        info: json!({
+            "type": "PLAIN",
+            "cipher": seg.cipher,
+            "keysize": format!("{} bits", pv.volume_key.len() * 8),
+            "device": a.device.display().to_string(),
+            "sector_size": seg.sector_size,
+            "offset": format!("{} sectors", pv.offset_sectors),
+        }),
+    };
+    super::serving::start(spec, &a.export, opts.json)
+}
+
+/// `luksDump`.
+pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
+    let vol = Volume::load(opts, device, false)?;
+    let vk = if opts.dump_volume_key {
+        volume::confirm(opts, "Header dump with volume key is sensitive information\nwhich allows access to encrypted partition without a passphrase.")?;
+        let purpose = if opts.unbound {
+            UnlockPurpose::Unbound
+        } else {
+            UnlockPurpose::Verify
+        };
+        Some(unlock(opts, &vol, device, purpose)?.1)
+    } else {
+        None
+    };
+    match &vol {
+        Volume::Luks1(v) => print!("{}", v.dump(&device.display().to_string(), vk.as_ref())),
+        Volume::Luks2(h, _) => {
+            if opts.dump_json_metadata {
+                println!("{}", h.dump_json());
+                return Ok(());
+            }
+            match &vk {
+                None => print!("{}", h.dump()),
+                Some(k) => {
+                    let seg = vol.segment()?;
+                    println!("LUKS header information for {}", device.display());
+                    println!(
+                        "Cipher name:   \t{}",
+                        seg.cipher.split('-').next().unwrap_or("")
+                    );
+                    println!(
+                        "Cipher mode:   \t{}",
+                        seg.cipher.split_once('-').map(|x| x.1).unwrap_or("")
+                    );
+                    println!("Payload offset:\t{}", seg.offset / 512);
+                    println!("UUID:          \t{}", vol.uuid());
+                    println!("MK bits:       \t{}", k.len() * 8);
+                    print!("MK dump:\t");
+                    for (i, chunk) in k.as_bytes().chunks(16).enumerate() {
+                        if i > 0 {
+                            print!("\t\t");
+                        }
+                        let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
+                        println!("{} ", hex.join(" "));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `luksAddKey <device> [<new key file>]`.
+pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
+    let mut vol = Volume::load(opts, device, true)?;
+    let (existing_slot, vk) = if let Some(p) = &opts.volume_key_file {
+        let vk = volume::read_volume_key_file(p)?;
+        vol.verify_volume_key(vk.as_bytes())?;
+        (None, vk)
+    } else {
+        let pass = volume::read_secret(
+            &volume::key_source(opts, None),
+            volume::limits(opts),
+            "Enter any existing passphrase: ",
+        )?;
+        let purpose = if opts.unbound {
+            UnlockPurpose::Unbound
+        } else {
+            UnlockPurpose::Verify
+        };
+        let (s, k) = vol.unlock(pass.as_bytes(), None, purpose)?;
+        (Some(s), k)
+    };
+    let _ = existing_slot;
+    let new = volume::read_new_secret(new_key_file, "Enter new passphrase for key slot: ")?;
+    let slot = opts.key_slot.map(|s| s as usize);
+    let added = match &mut vol {
+        Volume::Luks1(v) => v.add_key(
+            &vk,
+            new.as_bytes(),
+            slot,
+            &volume::pbkdf_request(opts, true)?,
+        )?,
+        Volume::Luks2(h, f) => {
+            h.add_keyslot(&*f, &vk, new.as_bytes(), &volume::keyslot_params(opts)?)?
+        }
+    };
+    if opts.verbose {
+        eprintln!("Key slot {added} created.");
+    }
+    Ok(())
+}
+
+/// `luksRemoveKey <device> [<key file>]`.
+pub fn remove_key(opts: &Opts, device: &Path, key_file: Option<&Path>) -> ActionResult {
+    let mut vol = Volume::load(opts, device, true)?;
+    let pass = volume::read_secret(
+        &volume::key_source(opts, key_file),
+        volume::limits(opts),
+        "Enter passphrase to be deleted: ",
+    )?;
+    let (slot, _) = vol.unlock(
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+        UnlockPurpose::Unbound,
+    )?;
+    kill(&mut vol, slot)?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} removed.");
+    }
+    Ok(())
+}
+
+fn kill(vol: &mut Volume, slot: usize) -> ActionResult {
+    match vol {
+        Volume::Luks1(v) => v.kill_slot(slot)?,
+        Volume::Luks2(h, f) => h.remove_keyslot(&*f, slot)?,
+    }
+    Ok(())
+}
+
+/// `luksChangeKey <device> [<new key file>]`.
+pub fn change_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
+    let mut vol = Volume::load(opts, device, true)?;
+    let old = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        "Enter passphrase to be changed: ",
+    )?;
+    // Fail on a wrong passphrase before asking for the new one.
+    vol.unlock(
+        old.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+        UnlockPurpose::Unbound,
+    )?;
+    let new = volume::read_new_secret(new_key_file, "Enter new passphrase: ")?;
+    match &mut vol {
+        Volume::Luks1(v) => {
+            v.change_key(
+                old.as_bytes(),
+                opts.key_slot.map(|s| s as usize),
+                new.as_bytes(),
+                None,
+                &volume::pbkdf_request(opts, true)?,
+            )?;
+        }
+        Volume::Luks2(h, f) => {
+            let mut params = volume::keyslot_params(opts)?;
+            params.slot = None;
+            h.change_key(
+                &*f,
+                old.as_bytes(),
+                new.as_bytes(),
+                opts.key_slot.map(|s| s as usize),
+                &params,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `luksKillSlot <device> <slot> [<key file>]`: with --batch-mode no passphrase is needed,
+/// otherwise one of a remaining slot confirms, as in cryptsetup.
+pub fn kill_slot(opts: &Opts, device: &Path, slot: u32, key_file: Option<&Path>) -> ActionResult {
+    let mut vol = Volume::load(opts, device, true)?;
+    let slot = slot as usize;
+    if !opts.batch_mode || opts.key_file.is_some() || key_file.is_some() {
+        let pass = volume::read_secret(
+            &volume::key_source(opts, key_file),
+            volume::limits(opts),
+            "Enter any remaining passphrase: ",
+        )?;
+        vol.unlock(pass.as_bytes(), None, UnlockPurpose::Unbound)?;
+    }
+    kill(&mut vol, slot)
+}
+
+/// `luksHeaderBackup <device> --header-backup-file <file>`.
+pub fn header_backup(opts: &Opts, device: &Path) -> ActionResult {
+    let out = opts
+        .header_backup_file
+        .as_deref()
+        .ok_or_else(|| Failure::usage("Option --header-backup-file is required."))?;
+    if out.exists() {
+        return Err(Failure::new(
+            ExitCode::Busy,
+            format!(
+                "Requested header backup file {} already exists.",
+                out.display()
+            ),
+        ));
+    }
+    let vol = Volume::load(opts, device, false)?;
+    match &vol {
+        Volume::Luks1(v) => std::fs::write(out, v.header_backup()?)?,
+        Volume::Luks2(h, f) => {
+            let size = h.metadata_and_keyslots_size();
+            let file = std::fs::File::create(out)?;
+            file.set_len(size)?;
+            h.backup(f, &file)?;
+            file.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+/// `luksHeaderRestore <device> --header-backup-file <file>`: refuses a damaged or too small
+/// backup before touching the device.
+pub fn header_restore(opts: &Opts, device: &Path) -> ActionResult {
+    let src = opts
+        .header_backup_file
+        .as_deref()
+        .ok_or_else(|| Failure::usage("Option --header-backup-file is required."))?;
+    let backup_file = volume::open_file(src, false)?;
+    let target = volume::open_file(volume::header_path(opts, device), true)?;
+    match volume::probe_version(&backup_file) {
+        Some(1) => {
+            if volume::probe_version(&target) == Some(2) {
+                return Err(Failure::usage(
+                    "Header backup is LUKS1 but the device has a LUKS2 header.",
+                ));
+            }
+            let bytes = std::fs::read(src)?;
+            if volume::probe_version(&target).is_none() {
+                volume::confirm(opts, &format!("Device {} does not contain LUKS header. Replacing header can destroy data on that device.", device.display()))?;
+            }
+            Luks1Volume::restore_header(target, &bytes)?;
+        }
+        Some(2) => {
+            volume::confirm(
+                opts,
+                &format!(
+                    "Device {} will be overwritten with the header from the backup.",
+                    device.display()
+                ),
+            )?;
+            Luks2Header::restore(&target, &backup_file)?;
+        }
+        _ => {
+            return Err(Failure::usage(format!(
+                "Backup file {} doesn't contain valid LUKS header.",
+                src.display()
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// `luksUUID [--uuid U]`.
+pub fn uuid(opts: &Opts, device: &Path) -> ActionResult {
+    if opts.uuid.is_none() {
+        println!("{}", Volume::load(opts, device, false)?.uuid());
+        return Ok(());
+    }
+    let mut vol = Volume::load(opts, device, true)?;
+    match &mut vol {
+        Volume::Luks1(v) => v.set_uuid(opts.uuid.as_deref())?,
+        Volume::Luks2(h, f) => {
+            h.set_uuid(opts.uuid.as_deref().unwrap_or_default())?;
+            h.write(&*f)?;
+        }
+    }
+    Ok(())
+}
+
+/// `isLuks`: exit 0 for a LUKS device (of `--type`), 1 otherwise; silent unless -v.
+pub fn is_luks(opts: &Opts, device: &Path) -> ActionResult {
+    match Volume::load(opts, device, false) {
+        Ok(vol) => {
+            if let Volume::Luks2(..) = vol {
+                let f = volume::open_file(volume::header_path(opts, device), false)?;
+                if let Some(s) = cryptblk_format::luks2::lvm2_signature_sector(&f) {
+                    return Err(Failure::usage(format!(
+                        "Device contains ambiguous signatures (LVM2_member at sector {s}), cannot auto-recover LUKS2; use repair."
+                    )));
+                }
+            }
+            if opts.verbose {
+                eprintln!(
+                    "Device {} is a {} device.",
+                    device.display(),
+                    vol.type_name()
+                );
+            }
+            Ok(())
+        }
+        Err(f) if f.code == ExitCode::WrongDevice => Err(f),
+        Err(f) => Err(Failure::usage(if opts.verbose {
+            f.message
+        } else {
+            String::new()
+        })),
+    }
+}
+
+/// `erase`: wipes every keyslot.
+pub fn erase(opts: &Opts, device: &Path) -> ActionResult {
+    let mut vol = Volume::load(opts, device, true)?;
+    volume::confirm(opts, &format!("This operation will erase all keyslots on device {}.\nDevice will become unusable after this operation.", device.display()))?;
+    match &mut vol {
+        Volume::Luks1(v) => v.erase()?,
+        Volume::Luks2(h, f) => h.erase(&*f)?,
+    }
+    Ok(())
+}
+
+/// `config --label/--subsystem/--priority -S N` (LUKS2).
+pub fn config(opts: &Opts, device: &Path) -> ActionResult {
+    let mut vol = Volume::load(opts, device, true)?;
+    let Volume::Luks2(h, f) = &mut vol else {
+        return Err(Failure::usage(
+            "config is only supported for LUKS2 devices.",
+        ));
+    };
+    if let Some(l) = &opts.label {
+        h.set_label(l)?;
+    }
+    if let Some(s) = &opts.subsystem {
+        h.set_subsystem(s)?;
+    }
+    if let Some(p) = &opts.priority {
+        let slot = opts
+            .key_slot
+            .ok_or_else(|| Failure::usage("Keyslot specification is required (-S)."))?;
+        let prio = match p.as_str() {
+            "ignore" => 0,
+            "normal" => 1,
+            "prefer" => 2,
+            _ => {
+                return Err(Failure::usage(format!(
+                    "Unknown keyslot priority '{p}' (use prefer, normal or ignore)."
+                )))
+            }
+        };
+        h.set_priority(slot as usize, prio)?;
+    }
+    h.write(&*f)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("16k", "x").unwrap(), 16384);
+        assert_eq!(parse_bytes("4m", "x").unwrap(), 4 << 20);
+        assert_eq!(parse_bytes("512", "x").unwrap(), 512);
+        assert!(parse_bytes("12q", "x").is_err());
+        assert!(parse_bytes("k", "x").is_err());
+    }
+}
