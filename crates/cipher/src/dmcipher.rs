@@ -82,7 +82,7 @@ impl DmCipher {
 
     fn run(&self, dir: Direction, sector: u64, buf: &mut [u8]) -> Result<(), CipherError> {
         let ss = self.sector_size;
-        if buf.len() % ss != 0 {
+        if !buf.len().is_multiple_of(ss) {
             return Err(CipherError::Misaligned {
                 len: buf.len(),
                 sector_size: ss,
@@ -90,7 +90,7 @@ impl DmCipher {
         }
         let per_sector = (ss / 512) as u64;
         // The kernel kills bios that start inside an encryption sector.
-        if sector % per_sector != 0 {
+        if !sector.is_multiple_of(per_sector) {
             return Err(CipherError::MisalignedSector {
                 sector,
                 sector_size: ss,

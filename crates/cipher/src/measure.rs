@@ -2,9 +2,29 @@
 
 use crate::spec::SectorOptions;
 use crate::{open_cipher, CipherError, SecretBytes};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Measured throughput in MiB/s (2^20 bytes per second), as `cryptsetup benchmark` reports.
+/// The calling thread's consumed CPU time.
+struct CpuTime(Duration);
+
+impl CpuTime {
+    fn now() -> Self {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec; CLOCK_THREAD_CPUTIME_ID always exists
+        // on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        CpuTime(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+
+    fn elapsed(&self) -> Duration {
+        Self::now().0.saturating_sub(self.0)
+    }
+}
+
+/// Measured throughput in MiB/s (2^20 bytes per second of the measuring thread's CPU time).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Throughput {
     /// Encryption speed.
@@ -16,9 +36,12 @@ pub struct Throughput {
 /// Bytes handed to the cipher per call: one 4 KiB page, i.e. several sectors at 512 bytes.
 const BUFFER: usize = 4096;
 
-/// Measures `spec` with a random `key_len`-byte key, spending about `duration` on each
-/// direction. `implementation` names one from [`crate::implementations`]; `None` measures
-/// the default choice.
+/// Measures `spec` with a random `key_len`-byte key, spending about `duration` of CPU time on
+/// each direction. `implementation` names one from [`crate::implementations`]; `None`
+/// measures the default choice.
+///
+/// The divisor is the thread's CPU time, as `openssl speed` uses user CPU time: on a shared
+/// machine wall-clock time would charge other processes' time slices to the cipher.
 pub fn measure(
     spec: &str,
     key_len: usize,
@@ -37,7 +60,7 @@ pub fn measure(
     let mut buf = vec![0x5au8; len];
     let per_call = (len / 512) as u64;
     let mut run = |decrypt: bool| -> Result<f64, CipherError> {
-        let start = Instant::now();
+        let start = CpuTime::now();
         let mut bytes = 0u64;
         let mut sector = 0u64;
         loop {

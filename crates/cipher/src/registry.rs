@@ -25,6 +25,9 @@ pub struct ImplementationInfo {
     pub selected_by_default: bool,
 }
 
+/// Builds a keyed engine for a spec.
+type EngineBuilder = fn(&CipherSpec, &[u8]) -> Result<Box<dyn ModeEngine>, CipherError>;
+
 struct Implementation {
     name: &'static str,
     description: &'static str,
@@ -33,7 +36,7 @@ struct Implementation {
     priority: fn() -> u32,
     available: fn() -> bool,
     supports: fn(&CipherSpec, usize) -> bool,
-    build: fn(&CipherSpec, &[u8]) -> Result<Box<dyn ModeEngine>, CipherError>,
+    build: EngineBuilder,
 }
 
 #[cfg(target_arch = "x86_64")]
