@@ -35,3 +35,4 @@ pub fn luks_version(io: &dyn hdrio::HeaderIo) -> Result<Option<u16>> {
 }
 pub mod luks2;
 pub mod verity;
+pub mod integrity;
