@@ -14,7 +14,7 @@ fn hex_b64(out: &mut String, v: &Value) {
         .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
         .unwrap_or_default();
     for (i, b) in bytes.iter().enumerate() {
-        if i > 0 && i % 16 == 0 {
+        if i > 0 && i.is_multiple_of(16) {
             out.push_str("\n\t            ");
         }
         let _ = write!(out, "{b:02x} ");

@@ -80,7 +80,7 @@ fn layout(p: &FormatParams) -> Result<(u64, u64)> {
             "requested data offset is too small".into(),
         ));
     }
-    if data_offset % 512 != 0 {
+    if !data_offset.is_multiple_of(512) {
         return Err(FormatError::InvalidParameter(
             "data offset must be a multiple of 512 bytes".into(),
         ));
@@ -133,7 +133,7 @@ impl Luks2Header {
             )));
         }
         if let Some(k) = p.keyslots_size {
-            if k % 4096 != 0 || k > KEYSLOTS_SIZE_MAX || k == 0 {
+            if !k.is_multiple_of(4096) || k > KEYSLOTS_SIZE_MAX || k == 0 {
                 return Err(FormatError::InvalidParameter(format!(
                     "unsupported LUKS2 keyslots size {k} (4 KiB aligned, at most 128 MiB)"
                 )));
@@ -164,7 +164,7 @@ impl Luks2Header {
         };
         super::areacipher::check(&p.cipher, p.key_size, p.sector_size)?;
         let (keyslots_size, data_offset) = layout(p)?;
-        if data_offset % p.sector_size as u64 != 0 {
+        if !data_offset.is_multiple_of(p.sector_size as u64) {
             return Err(FormatError::InvalidParameter(format!(
                 "data offset {data_offset} is not aligned to the {}-byte sector",
                 p.sector_size

@@ -228,13 +228,13 @@ fn validate_crypt_segment(
         return Err(bad(format!("{what}: sector_size out of range")));
     }
     let ss = ss.as_u64().unwrap_or(0);
-    if ss == 0 || ss % 512 != 0 {
+    if ss == 0 || !ss.is_multiple_of(512) {
         return Err(bad(format!("{what}: invalid sector_size {ss}")));
     }
     if str_u64(iv).is_none() {
         return Err(bad(format!("{what}: invalid iv_tweak '{iv}'")));
     }
-    if size % ss != 0 {
+    if !size.is_multiple_of(ss) {
         return Err(bad(format!(
             "{what}: size {size} is not a multiple of sector_size {ss}"
         )));
@@ -270,12 +270,12 @@ fn validate_segments(hdr: &Value) -> Result<()> {
                 _ => return Err(bad(format!("{what}: invalid size '{size_s}'"))),
             }
         };
-        if offset % 512 != 0 {
+        if !offset.is_multiple_of(512) {
             return Err(bad(format!(
                 "{what}: offset {offset} not aligned to 512 bytes"
             )));
         }
-        if size % 512 != 0 {
+        if !size.is_multiple_of(512) {
             return Err(bad(format!("{what}: size {size} not aligned to 512 bytes")));
         }
         if let Some(flags) = seg.get("flags") {
@@ -421,7 +421,7 @@ fn validate_config(hdr: &Value) -> Result<()> {
             "config: invalid metadata size {metadata_size}"
         )));
     }
-    if keyslots_size % 4096 != 0 || keyslots_size > KEYSLOTS_SIZE_MAX {
+    if !keyslots_size.is_multiple_of(4096) || keyslots_size > KEYSLOTS_SIZE_MAX {
         return Err(bad(format!(
             "config: invalid keyslots_size {keyslots_size}"
         )));
