@@ -1,0 +1,284 @@
+//! Volumes served by the cryptblk daemon to real clients (nbdcopy, qemu-img, fio), checked
+//! against cryptsetup's view of the same volume and the independent pyca model.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+fn uri(sock: &Path) -> String {
+    format!("nbd+unix:///?socket={}", sock.display())
+}
+
+/// Closes the mapping when dropped, so a failing test does not leave a daemon behind.
+struct Served(&'static str);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = run(cryptblk().args(["close", self.0]), b"");
+    }
+}
+
+fn open_nbd(img: &Path, key: &Path, name: &'static str, sock: &Path, extra: &[&str]) -> Served {
+    run_ok(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(key)
+            .args(extra)
+            .arg(img)
+            .arg(name)
+            .arg("--nbd")
+            .arg(sock),
+        b"",
+    );
+    Served(name)
+}
+
+/// (data offset in bytes, encryption sector size) of a LUKS2 volume, as cryptsetup reports
+/// them (cryptsetup picks 4096-byte sectors by itself for image files).
+fn luks2_segment(img: &Path) -> (usize, u32) {
+    let mut c = cryptsetup().unwrap();
+    let dump = run_ok(c.arg("luksDump").arg(img), b"");
+    let field = |name: &str| -> u64 {
+        let line = dump
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in luksDump:\n{dump}"));
+        line[name.len()..].split_whitespace().next().unwrap().parse().unwrap()
+    };
+    (field("offset:") as usize, field("sector:") as u32)
+}
+
+#[test]
+fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
+    let Some(_) = tool("nbdcopy") else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"nbd test key").unwrap();
+    let img = dir.path().join("vol.img");
+    sparse_file(&img, 40 << 20);
+    let Some(mut fmt) = cryptsetup() else { return };
+    run_ok(fmt.args(["luksFormat", "--type", "luks2"]).args(FAST).arg("--key-file").arg(&key).arg(&img), b"");
+
+    let data_path = dir.path().join("data.bin");
+    let data = write_pattern(&data_path, 8 << 20, 11);
+    let sock = dir.path().join("nbd.sock");
+    {
+        let _s = open_nbd(&img, &key, "t-nbd-w", &sock, &[]);
+        run_ok(Command::new("nbdcopy").arg(&data_path).arg(uri(&sock)), b"");
+    }
+    // The daemon is gone; check the bytes on disk with cryptsetup's volume key.
+    let vk = cryptsetup_volume_key(&img, &key, &[]).unwrap();
+    let (off, sector) = luks2_segment(&img);
+    let raw = std::fs::read(&img).unwrap();
+    let plain = independent("decrypt", "aes-xts-plain64", &vk, sector, &raw[off..off + data.len()]);
+    assert!(plain == data, "data written over NBD does not decrypt to what was written");
+
+    // Reverse: ciphertext made by the independent model reads back through cryptblk.
+    let other = write_pattern(&data_path, 4 << 20, 12);
+    let cipher = independent("encrypt", "aes-xts-plain64", &vk, sector, &other);
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &cipher, off as u64).unwrap();
+    drop(f);
+    let out = dir.path().join("out.bin");
+    {
+        let _s = open_nbd(&img, &key, "t-nbd-r", &sock, &["--readonly"]);
+        run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
+    }
+    let back = std::fs::read(&out).unwrap();
+    assert!(back[..other.len()] == other[..], "cryptblk reads back something else than was encrypted");
+}
+
+#[test]
+fn qemu_img_converts_in_and_out() {
+    let Some(_) = tool("qemu-img") else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"qemu key").unwrap();
+    let img = dir.path().join("vol.img");
+    sparse_file(&img, 32 << 20);
+    run_ok(
+        cryptblk().args(["luksFormat", "--batch-mode", "--type", "luks2"]).args(FAST).arg("--key-file").arg(&key).arg(&img),
+        b"",
+    );
+    let src = dir.path().join("src.raw");
+    let data = write_pattern(&src, 16 << 20, 3);
+    let sock = dir.path().join("q.sock");
+    let _s = open_nbd(&img, &key, "t-qemu", &sock, &[]);
+    run_ok(
+        Command::new("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw"]).arg(&src).arg(uri(&sock)),
+        b"",
+    );
+    let dst = dir.path().join("dst.raw");
+    run_ok(
+        Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw"]).arg(uri(&sock)).arg(&dst),
+        b"",
+    );
+    let back = std::fs::read(&dst).unwrap();
+    assert!(back[..data.len()] == data[..], "qemu-img round trip differs");
+    let mut io = Command::new("qemu-io");
+    io.args(["-f", "raw", "-c", "write -P 0xab 1M 64k", "-c", "read -P 0xab 1M 64k"]).arg(uri(&sock));
+    let out = run_ok(&mut io, b"");
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+/// Writes a dm table to a private file (tables with keys never go on a command line).
+fn table_file(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("table");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn fio_verifies_while_refresh_flips_the_pipeline() {
+    let Some(_) = tool("fio") else { return };
+    let dir = tempdir();
+    let key: String = (0..64).map(|i| format!("{:02x}", (i * 7 + 3) % 256)).collect();
+    let tbl = table_file(dir.path(), &format!("0 131072 crypt aes-xts-plain64 {key} 0 ram:64M 0\n"));
+    let sock = dir.path().join("f.sock");
+    run_ok(cryptblk().args(["dm", "create", "t-flip", "--table-file"]).arg(&tbl).arg("--nbd").arg(&sock), b"");
+    let _s = Served("t-flip");
+
+    let mut fio = Command::new("fio");
+    fio.args([
+        "--name=flip",
+        "--ioengine=nbd",
+        &format!("--uri={}", uri(&sock)),
+        // Each job owns its half of the device, writes it at random and verifies as it goes
+        // (verify_backlog), so reads and writes interleave across every flip.
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=32M",
+        "--offset_increment=32M",
+        "--iodepth=4",
+        "--numjobs=2",
+        "--verify=crc32c",
+        "--verify_backlog=64",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        "--loops=3",
+        "--output-format=json",
+    ]);
+    let mut child = fio.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+
+    // Flip between the models for as long as fio runs; count only flips made under load.
+    let mut flips = 0;
+    let start = Instant::now();
+    let modes: [&[&str]; 4] = [&["--perf-queued"], &[], &["--perf-no_read_workqueue"], &["--perf-same_cpu_crypt"]];
+    while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
+        let m = modes[flips % modes.len()];
+        run_ok(cryptblk().args(["refresh", "t-flip"]).args(m), b"");
+        flips += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio failed during {flips} refreshes: {}{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
+    for job in report["jobs"].as_array().unwrap() {
+        assert_eq!(job["error"], 0, "fio job error: {job}");
+        assert!(job["read"]["io_bytes"].as_u64().unwrap() > 0, "job read nothing");
+        assert!(job["write"]["io_bytes"].as_u64().unwrap() > 0, "job wrote nothing");
+    }
+    assert!(flips >= 4, "only {flips} refreshes happened");
+    let st = run_ok(cryptblk().args(["status", "t-flip", "--json"]), b"");
+    let v: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(v["pipeline"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn sigterm_flushes_and_data_survives() {
+    let Some(_) = tool("nbdcopy") else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"sigterm key").unwrap();
+    let img = dir.path().join("vol.img");
+    sparse_file(&img, 24 << 20);
+    run_ok(
+        cryptblk().args(["luksFormat", "--batch-mode", "--type", "luks1"]).args(["--pbkdf-force-iterations", "1000"]).arg("--key-file").arg(&key).arg(&img),
+        b"",
+    );
+    let data_path = dir.path().join("d.bin");
+    let data = write_pattern(&data_path, 2 << 20, 5);
+    let sock = dir.path().join("s.sock");
+    let out = run_ok(
+        cryptblk().args(["open", "--json", "--key-file"]).arg(&key).arg(&img).arg("t-term").arg("--nbd").arg(&sock),
+        b"",
+    );
+    let facts: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let pid = facts["pid"].as_i64().unwrap() as i32;
+    run_ok(Command::new("nbdcopy").arg(&data_path).arg(uri(&sock)), b"");
+    // SAFETY: signalling a child process we started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let ctl = runtime_dir().join("t-term.ctl");
+    let t = Instant::now();
+    while ctl.exists() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!ctl.exists(), "daemon did not stop on SIGTERM");
+    let plain = dir.path().join("plain.bin");
+    run_ok(cryptblk().args(["decrypt", "--key-file"]).arg(&key).arg(&img).arg(&plain), b"");
+    let back = std::fs::read(&plain).unwrap();
+    assert!(back[..data.len()] == data[..], "data written before SIGTERM was lost");
+}
+
+#[test]
+fn errors_have_cryptsetup_exit_codes() {
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"k1").unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, b"k2").unwrap();
+    let img = dir.path().join("vol.img");
+    sparse_file(&img, 20 << 20);
+    run_ok(
+        cryptblk().args(["luksFormat", "--batch-mode", "--type", "luks2"]).args(FAST).arg("--key-file").arg(&key).arg(&img),
+        b"",
+    );
+    let code = |c: &mut Command| {
+        let o = run(c, b"");
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!err.contains("panicked"), "panic: {err}");
+        (o.status.code().unwrap(), err)
+    };
+    let (c, e) = code(cryptblk().args(["open", "--test-passphrase", "--key-file"]).arg(&wrong).arg(&img));
+    assert_eq!(c, 2, "wrong passphrase: {e}");
+    assert!(e.contains("No key available"), "{e}");
+    let (c, e) = code(cryptblk().args(["luksDump"]).arg(dir.path().join("missing.img")));
+    assert_eq!(c, 4, "missing device: {e}");
+    let notluks = dir.path().join("zero.img");
+    sparse_file(&notluks, 4 << 20);
+    let (c, e) = code(cryptblk().args(["luksDump"]).arg(&notluks));
+    assert_eq!(c, 1, "not LUKS: {e}");
+    assert!(e.contains("not a valid LUKS device"), "{e}");
+    let (c, _) = code(cryptblk().args(["isLuks"]).arg(&notluks));
+    assert_eq!(c, 1);
+    let (c, _) = code(cryptblk().args(["isLuks"]).arg(&img));
+    assert_eq!(c, 0);
+    let (c, _) = code(cryptblk().args(["isLuks", "--type", "luks1"]).arg(&img));
+    assert_eq!(c, 1);
+    let (c, e) = code(cryptblk().args(["close", "no-such-mapping"]));
+    assert_eq!(c, 4, "{e}");
+    let (c, e) = code(cryptblk().args(["luksFormat", "--batch-mode", "--cipher", "aes-nope-plain64", "--key-file"]).arg(&key).arg(&notluks));
+    assert_eq!(c, 1, "{e}");
+    let (c, e) = code(cryptblk().args(["open", "--key-file"]).arg(&key).arg(&img).arg("bad/name").args(["--nbd", "/tmp/x.sock"]));
+    assert_eq!(c, 1, "{e}");
+    // A busy name: the second open of the same name must fail with 5 and leave the first up.
+    let sock = dir.path().join("b.sock");
+    let _s = open_nbd(&img, &key, "t-busy", &sock, &[]);
+    let (c, e) = code(cryptblk().args(["open", "--key-file"]).arg(&key).arg(&img).arg("t-busy").arg("--nbd").arg(dir.path().join("b2.sock")));
+    assert_eq!(c, 5, "{e}");
+    run_ok(cryptblk().args(["status", "t-busy"]), b"");
+    // Unknown option: wrong parameters.
+    let (c, _) = code(cryptblk().args(["luksDump", "--no-such-option"]).arg(&img));
+    assert_eq!(c, 1);
+}
