@@ -48,7 +48,12 @@ fn luks2_segment(img: &Path) -> (usize, u32) {
             .map(str::trim)
             .find(|l| l.starts_with(name))
             .unwrap_or_else(|| panic!("no {name} in luksDump:\n{dump}"));
-        line[name.len()..].split_whitespace().next().unwrap().parse().unwrap()
+        line[name.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
     };
     (field("offset:") as usize, field("sector:") as u32)
 }
@@ -62,7 +67,14 @@ fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let img = dir.path().join("vol.img");
     sparse_file(&img, 40 << 20);
     let Some(mut fmt) = cryptsetup() else { return };
-    run_ok(fmt.args(["luksFormat", "--type", "luks2"]).args(FAST).arg("--key-file").arg(&key).arg(&img), b"");
+    run_ok(
+        fmt.args(["luksFormat", "--type", "luks2"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&img),
+        b"",
+    );
 
     let data_path = dir.path().join("data.bin");
     let data = write_pattern(&data_path, 8 << 20, 11);
@@ -75,8 +87,17 @@ fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let vk = cryptsetup_volume_key(&img, &key, &[]).unwrap();
     let (off, sector) = luks2_segment(&img);
     let raw = std::fs::read(&img).unwrap();
-    let plain = independent("decrypt", "aes-xts-plain64", &vk, sector, &raw[off..off + data.len()]);
-    assert!(plain == data, "data written over NBD does not decrypt to what was written");
+    let plain = independent(
+        "decrypt",
+        "aes-xts-plain64",
+        &vk,
+        sector,
+        &raw[off..off + data.len()],
+    );
+    assert!(
+        plain == data,
+        "data written over NBD does not decrypt to what was written"
+    );
 
     // Reverse: ciphertext made by the independent model reads back through cryptblk.
     let other = write_pattern(&data_path, 4 << 20, 12);
@@ -90,7 +111,10 @@ fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
         run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
     }
     let back = std::fs::read(&out).unwrap();
-    assert!(back[..other.len()] == other[..], "cryptblk reads back something else than was encrypted");
+    assert!(
+        back[..other.len()] == other[..],
+        "cryptblk reads back something else than was encrypted"
+    );
 }
 
 #[test]
@@ -102,7 +126,12 @@ fn qemu_img_converts_in_and_out() {
     let img = dir.path().join("vol.img");
     sparse_file(&img, 32 << 20);
     run_ok(
-        cryptblk().args(["luksFormat", "--batch-mode", "--type", "luks2"]).args(FAST).arg("--key-file").arg(&key).arg(&img),
+        cryptblk()
+            .args(["luksFormat", "--batch-mode", "--type", "luks2"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&img),
         b"",
     );
     let src = dir.path().join("src.raw");
@@ -110,18 +139,35 @@ fn qemu_img_converts_in_and_out() {
     let sock = dir.path().join("q.sock");
     let _s = open_nbd(&img, &key, "t-qemu", &sock, &[]);
     run_ok(
-        Command::new("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw"]).arg(&src).arg(uri(&sock)),
+        Command::new("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&src)
+            .arg(uri(&sock)),
         b"",
     );
     let dst = dir.path().join("dst.raw");
     run_ok(
-        Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw"]).arg(uri(&sock)).arg(&dst),
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "raw"])
+            .arg(uri(&sock))
+            .arg(&dst),
         b"",
     );
     let back = std::fs::read(&dst).unwrap();
-    assert!(back[..data.len()] == data[..], "qemu-img round trip differs");
+    assert!(
+        back[..data.len()] == data[..],
+        "qemu-img round trip differs"
+    );
     let mut io = Command::new("qemu-io");
-    io.args(["-f", "raw", "-c", "write -P 0xab 1M 64k", "-c", "read -P 0xab 1M 64k"]).arg(uri(&sock));
+    io.args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0xab 1M 64k",
+        "-c",
+        "read -P 0xab 1M 64k",
+    ])
+    .arg(uri(&sock));
     let out = run_ok(&mut io, b"");
     assert!(!out.contains("Pattern verification failed"), "{out}");
 }
@@ -137,10 +183,22 @@ fn table_file(dir: &Path, text: &str) -> PathBuf {
 fn fio_verifies_while_refresh_flips_the_pipeline() {
     let Some(_) = tool("fio") else { return };
     let dir = tempdir();
-    let key: String = (0..64).map(|i| format!("{:02x}", (i * 7 + 3) % 256)).collect();
-    let tbl = table_file(dir.path(), &format!("0 131072 crypt aes-xts-plain64 {key} 0 ram:64M 0\n"));
+    let key: String = (0..64)
+        .map(|i| format!("{:02x}", (i * 7 + 3) % 256))
+        .collect();
+    let tbl = table_file(
+        dir.path(),
+        &format!("0 131072 crypt aes-xts-plain64 {key} 0 ram:64M 0\n"),
+    );
     let sock = dir.path().join("f.sock");
-    run_ok(cryptblk().args(["dm", "create", "t-flip", "--table-file"]).arg(&tbl).arg("--nbd").arg(&sock), b"");
+    run_ok(
+        cryptblk()
+            .args(["dm", "create", "t-flip", "--table-file"])
+            .arg(&tbl)
+            .arg("--nbd")
+            .arg(&sock),
+        b"",
+    );
     let _s = Served("t-flip");
 
     let mut fio = Command::new("fio");
@@ -163,12 +221,21 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
         "--loops=3",
         "--output-format=json",
     ]);
-    let mut child = fio.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = fio
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
 
     // Flip between the models for as long as fio runs; count only flips made under load.
     let mut flips = 0;
     let start = Instant::now();
-    let modes: [&[&str]; 4] = [&["--perf-queued"], &[], &["--perf-no_read_workqueue"], &["--perf-same_cpu_crypt"]];
+    let modes: [&[&str]; 4] = [
+        &["--perf-queued"],
+        &[],
+        &["--perf-no_read_workqueue"],
+        &["--perf-same_cpu_crypt"],
+    ];
     while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
         let m = modes[flips % modes.len()];
         run_ok(cryptblk().args(["refresh", "t-flip"]).args(m), b"");
@@ -183,11 +250,18 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
         stdout,
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: serde_json::Value = serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
     for job in report["jobs"].as_array().unwrap() {
         assert_eq!(job["error"], 0, "fio job error: {job}");
-        assert!(job["read"]["io_bytes"].as_u64().unwrap() > 0, "job read nothing");
-        assert!(job["write"]["io_bytes"].as_u64().unwrap() > 0, "job wrote nothing");
+        assert!(
+            job["read"]["io_bytes"].as_u64().unwrap() > 0,
+            "job read nothing"
+        );
+        assert!(
+            job["write"]["io_bytes"].as_u64().unwrap() > 0,
+            "job wrote nothing"
+        );
     }
     assert!(flips >= 4, "only {flips} refreshes happened");
     let st = run_ok(cryptblk().args(["status", "t-flip", "--json"]), b"");
@@ -204,14 +278,25 @@ fn sigterm_flushes_and_data_survives() {
     let img = dir.path().join("vol.img");
     sparse_file(&img, 24 << 20);
     run_ok(
-        cryptblk().args(["luksFormat", "--batch-mode", "--type", "luks1"]).args(["--pbkdf-force-iterations", "1000"]).arg("--key-file").arg(&key).arg(&img),
+        cryptblk()
+            .args(["luksFormat", "--batch-mode", "--type", "luks1"])
+            .args(["--pbkdf-force-iterations", "1000"])
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&img),
         b"",
     );
     let data_path = dir.path().join("d.bin");
     let data = write_pattern(&data_path, 2 << 20, 5);
     let sock = dir.path().join("s.sock");
     let out = run_ok(
-        cryptblk().args(["open", "--json", "--key-file"]).arg(&key).arg(&img).arg("t-term").arg("--nbd").arg(&sock),
+        cryptblk()
+            .args(["open", "--json", "--key-file"])
+            .arg(&key)
+            .arg(&img)
+            .arg("t-term")
+            .arg("--nbd")
+            .arg(&sock),
         b"",
     );
     let facts: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -226,9 +311,19 @@ fn sigterm_flushes_and_data_survives() {
     }
     assert!(!ctl.exists(), "daemon did not stop on SIGTERM");
     let plain = dir.path().join("plain.bin");
-    run_ok(cryptblk().args(["decrypt", "--key-file"]).arg(&key).arg(&img).arg(&plain), b"");
+    run_ok(
+        cryptblk()
+            .args(["decrypt", "--key-file"])
+            .arg(&key)
+            .arg(&img)
+            .arg(&plain),
+        b"",
+    );
     let back = std::fs::read(&plain).unwrap();
-    assert!(back[..data.len()] == data[..], "data written before SIGTERM was lost");
+    assert!(
+        back[..data.len()] == data[..],
+        "data written before SIGTERM was lost"
+    );
 }
 
 #[test]
@@ -241,7 +336,12 @@ fn errors_have_cryptsetup_exit_codes() {
     let img = dir.path().join("vol.img");
     sparse_file(&img, 20 << 20);
     run_ok(
-        cryptblk().args(["luksFormat", "--batch-mode", "--type", "luks2"]).args(FAST).arg("--key-file").arg(&key).arg(&img),
+        cryptblk()
+            .args(["luksFormat", "--batch-mode", "--type", "luks2"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&img),
         b"",
     );
     let code = |c: &mut Command| {
@@ -250,10 +350,19 @@ fn errors_have_cryptsetup_exit_codes() {
         assert!(!err.contains("panicked"), "panic: {err}");
         (o.status.code().unwrap(), err)
     };
-    let (c, e) = code(cryptblk().args(["open", "--test-passphrase", "--key-file"]).arg(&wrong).arg(&img));
+    let (c, e) = code(
+        cryptblk()
+            .args(["open", "--test-passphrase", "--key-file"])
+            .arg(&wrong)
+            .arg(&img),
+    );
     assert_eq!(c, 2, "wrong passphrase: {e}");
     assert!(e.contains("No key available"), "{e}");
-    let (c, e) = code(cryptblk().args(["luksDump"]).arg(dir.path().join("missing.img")));
+    let (c, e) = code(
+        cryptblk()
+            .args(["luksDump"])
+            .arg(dir.path().join("missing.img")),
+    );
     assert_eq!(c, 4, "missing device: {e}");
     let notluks = dir.path().join("zero.img");
     sparse_file(&notluks, 4 << 20);
@@ -268,14 +377,40 @@ fn errors_have_cryptsetup_exit_codes() {
     assert_eq!(c, 1);
     let (c, e) = code(cryptblk().args(["close", "no-such-mapping"]));
     assert_eq!(c, 4, "{e}");
-    let (c, e) = code(cryptblk().args(["luksFormat", "--batch-mode", "--cipher", "aes-nope-plain64", "--key-file"]).arg(&key).arg(&notluks));
+    let (c, e) = code(
+        cryptblk()
+            .args([
+                "luksFormat",
+                "--batch-mode",
+                "--cipher",
+                "aes-nope-plain64",
+                "--key-file",
+            ])
+            .arg(&key)
+            .arg(&notluks),
+    );
     assert_eq!(c, 1, "{e}");
-    let (c, e) = code(cryptblk().args(["open", "--key-file"]).arg(&key).arg(&img).arg("bad/name").args(["--nbd", "/tmp/x.sock"]));
+    let (c, e) = code(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(&key)
+            .arg(&img)
+            .arg("bad/name")
+            .args(["--nbd", "/tmp/x.sock"]),
+    );
     assert_eq!(c, 1, "{e}");
     // A busy name: the second open of the same name must fail with 5 and leave the first up.
     let sock = dir.path().join("b.sock");
     let _s = open_nbd(&img, &key, "t-busy", &sock, &[]);
-    let (c, e) = code(cryptblk().args(["open", "--key-file"]).arg(&key).arg(&img).arg("t-busy").arg("--nbd").arg(dir.path().join("b2.sock")));
+    let (c, e) = code(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(&key)
+            .arg(&img)
+            .arg("t-busy")
+            .arg("--nbd")
+            .arg(dir.path().join("b2.sock")),
+    );
     assert_eq!(c, 5, "{e}");
     run_ok(cryptblk().args(["status", "t-busy"]), b"");
     // Unknown option: wrong parameters.
