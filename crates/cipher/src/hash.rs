@@ -24,6 +24,10 @@ pub enum HashAlgorithm {
     Ripemd160,
     /// Whirlpool (512-bit).
     Whirlpool,
+    /// The kernel's `wp256`: Whirlpool truncated to 256 bits (seen as `essiv:wp256`).
+    Wp256,
+    /// The kernel's `wp384`: Whirlpool truncated to 384 bits.
+    Wp384,
 }
 
 impl HashAlgorithm {
@@ -37,6 +41,8 @@ impl HashAlgorithm {
             "sha512" => Self::Sha512,
             "ripemd160" | "rmd160" => Self::Ripemd160,
             "whirlpool" | "wp512" => Self::Whirlpool,
+            "wp256" => Self::Wp256,
+            "wp384" => Self::Wp384,
             _ => return Err(CipherError::UnknownHash(name.to_string())),
         })
     }
@@ -51,6 +57,8 @@ impl HashAlgorithm {
             Self::Sha512 => "sha512",
             Self::Ripemd160 => "ripemd160",
             Self::Whirlpool => "whirlpool",
+            Self::Wp256 => "wp256",
+            Self::Wp384 => "wp384",
         }
     }
 
@@ -59,8 +67,8 @@ impl HashAlgorithm {
         match self {
             Self::Sha1 | Self::Ripemd160 => 20,
             Self::Sha224 => 28,
-            Self::Sha256 => 32,
-            Self::Sha384 => 48,
+            Self::Sha256 | Self::Wp256 => 32,
+            Self::Sha384 | Self::Wp384 => 48,
             Self::Sha512 | Self::Whirlpool => 64,
         }
     }
@@ -82,6 +90,11 @@ impl HashAlgorithm {
             Self::Sha512 => run::<sha2::Sha512>(parts),
             Self::Ripemd160 => run::<ripemd::Ripemd160>(parts),
             Self::Whirlpool => run::<whirlpool::Whirlpool>(parts),
+            Self::Wp256 | Self::Wp384 => {
+                let mut d = run::<whirlpool::Whirlpool>(parts);
+                d.truncate(self.output_len());
+                d
+            }
         }
     }
 
@@ -101,6 +114,7 @@ impl HashAlgorithm {
             Self::Sha512 => run::<Hmac<sha2::Sha512>>(key, data),
             Self::Ripemd160 => run::<Hmac<ripemd::Ripemd160>>(key, data),
             Self::Whirlpool => run::<Hmac<whirlpool::Whirlpool>>(key, data),
+            Self::Wp256 | Self::Wp384 => self.manual_hmac(key, data),
         }
     }
 
@@ -115,6 +129,41 @@ impl HashAlgorithm {
             Self::Sha512 => pbkdf2_hmac::<sha2::Sha512>(password, salt, iterations, out),
             Self::Ripemd160 => pbkdf2_hmac::<ripemd::Ripemd160>(password, salt, iterations, out),
             Self::Whirlpool => pbkdf2_hmac::<whirlpool::Whirlpool>(password, salt, iterations, out),
+            Self::Wp256 | Self::Wp384 => self.manual_pbkdf2(password, salt, iterations, out),
+        }
+    }
+
+    /// HMAC (RFC 2104) built on [`Self::digest`], for the truncated Whirlpools that have no
+    /// `Digest` type of their own. Valid for hashes with 64-byte blocks.
+    fn manual_hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
+        const BLOCK: usize = 64;
+        let mut k = [0u8; BLOCK];
+        if key.len() > BLOCK {
+            let d = self.digest(&[key]);
+            k[..d.len()].copy_from_slice(&d);
+        } else {
+            k[..key.len()].copy_from_slice(key);
+        }
+        let ipad: Vec<u8> = k.iter().map(|b| b ^ 0x36).collect();
+        let opad: Vec<u8> = k.iter().map(|b| b ^ 0x5c).collect();
+        let inner = self.digest(&[&ipad, data]);
+        let out = self.digest(&[&opad, &inner]);
+        zeroize::Zeroize::zeroize(&mut k);
+        out
+    }
+
+    /// PBKDF2 (RFC 8018) over [`Self::manual_hmac`].
+    fn manual_pbkdf2(self, password: &[u8], salt: &[u8], iterations: u32, out: &mut [u8]) {
+        let hlen = self.output_len();
+        for (i, chunk) in out.chunks_mut(hlen).enumerate() {
+            let index = (i as u32 + 1).to_be_bytes();
+            let mut u = self.manual_hmac(password, &[salt, &index].concat());
+            let mut t = u.clone();
+            for _ in 1..iterations {
+                u = self.manual_hmac(password, &u);
+                t.iter_mut().zip(&u).for_each(|(a, b)| *a ^= b);
+            }
+            chunk.copy_from_slice(&t[..chunk.len()]);
         }
     }
 }
@@ -140,6 +189,28 @@ mod tests {
         let mut out = [0u8; 20];
         HashAlgorithm::Sha1.pbkdf2(b"password", b"salt", 2, &mut out);
         assert_eq!(hex(&out), "ea6c014dc72d6f8ccd1ed92ace1d41f0d8de8957");
+    }
+
+    #[test]
+    fn truncated_whirlpool_is_the_digest_prefix() {
+        let full = HashAlgorithm::Whirlpool.digest(&[b"abc"]);
+        assert_eq!(HashAlgorithm::Wp256.digest(&[b"abc"]), full[..32]);
+        assert_eq!(HashAlgorithm::Wp384.digest(&[b"a", b"bc"]), full[..48]);
+    }
+
+    #[test]
+    fn manual_hmac_and_pbkdf2_agree_with_the_crates() {
+        // The construction used for wp256/wp384, run over SHA-256 and Whirlpool (64-byte
+        // blocks like them), must equal the hmac and pbkdf2 crates.
+        for h in [HashAlgorithm::Sha256, HashAlgorithm::Whirlpool] {
+            for key in [&b"k"[..], &[9u8; 64][..], &[3u8; 100][..]] {
+                assert_eq!(h.manual_hmac(key, b"message"), h.hmac(key, b"message"));
+            }
+            let (mut a, mut b) = ([0u8; 70], [0u8; 70]);
+            h.manual_pbkdf2(b"password", b"salt", 3, &mut a);
+            h.pbkdf2(b"password", b"salt", 3, &mut b);
+            assert_eq!(a, b);
+        }
     }
 
     #[test]
