@@ -74,7 +74,7 @@ pub trait BlockDevice: Send + Sync {
 
 /// Checks a request against the alignment and size rules of [`BlockDevice`].
 pub fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {
-    if offset % SECTOR_SIZE != 0 || len % SECTOR_SIZE != 0 {
+    if !offset.is_multiple_of(SECTOR_SIZE) || !len.is_multiple_of(SECTOR_SIZE) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     match offset.checked_add(len) {

@@ -196,6 +196,28 @@ impl Mapping {
         f(&loaded.table)
     }
 
+    /// The crash-test controls of every `flakey` target in the live table, in table order.
+    pub fn flakey_controls(&self) -> Vec<Arc<crate::FlakeyControl>> {
+        self.with_table(|t| {
+            t.entries()
+                .iter()
+                .filter_map(|e| e.target.as_any().downcast_ref::<crate::FlakeyTarget>())
+                .map(|f| f.control())
+                .collect()
+        })
+    }
+
+    /// Counters of every `crypt` target in the live table, in table order.
+    pub fn crypt_stats(&self) -> Vec<crate::crypt::CryptStatsSnapshot> {
+        self.with_table(|t| {
+            t.entries()
+                .iter()
+                .filter_map(|e| e.target.as_any().downcast_ref::<crate::CryptTarget>())
+                .map(|c| c.stats())
+                .collect()
+        })
+    }
+
     /// `dmsetup info`.
     pub fn info(&self) -> MappingInfo {
         let s = self.lock();

@@ -179,6 +179,29 @@ impl Registry {
         Ok(mapping)
     }
 
+    /// Registers a mapping around a table built in code (e.g. a crypt target made with
+    /// [`crate::CryptTarget::new`] so the key never exists as hex text). Mappings it stacks
+    /// on must be listed in `deps` for busy and cycle checks.
+    pub fn create_with_table(
+        &self,
+        name: &str,
+        table: Table,
+        deps: &[&str],
+    ) -> Result<Arc<Mapping>, DmError> {
+        validate_name(name)?;
+        let loaded = LoadedTable {
+            table,
+            deps: deps.iter().map(|d| d.to_string()).collect(),
+        };
+        let mapping = Arc::new(Mapping::with_loaded(name, loaded));
+        let mut maps = self.mappings.write().unwrap_or_else(|e| e.into_inner());
+        if maps.contains_key(name) {
+            return Err(DmError::MappingExists(name.to_string()));
+        }
+        maps.insert(name.to_string(), mapping.clone());
+        Ok(mapping)
+    }
+
     /// `dmsetup reload <name>`: builds and stages a new table; takes effect at resume.
     pub fn reload(&self, name: &str, table_text: &str) -> Result<(), DmError> {
         let mapping = self.get(name)?;

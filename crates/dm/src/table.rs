@@ -139,7 +139,7 @@ impl Table {
         }
         for (i, e) in entries.iter().enumerate() {
             // A boundary inside a logical block would split blocks across targets.
-            if (e.start * SECTOR_SIZE) % u64::from(lbs) != 0 {
+            if !(e.start * SECTOR_SIZE).is_multiple_of(u64::from(lbs)) {
                 return Err(DmError::table(
                     i + 1,
                     format!(
@@ -194,7 +194,7 @@ impl Table {
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         crate::device::check_range(self.size, offset, len)?;
         let lbs = u64::from(self.logical_block_size);
-        if offset % lbs != 0 || len % lbs != 0 {
+        if !offset.is_multiple_of(lbs) || !len.is_multiple_of(lbs) {
             return Err(errno(libc::EINVAL));
         }
         Ok(())

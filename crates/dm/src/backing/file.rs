@@ -101,14 +101,14 @@ impl FileBacking {
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len)?;
         let lbs = u64::from(self.logical_block_size);
-        if offset % lbs != 0 || len % lbs != 0 {
+        if !offset.is_multiple_of(lbs) || !len.is_multiple_of(lbs) {
             return Err(errno(libc::EINVAL));
         }
         Ok(())
     }
 
     fn needs_bounce(&self, ptr: *const u8) -> bool {
-        self.options.direct && (ptr as usize) % DIRECT_ALIGN != 0
+        self.options.direct && !(ptr as usize).is_multiple_of(DIRECT_ALIGN)
     }
 
     fn pwrite_all(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {

@@ -34,7 +34,7 @@ pub fn parse_size(text: &str) -> Result<u64, DmError> {
     }
     let n: u64 = digits.parse().map_err(|_| bad())?;
     let bytes = n.checked_mul(mult).ok_or_else(bad)?;
-    if bytes == 0 || bytes % SECTOR_SIZE != 0 {
+    if bytes == 0 || !bytes.is_multiple_of(SECTOR_SIZE) {
         return Err(bad());
     }
     Ok(bytes)

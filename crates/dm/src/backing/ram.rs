@@ -29,7 +29,7 @@ pub struct RamDisk {
 impl RamDisk {
     /// Creates a RAM disk of `size` bytes (a multiple of 512); no memory is committed yet.
     pub fn new(size: u64) -> io::Result<Self> {
-        if size == 0 || size % crate::SECTOR_SIZE != 0 {
+        if size == 0 || !size.is_multiple_of(crate::SECTOR_SIZE) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("RAM disk size {size} is not a non-zero multiple of 512"),

@@ -18,6 +18,7 @@ mod stats;
 use std::any::Any;
 use std::cell::RefCell;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher, SectorOptions};
@@ -183,7 +184,8 @@ pub struct CryptTarget {
     len: u64,
     stats: Arc<CryptStats>,
     engine: Option<QueuedEngine>,
-    split: SplitPolicy,
+    /// Split threshold in bytes; 0 = off (see [`SplitPolicy`]).
+    split: AtomicUsize,
 }
 
 thread_local! {
@@ -219,12 +221,12 @@ impl CryptTarget {
                 cipher.sector_size()
             )));
         }
-        if len == 0 || len % ss != 0 {
+        if len == 0 || !len.is_multiple_of(ss) {
             return Err(shape(format!(
                 "device size {len} is not a multiple of sector_size {ss}"
             )));
         }
-        if (params.iv_offset * SECTOR_SIZE) % ss != 0 {
+        if !(params.iv_offset * SECTOR_SIZE).is_multiple_of(ss) {
             return Err(shape(format!(
                 "iv_offset {} is not aligned to sector_size {ss}",
                 params.iv_offset
@@ -262,7 +264,7 @@ impl CryptTarget {
             len,
             stats,
             engine,
-            split: SplitPolicy::default(),
+            split: AtomicUsize::new(0),
         })
     }
 
@@ -322,9 +324,21 @@ impl CryptTarget {
         &self.cipher
     }
 
-    /// Sets when large inline requests are split across cores.
-    pub fn set_split_policy(&mut self, policy: SplitPolicy) {
-        self.split = policy;
+    /// Sets when large inline requests are split across cores (takes effect immediately).
+    pub fn set_split_policy(&self, policy: SplitPolicy) {
+        let v = match policy {
+            SplitPolicy::Off => 0,
+            SplitPolicy::Above(n) => n.max(1),
+        };
+        self.split.store(v, Ordering::Relaxed);
+    }
+
+    /// When large inline requests are split across cores.
+    pub fn split_policy(&self) -> SplitPolicy {
+        match self.split.load(Ordering::Relaxed) {
+            0 => SplitPolicy::Off,
+            n => SplitPolicy::Above(n),
+        }
     }
 
     /// Name of the read pipeline in use.
@@ -351,7 +365,7 @@ impl CryptTarget {
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.len, offset, len)?;
         let ss = u64::from(self.params.flags.sector_size);
-        if offset % ss != 0 || len % ss != 0 {
+        if !offset.is_multiple_of(ss) || !len.is_multiple_of(ss) {
             return Err(errno(libc::EINVAL));
         }
         Ok(())
@@ -366,7 +380,7 @@ impl CryptTarget {
             Some(engine) if !self.params.flags.no_read_workqueue => engine.read(offset, buf),
             _ => {
                 self.dev.read_at(self.base() + offset, buf)?;
-                self.split
+                self.split_policy()
                     .run(buf, offset / SECTOR_SIZE, |s, b| self.cipher.decrypt(s, b))
             }
         }
@@ -385,7 +399,7 @@ impl CryptTarget {
         let encrypt = |s: u64, b: &mut [u8]| self.cipher.encrypt(s, b);
         match data {
             WriteData::Scratch(buf) => {
-                self.split.run(buf, sector, encrypt)?;
+                self.split_policy().run(buf, sector, encrypt)?;
                 self.dev.write_at_scratch(self.base() + offset, buf, flags)
             }
             WriteData::Borrowed(buf) => WRITE_BUF.with(|cell| match cell.try_borrow_mut() {
@@ -395,13 +409,13 @@ impl CryptTarget {
                     }
                     let out = &mut tl[..buf.len()];
                     out.copy_from_slice(buf);
-                    self.split.run(out, sector, encrypt)?;
+                    self.split_policy().run(out, sector, encrypt)?;
                     self.dev.write_at_scratch(self.base() + offset, out, flags)
                 }
                 Err(_) => {
                     // Re-entered through a stacked crypt target on this thread.
                     let mut out = buf.to_vec();
-                    self.split.run(&mut out, sector, encrypt)?;
+                    self.split_policy().run(&mut out, sector, encrypt)?;
                     self.dev
                         .write_at_scratch(self.base() + offset, &mut out, flags)
                 }
@@ -433,7 +447,7 @@ fn parse_key(text: &str) -> Result<SecretBytes, String> {
                 .into(),
         );
     }
-    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         // Never echo the key text: it may be a real key with a typo.
         return Err(format!(
             "invalid key: expected an even number of hex digits or '-' ({} characters given)",
@@ -558,7 +572,7 @@ impl Target for CryptTarget {
             st.errors,
             self.read_pipeline(),
             self.write_pipeline(),
-            self.split.describe(),
+            self.split_policy().describe(),
             self.cipher.implementation()
         )
     }
