@@ -26,6 +26,11 @@ fn int(v: &Value) -> i64 {
     v.as_i64().unwrap_or(0)
 }
 
+/// A key size in bits as cryptsetup prints it (`uint32 * 8`, wrapping like C).
+fn bits(v: &Value) -> u32 {
+    (int(v) as u32).wrapping_mul(8)
+}
+
 fn s(v: &Value) -> &str {
     v.as_str().unwrap_or("")
 }
@@ -111,7 +116,7 @@ pub(super) fn dump(h: &Luks2Header) -> String {
             let _ = writeln!(o, "\tintegrity: {}", s(t));
         }
         if let Some(k) = seg.get("integrity").and_then(|i| i.get("key_size")) {
-            let _ = writeln!(o, "\tintegrity key size: {} [bits]", int(k) * 8);
+            let _ = writeln!(o, "\tintegrity key size: {} [bits]", bits(k));
         }
         let f = strings(seg.get("flags"));
         if !f.is_empty() {
@@ -132,7 +137,7 @@ pub(super) fn dump(h: &Luks2Header) -> String {
         };
         let _ = writeln!(o, "  {i}: {}{unbound}", s(&ks["type"]));
         if let Some(k) = ks.get("key_size") {
-            let _ = writeln!(o, "\tKey:        {} bits", int(k) * 8);
+            let _ = writeln!(o, "\tKey:        {} bits", bits(k));
         }
         let prio = match ks.get("priority").map(int) {
             None | Some(1) => "normal",
@@ -189,7 +194,7 @@ pub(super) fn dump(h: &Luks2Header) -> String {
 fn dump_luks2_keyslot(o: &mut String, ks: &Value) {
     let (kdf, af, area) = (&ks["kdf"], &ks["af"], &ks["area"]);
     let _ = writeln!(o, "\tCipher:     {}", s(&area["encryption"]));
-    let _ = writeln!(o, "\tCipher key: {} bits", int(&area["key_size"]) * 8);
+    let _ = writeln!(o, "\tCipher key: {} bits", bits(&area["key_size"]));
     let _ = writeln!(o, "\tPBKDF:      {}", s(&kdf["type"]));
     if kdf["type"] == "pbkdf2" {
         let _ = writeln!(o, "\tHash:       {}", s(&kdf["hash"]));

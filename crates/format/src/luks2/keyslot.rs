@@ -123,6 +123,16 @@ fn kdf_of(slot: usize, kdf: &Value) -> Result<(Pbkdf, Vec<u8>)> {
                 get_u32(kdf, "memory").ok_or_else(|| invalid(slot, "invalid Argon2 memory"))?;
             let parallel =
                 get_u32(kdf, "cpus").ok_or_else(|| invalid(slot, "invalid Argon2 cpus"))?;
+            if memory_kib > ARGON2_MAX_MEMORY_KIB
+                || parallel == 0
+                || parallel > ARGON2_MAX_PARALLEL
+                || time == 0
+            {
+                return Err(invalid(
+                    slot,
+                    format!("Argon2 cost out of range (time {time}, memory {memory_kib} KiB, cpus {parallel})"),
+                ));
+            }
             if ty == "argon2i" {
                 Pbkdf::Argon2i {
                     time,
@@ -183,10 +193,19 @@ fn area_cipher_usable(spec: &str, key_len: usize) -> bool {
     area_crypt(spec, &key, true, &mut buf).is_ok()
 }
 
-/// Bytes of keyslot material for a `key_len`-byte key: split size rounded to 512.
+/// Bytes of keyslot material for a `key_len`-byte key: split size rounded to 512
+/// (saturating, so hostile sizes fail the area-size check instead of overflowing).
 fn material_len(key_len: usize, stripes: u32) -> usize {
-    af::split_len(key_len, stripes).div_ceil(AREA_SECTOR) * AREA_SECTOR
+    af::split_len(key_len, stripes)
+        .div_ceil(AREA_SECTOR)
+        .saturating_mul(AREA_SECTOR)
 }
+
+/// cryptsetup's ceiling for Argon2 memory (4 GiB, in KiB): larger values in a header are
+/// refused instead of attempting the allocation.
+const ARGON2_MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
+/// Ceiling for Argon2 lanes accepted from a header.
+const ARGON2_MAX_PARALLEL: u32 = 64;
 
 /// Overwrites a keyslot area with random bytes.
 pub(super) fn wipe_area(io: &dyn HeaderIo, offset: u64, len: u64) -> Result<()> {
