@@ -315,6 +315,11 @@ fn option_haggling_follows_the_protocol() {
     let dir = TempDir::new("opts");
     let server = serve(&disk, &dir, false);
     let sock = dir.join("nbd.sock");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     let mut c = Client::connect_raw(&sock, 0b11);
 
     // Unknown options are refused with ERR_UNSUP and negotiation goes on.

@@ -34,7 +34,7 @@ pub(crate) mod proto;
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,7 +56,8 @@ pub const DEFAULT_PREFERRED_BLOCK_SIZE: u32 = 4096;
 /// Where an [`NbdServer`] listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NbdListen {
-    /// A Unix stream socket at this path (created; a stale socket file is replaced).
+    /// A Unix stream socket at this path (created with mode 0600; a stale socket file left
+    /// by a dead server is replaced, a live one is refused).
     Unix(PathBuf),
     /// A TCP address; port 0 picks a free port (see [`NbdServer::address`]).
     Tcp(SocketAddr),
@@ -64,6 +65,7 @@ pub enum NbdListen {
 
 impl NbdListen {
     /// TCP on 127.0.0.1 at `port` (10809 is NBD's registered port; 0 picks a free one).
+    /// NBD has no authentication here: bind other addresses only on trusted networks.
     pub fn localhost(port: u16) -> Self {
         NbdListen::Tcp(SocketAddr::from(([127, 0, 0, 1], port)))
     }
@@ -326,6 +328,10 @@ fn bind(listen: &NbdListen) -> Result<(Listener, NbdListen), ExportError> {
             remove_stale_socket(path)?;
             let listener = UnixListener::bind(path).map_err(|e| {
                 ExportError::io(format!("binding NBD socket {}", path.display()), e)
+            })?;
+            // The export is unauthenticated plaintext: only the owner may connect.
+            fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|e| {
+                ExportError::io(format!("restricting NBD socket {}", path.display()), e)
             })?;
             Ok((Listener::Unix(listener), listen.clone()))
         }
