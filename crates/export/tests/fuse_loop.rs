@@ -306,7 +306,13 @@ fn fio_direct_psync_with_verify_on_the_loop_device() {
                 "--size=32M",
             ])
             .arg(format!("--ioengine={engine}"))
-            .args(["--verify=crc32c", "--verify_fatal=1", "--randseed=99"])
+            .args([
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--verify_state_save=0",
+                "--randseed=99",
+            ])
+            .current_dir(std::env::temp_dir())
             .arg(format!("--filename={}", lo.0))
             .args(extra);
             cmd

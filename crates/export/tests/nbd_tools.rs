@@ -302,11 +302,13 @@ fn fio_nbd_engine_randrw_with_crc32c_verify() {
             "--iodepth=16",
             "--verify=crc32c",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--randseed=1234",
             "--output-format=json",
         ])
         .args(extra)
-        .arg(format!("--uri={}", server.uri()));
+        .arg(format!("--uri={}", server.uri()))
+        .current_dir(dir.path());
         cmd
     };
     let out = run_text(&mut fio(&["--do_verify=1"]));
