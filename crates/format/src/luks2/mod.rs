@@ -17,6 +17,7 @@
 
 mod areacipher;
 pub mod binary;
+mod convert;
 mod dump;
 mod format;
 pub mod json;
