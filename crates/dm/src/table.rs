@@ -4,6 +4,8 @@
 use std::io;
 use std::sync::Arc;
 
+use zeroize::Zeroize;
+
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
 use crate::registry::DeviceResolver;
@@ -104,19 +106,32 @@ pub struct Table {
 impl Table {
     /// Parses `text` and builds every target, opening devices through `resolver`.
     pub fn load(text: &str, resolver: &dyn DeviceResolver) -> Result<Table, DmError> {
-        let lines = parse_table_lines(text)?;
+        let mut lines = parse_table_lines(text)?;
         let mut entries = Vec::with_capacity(lines.len());
+        let mut result = Ok(());
         for line in &lines {
             let ctx = BuildContext { resolver, line };
-            let target = build_target(&ctx).map_err(|msg| {
-                DmError::table(line.line, format!("{} target: {msg}", line.target_type))
-            })?;
-            entries.push(TableEntry {
-                start: line.start,
-                len: line.len,
-                target,
-            });
+            match build_target(&ctx) {
+                Ok(target) => entries.push(TableEntry {
+                    start: line.start,
+                    len: line.len,
+                    target,
+                }),
+                Err(msg) => {
+                    result = Err(DmError::table(
+                        line.line,
+                        format!("{} target: {msg}", line.target_type),
+                    ));
+                    break;
+                }
+            }
         }
+        // The parsed arguments may hold a hex key; wipe them now that targets keep their
+        // own copies in SecretBytes.
+        for line in &mut lines {
+            line.args.iter_mut().for_each(Zeroize::zeroize);
+        }
+        result?;
         Self::from_entries(entries)
     }
 

@@ -249,13 +249,22 @@ impl CryptTarget {
         let engine = if params.flags.no_read_workqueue && params.flags.no_write_workqueue {
             None
         } else {
-            Some(QueuedEngine::start(
-                cipher.clone(),
-                dev.clone(),
-                params.offset_sectors * SECTOR_SIZE,
-                params.flags,
-                stats.clone(),
-            ))
+            Some(
+                QueuedEngine::start(
+                    cipher.clone(),
+                    dev.clone(),
+                    params.offset_sectors * SECTOR_SIZE,
+                    params.flags,
+                    stats.clone(),
+                )
+                .map_err(|source| DmError::Device {
+                    spec: params.dev_spec.clone(),
+                    source: io::Error::new(
+                        source.kind(),
+                        format!("cannot start crypt worker threads: {source}"),
+                    ),
+                })?,
+            )
         };
         Ok(CryptTarget {
             params,

@@ -214,7 +214,7 @@ impl QueuedEngine {
         base: u64,
         flags: CryptFlags,
         stats: Arc<CryptStats>,
-    ) -> QueuedEngine {
+    ) -> io::Result<QueuedEngine> {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let shared = Arc::new(Shared {
             cipher,
@@ -229,28 +229,29 @@ impl QueuedEngine {
             stop: AtomicBool::new(false),
             _stats: stats,
         });
-        let mut threads = Vec::new();
-        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(f)
-                .unwrap_or_else(|e| panic!("cannot start crypt thread: {e}"))
+        // Built before any thread exists, so an early return just drops it; if a later spawn
+        // fails, dropping the engine stops and joins the threads already started.
+        let mut engine = QueuedEngine {
+            shared: shared.clone(),
+            threads: Vec::new(),
+        };
+        let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> io::Result<()> {
+            let h = std::thread::Builder::new().name(name).spawn(f)?;
+            engine.threads.push(h);
+            Ok(())
         };
         for cpu in 0..cpus {
             let s = shared.clone();
-            threads.push(spawn(
+            spawn(
                 format!("kcryptd/{cpu}"),
                 Box::new(move || s.crypt_worker(cpu)),
-            ));
+            )?;
         }
         let s = shared.clone();
-        threads.push(spawn("kcryptd_io".into(), Box::new(move || s.io_worker())));
-        let s = shared.clone();
-        threads.push(spawn(
-            "dmcrypt_write".into(),
-            Box::new(move || s.write_worker()),
-        ));
-        QueuedEngine { shared, threads }
+        spawn("kcryptd_io".into(), Box::new(move || s.io_worker()))?;
+        let s = shared;
+        spawn("dmcrypt_write".into(), Box::new(move || s.write_worker()))?;
+        Ok(engine)
     }
 
     fn submit(
