@@ -802,3 +802,22 @@ fn base_allocation_metadata_context_and_block_status() {
     assert_eq!(c.read_ok(0, 512), vec![0u8; 512]);
     server.stop().unwrap();
 }
+
+#[test]
+fn stop_does_not_hang_on_a_client_that_stopped_reading() {
+    let disk = MemDisk::new(64 * MIB, 512);
+    let dir = TempDir::new("stuck");
+    let server = serve(&disk, &dir, false);
+    let mut c = Client::open(&dir.join("nbd.sock"), false, true);
+    // Ask for far more reply data than socket buffers hold, and never read it.
+    for h in 0..4u64 {
+        c.send_request(0, CMD_READ, h, h * 16 * MIB, 16 << 20, &[]);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let started = std::time::Instant::now();
+    server.stop().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "stop hung on a stuck client"
+    );
+}

@@ -53,6 +53,9 @@ pub const DEFAULT_MAX_BLOCK_SIZE: u32 = 32 << 20;
 /// Default preferred request size advertised in `NBD_INFO_BLOCK_SIZE`.
 pub const DEFAULT_PREFERRED_BLOCK_SIZE: u32 = 4096;
 
+/// How long [`NbdServer::stop`] lets connections finish their current request.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// Where an [`NbdServer`] listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NbdListen {
@@ -247,8 +250,23 @@ impl NbdServer {
                 stream.shutdown_read();
             }
         }
+        // A client that stopped reading could block its thread in a reply forever: after
+        // a grace period its socket is shut down completely, which fails that write.
+        let deadline = std::time::Instant::now() + STOP_GRACE;
+        while std::time::Instant::now() < deadline
+            && conns
+                .iter()
+                .any(|c| c.thread.as_ref().is_some_and(|t| !t.is_finished()))
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         for mut conn in conns {
             if let Some(thread) = conn.thread.take() {
+                if !thread.is_finished() {
+                    if let Some(stream) = &conn.stream {
+                        stream.shutdown_both();
+                    }
+                }
                 let _ = thread.join();
             }
         }
