@@ -155,3 +155,143 @@ fn conversion_without_room_is_refused_like_cryptsetup() {
         "failed conversion changed the device"
     );
 }
+
+#[test]
+fn back_conversion_matches_cryptsetup() {
+    if !have_cryptsetup() {
+        return;
+    }
+    let dir = Scratch::new("convert-back");
+    let orig = dir.path("l2.img");
+    std::fs::File::create(&orig)
+        .unwrap()
+        .set_len(20 << 20)
+        .unwrap();
+    let p = orig.to_str().unwrap();
+    let kf = dir.path("kf2");
+    std::fs::write(&kf, b"slot two").unwrap();
+    for args in [
+        &[
+            "luksFormat",
+            "--type",
+            "luks2",
+            "-q",
+            "--key-file=-",
+            "--pbkdf",
+            "pbkdf2",
+            "--sector-size",
+            "512",
+            "--pbkdf-force-iterations",
+            "1000",
+            p,
+        ][..],
+        &[
+            "luksAddKey",
+            "-q",
+            "--key-file=-",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "-S",
+            "2",
+            p,
+            kf.to_str().unwrap(),
+        ][..],
+    ] {
+        let (rc, _, err) = cryptsetup(args, PW);
+        assert_eq!(rc, 0, "{args:?}: {err}");
+    }
+    let a = dir.path("a.img");
+    let b = dir.path("b.img");
+    std::fs::copy(&orig, &a).unwrap();
+    std::fs::copy(&orig, &b).unwrap();
+    let (rc, _, err) = cryptsetup(
+        &["convert", "--type", "luks1", "-q", a.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let f = open_rw(&b);
+    let h = Luks2Header::read(&f).unwrap();
+    let vk = h.unlock(&f, PW, None, UnlockPurpose::Activate).unwrap().key;
+    h.convert_to_luks1(&f).unwrap();
+    drop(f);
+    let (ba, bb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    assert!(
+        ba[..592] == bb[..592],
+        "LUKS1 header differs from cryptsetup's"
+    );
+    assert!(ba == bb, "converted images differ");
+    let (rc, dump, err) = cryptsetup(
+        &[
+            "luksDump",
+            "--dump-volume-key",
+            "-q",
+            "--key-file=-",
+            b.to_str().unwrap(),
+        ],
+        PW,
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(dump.starts_with("LUKS header information for"));
+    let got: String = dump
+        .lines()
+        .skip_while(|l| !l.starts_with("MK dump:"))
+        .take_while(|l| l.starts_with("MK dump:") || l.starts_with('\t'))
+        .flat_map(|l| {
+            l.trim_start_matches("MK dump:")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(got, vk.to_hex());
+    assert_eq!(
+        cryptsetup(&["isLuks", "--type", "luks1", b.to_str().unwrap()], b"").0,
+        0
+    );
+
+    // Argon2 keyslots have no LUKS1 form: both tools refuse.
+    let c = dir.path("c.img");
+    std::fs::File::create(&c)
+        .unwrap()
+        .set_len(20 << 20)
+        .unwrap();
+    let (rc, _, err) = cryptsetup(
+        &[
+            "luksFormat",
+            "--type",
+            "luks2",
+            "-q",
+            "--key-file=-",
+            "--pbkdf",
+            "argon2id",
+            "--sector-size",
+            "512",
+            "--pbkdf-memory",
+            "32",
+            "--pbkdf-force-iterations",
+            "4",
+            c.to_str().unwrap(),
+        ],
+        PW,
+    );
+    assert_eq!(rc, 0, "{err}");
+    let before = std::fs::read(&c).unwrap();
+    let f = open_rw(&c);
+    let err = Luks2Header::read(&f)
+        .unwrap()
+        .convert_to_luks1(&f)
+        .unwrap_err();
+    assert!(err.to_string().contains("not LUKS1 compatible"), "{err}");
+    drop(f);
+    assert!(std::fs::read(&c).unwrap() == before);
+    assert_ne!(
+        cryptsetup(
+            &["convert", "--type", "luks1", "-q", c.to_str().unwrap()],
+            b""
+        )
+        .0,
+        0
+    );
+}

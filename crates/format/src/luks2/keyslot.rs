@@ -435,7 +435,7 @@ impl Luks2Header {
 
     /// Lowest 4 KiB-aligned gap of `len` bytes in the keyslots area not used by any keyslot
     /// other than `except`.
-    fn find_area_gap(&self, len: u64, except: Option<usize>) -> Result<u64> {
+    pub(super) fn find_area_gap(&self, len: u64, except: Option<usize>) -> Result<u64> {
         let start = 2 * self.hdr_size;
         let end = start + self.keyslots_size();
         let mut used: Vec<(u64, u64)> = self
