@@ -29,7 +29,9 @@
 //! gets `NBD_EINVAL`, as the protocol asks.
 
 mod conn;
+mod handshake;
 pub(crate) mod proto;
+mod transmission;
 
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
