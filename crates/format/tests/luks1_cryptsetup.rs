@@ -457,3 +457,75 @@ fn detached_headers_interoperate() {
     assert_eq!(rc, 0, "{err}");
     assert_eq!(cryptsetup_volume_key(&cb_hdr, &key), vk.as_bytes());
 }
+
+fn cryptsetup_stdin(args: &[&str], input: &[u8]) -> (i32, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("cryptsetup")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Piped passphrases end at the first newline; `--key-file -` takes all of stdin: the same
+/// bytes cryptsetup used must unlock through cryptblk's readers.
+#[test]
+fn stdin_passphrase_rules_match_cryptsetup() {
+    use cryptblk_format::keyfile::read_key_from;
+    if !require_tool("cryptsetup", "CRYPTBLK_SKIP_CRYPTSETUP") {
+        return;
+    }
+    let dir = TempDir::new("stdin");
+    let img = dir.join("img");
+    File::create(&img).unwrap().set_len(3 << 20).unwrap();
+    let piped = b"line one\nline two\n";
+    let (rc, err) = cryptsetup_stdin(
+        &[
+            "luksFormat",
+            "--type",
+            "luks1",
+            "--batch-mode",
+            "--pbkdf-force-iterations",
+            "1000",
+            s(&img),
+        ],
+        piped,
+    );
+    assert_eq!(rc, 0, "{err}");
+    let binary = b"\x01bin\nary\n\nkey";
+    let (rc, err) = cryptsetup_stdin(
+        &[
+            "luksAddKey",
+            "--batch-mode",
+            "--pbkdf-force-iterations",
+            "1000",
+            s(&img),
+            "-",
+        ],
+        &[&b"line one\n"[..], &binary[..]].concat(),
+    );
+    // cryptsetup reads the existing passphrase up to the newline, then the new key file
+    // "-" (binary) gets the rest of stdin.
+    assert_eq!(rc, 0, "{err}");
+    let vol = Luks1Volume::open(File::open(&img).unwrap()).unwrap();
+    let pass = read_key_from(&piped[..], KeyFileLimits::default(), true, false).unwrap();
+    assert_eq!(pass.as_bytes(), b"line one");
+    assert_eq!(vol.unlock(pass.as_bytes(), None).unwrap().keyslot, 0);
+    let key = read_key_from(&binary[..], KeyFileLimits::default(), false, false).unwrap();
+    assert_eq!(vol.unlock(key.as_bytes(), None).unwrap().keyslot, 1);
+    // The line-based reading of the binary key would be wrong: only the full bytes work.
+    let line = read_key_from(&binary[..], KeyFileLimits::default(), true, false).unwrap();
+    assert!(matches!(
+        vol.unlock(line.as_bytes(), None),
+        Err(FormatError::WrongPassphrase)
+    ));
+}
