@@ -73,7 +73,7 @@ impl ConfigStack {
 
     /// The live table with the key masked (`dmsetup table`).
     pub fn table(&self) -> String {
-        self.mapping.table(false)
+        self.mapping.table(false).trim_end().to_string()
     }
 
     /// "read pipeline/write pipeline" of a crypt target (`inline`, `queued`, ...), as the dm
