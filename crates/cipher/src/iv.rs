@@ -21,7 +21,7 @@ pub(crate) enum EssivCipher {
     Aes128(aes::Aes128),
     Aes192(aes::Aes192),
     Aes256(aes::Aes256),
-    Serpent(Box<serpent::Serpent>),
+    Serpent(Box<crate::serpent_fast::Serpent>),
     Twofish(Box<twofish::Twofish>),
 }
 
@@ -118,7 +118,7 @@ fn essiv_cipher(
             _ => return Err(bad()),
         },
         BlockCipherName::Serpent => EssivCipher::Serpent(Box::new(
-            serpent::Serpent::new_from_slice(salt).map_err(|_| bad())?,
+            crate::serpent_fast::Serpent::new_from_slice(salt).map_err(|_| bad())?,
         )),
         BlockCipherName::Twofish => EssivCipher::Twofish(Box::new(
             twofish::Twofish::new_from_slice(salt).map_err(|_| bad())?,

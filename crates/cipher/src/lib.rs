@@ -17,6 +17,7 @@ mod measure;
 mod registry;
 mod rustcrypto;
 pub mod secret;
+mod serpent_fast;
 pub mod spec;
 
 pub use measure::{measure, Throughput};
