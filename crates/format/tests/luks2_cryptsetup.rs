@@ -174,6 +174,21 @@ fn cryptsetup_volumes_unlock_in_cryptblk() {
         assert!(h.unlock(&f, b"wrong", None, UnlockPurpose::Verify).is_err());
         let dump = cs_ok(&["luksDump", s(&img)], b"");
         assert_eq!(h.dump(), dump, "{name}: luksDump text");
+        let (_, vk_text, _) = cryptsetup(
+            &[
+                "luksDump",
+                "--dump-volume-key",
+                "-q",
+                "--key-file=-",
+                s(&img),
+            ],
+            key,
+        );
+        assert_eq!(
+            h.dump_volume_key(s(&img), &u.key),
+            vk_text,
+            "{name}: volume key dump"
+        );
         match *name {
             "sector4k" => assert_eq!(h.default_segment().unwrap().sector_size, 4096),
             "mda64k" => {
@@ -412,6 +427,7 @@ fn cryptblk_volumes_open_in_cryptsetup() {
         })
         .collect();
     assert!(hex.contains(&ukey.to_hex()), "unbound key not in: {out}");
+    assert_eq!(h.dump_unbound_key(s(&img), uslot, &ukey), out);
 
     // Change and remove, then the old secrets must fail in cryptsetup too.
     let changed = h

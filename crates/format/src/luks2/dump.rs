@@ -213,3 +213,46 @@ fn dump_luks2_keyslot(o: &mut String, ks: &Value) {
     let _ = writeln!(o, "\tArea offset:{off} [bytes]");
     let _ = writeln!(o, "\tArea length:{len} [bytes]");
 }
+
+/// Key bytes as cryptsetup's `--dump-volume-key` prints them: `%02x ` each, 16 per line,
+/// continuation lines indented by two tabs.
+fn key_hex(o: &mut String, key: &[u8]) {
+    for (i, b) in key.iter().enumerate() {
+        if i > 0 && i.is_multiple_of(16) {
+            o.push_str("\n\t\t");
+        }
+        let _ = write!(o, "{b:02x} ");
+    }
+    o.push('\n');
+}
+
+pub(super) fn volume_key(h: &Luks2Header, device: &str, key: &[u8]) -> String {
+    let mut o = String::new();
+    let (name, mode) = match h.default_segment() {
+        Ok(seg) => match seg.encryption.split_once('-') {
+            Some((n, m)) => (n.to_string(), m.to_string()),
+            None => (seg.encryption.clone(), String::new()),
+        },
+        Err(_) => (String::new(), String::new()),
+    };
+    let _ = writeln!(o, "LUKS header information for {device}");
+    let _ = writeln!(o, "Cipher name:   \t{name}");
+    let _ = writeln!(o, "Cipher mode:   \t{mode}");
+    let _ = writeln!(o, "Payload offset:\t{}", h.data_offset() / 512);
+    let _ = writeln!(o, "UUID:          \t{}", h.uuid);
+    let _ = writeln!(o, "MK bits:       \t{}", key.len() * 8);
+    o.push_str("MK dump:\t");
+    key_hex(&mut o, key);
+    o
+}
+
+pub(super) fn unbound_key(h: &Luks2Header, device: &str, slot: usize, key: &[u8]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "LUKS header information for {device}");
+    let _ = writeln!(o, "UUID:    \t{}", h.uuid);
+    let _ = writeln!(o, "Keyslot: \t{slot}");
+    let _ = writeln!(o, "Key bits:\t{}", key.len() * 8);
+    o.push_str("Unbound Key:\t");
+    key_hex(&mut o, key);
+    o
+}

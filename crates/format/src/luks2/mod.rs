@@ -656,6 +656,17 @@ impl Luks2Header {
         dump::dump(self)
     }
 
+    /// `luksDump --dump-volume-key` text for `device` (as cryptsetup prints it; the key is
+    /// printed in hex, so only call this when the user asked for it).
+    pub fn dump_volume_key(&self, device: &str, vk: &SecretBytes) -> String {
+        dump::volume_key(self, device, vk.as_bytes())
+    }
+
+    /// `luksDump --unbound -S <slot>` text for an unbound key opened from keyslot `slot`.
+    pub fn dump_unbound_key(&self, device: &str, slot: usize, key: &SecretBytes) -> String {
+        dump::unbound_key(self, device, slot, key.as_bytes())
+    }
+
     /// `luksDump --dump-json-metadata` text (json-c pretty format; like cryptsetup, no
     /// trailing newline).
     pub fn dump_json(&self) -> String {
