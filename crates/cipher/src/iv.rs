@@ -22,7 +22,7 @@ pub(crate) enum EssivCipher {
     Aes192(aes::Aes192),
     Aes256(aes::Aes256),
     Serpent(Box<crate::serpent_fast::Serpent>),
-    Twofish(Box<twofish::Twofish>),
+    Twofish(Box<crate::twofish_fast::Twofish>),
 }
 
 impl EssivCipher {
@@ -121,7 +121,7 @@ fn essiv_cipher(
             crate::serpent_fast::Serpent::new_from_slice(salt).map_err(|_| bad())?,
         )),
         BlockCipherName::Twofish => EssivCipher::Twofish(Box::new(
-            twofish::Twofish::new_from_slice(salt).map_err(|_| bad())?,
+            crate::twofish_fast::Twofish::new_from_slice(salt).map_err(|_| bad())?,
         )),
         BlockCipherName::Null => return Err(bad()),
     })

@@ -19,6 +19,7 @@ mod rustcrypto;
 pub mod secret;
 mod serpent_fast;
 pub mod spec;
+mod twofish_fast;
 
 pub use measure::{measure, Throughput};
 pub use registry::{

@@ -239,7 +239,7 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
             }),
         },
         BlockCipherName::Serpent => build::<crate::serpent_fast::Serpent>(chain, key),
-        BlockCipherName::Twofish => build::<twofish::Twofish>(chain, key),
+        BlockCipherName::Twofish => build::<crate::twofish_fast::Twofish>(chain, key),
         BlockCipherName::Null => Ok(Box::new(crate::dmcipher::NullEngine)),
     }
 }
