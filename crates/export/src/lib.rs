@@ -1,5 +1,6 @@
 //! Exports that serve a [`cryptblk_dm::device::BlockDevice`] to real clients:
-//! an NBD server ([`NbdServer`]) and a FUSE mount holding one file ([`FuseExport`]).
+//! an NBD server ([`NbdServer`]), a FUSE mount holding one file ([`FuseExport`]) and, with
+//! the `ublk` feature (default), a kernel block device `/dev/ublkbN` (`UblkExport`).
 //!
 //! Both are ready when their constructor returns (the NBD socket is listening, the FUSE
 //! handshake with the kernel is done) and both stop gracefully, flushing the device.
@@ -28,8 +29,12 @@ pub mod aligned;
 pub mod error;
 pub mod fuse;
 pub mod nbd;
+#[cfg(feature = "ublk")]
+pub mod ublk;
 
 pub use aligned::AlignedIo;
 pub use error::ExportError;
 pub use fuse::{FuseConfig, FuseExport};
 pub use nbd::{NbdConfig, NbdListen, NbdServer, NbdStopper};
+#[cfg(feature = "ublk")]
+pub use ublk::{UblkConfig, UblkExport};
