@@ -396,6 +396,15 @@ pub struct ExportArgs {
     /// Serve as the file <DIR>/disk on a FUSE mount (losetup works on it).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
+    /// Serve as the kernel block device /dev/ublkbN (needs the ublk_drv module).
+    #[arg(long)]
+    pub ublk: bool,
+    /// ublk: hardware queues, each served by its own thread (default: one per CPU).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub queues: Option<u16>,
+    /// ublk: requests in flight per queue (default 64).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub queue_depth: Option<u16>,
     /// Stay in the foreground instead of leaving a daemon.
     #[arg(long)]
     pub foreground: bool,

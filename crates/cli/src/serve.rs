@@ -13,6 +13,7 @@ use cryptblk_dm::table::parse_table_lines;
 use cryptblk_dm::{BlockDevice, Mapping, Registry};
 use cryptblk_export::fuse::{FuseConfig, FuseExport};
 use cryptblk_export::nbd::{NbdConfig, NbdListen, NbdServer};
+use cryptblk_export::ublk::{UblkConfig, UblkExport};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -32,6 +33,13 @@ pub enum ExportSpec {
     NbdTcp(String),
     /// A FUSE mount at this directory holding one file, `disk`.
     Fuse(PathBuf),
+    /// The kernel block device /dev/ublkbN; `queues` None means one per CPU.
+    Ublk {
+        /// Hardware queues (threads).
+        queues: Option<u16>,
+        /// Requests in flight per queue.
+        depth: u16,
+    },
     /// No export: only the control socket (useful for stacking and tests).
     None,
 }
@@ -154,6 +162,7 @@ pub fn daemon_main() -> i32 {
 enum Export {
     Nbd(NbdServer),
     Fuse(FuseExport),
+    Ublk(UblkExport),
     None,
 }
 
@@ -162,6 +171,12 @@ impl Export {
         match self {
             Export::Nbd(s) => json!({ "kind": "nbd", "uri": s.uri() }),
             Export::Fuse(f) => json!({ "kind": "fuse", "file": f.file_path() }),
+            Export::Ublk(u) => json!({
+                "kind": "ublk",
+                "dev": u.dev_path(),
+                "queues": u.queues(),
+                "depth": u.queue_depth(),
+            }),
             Export::None => json!({ "kind": "none" }),
         }
     }
@@ -170,6 +185,7 @@ impl Export {
         match self {
             Export::Nbd(s) => s.stop().map_err(|e| e.to_string()),
             Export::Fuse(mut f) => f.unmount().map_err(|e| e.to_string()),
+            Export::Ublk(u) => u.stop().map_err(|e| e.to_string()),
             Export::None => Ok(()),
         }
     }
@@ -207,6 +223,17 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
                     "cannot mount FUSE export at {}: {e}",
                     dir.display()
                 ))
+            })?)
+        }
+        ExportSpec::Ublk { queues, depth } => {
+            let cfg = UblkConfig {
+                queues: *queues,
+                queue_depth: *depth,
+                read_only: spec.readonly,
+                ..UblkConfig::default()
+            };
+            Export::Ublk(UblkExport::start(device, cfg).map_err(|e| {
+                Failure::device(format!("cannot start ublk export: {e}"))
             })?)
         }
         ExportSpec::None => Export::None,

@@ -36,12 +36,28 @@ fn describe(facts: &Value) -> String {
             facts["name"].as_str().unwrap_or(""),
             export["file"].as_str().unwrap_or("")
         ),
+        Some("ublk") => format!(
+            "{} as {}",
+            facts["name"].as_str().unwrap_or(""),
+            export["dev"].as_str().unwrap_or("")
+        ),
         _ => facts["name"].as_str().unwrap_or("").to_string(),
     }
 }
 
 /// The export the user asked for (at most one).
 pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
+    if export.ublk {
+        if export.nbd.is_some() || export.fuse.is_some() {
+            return Err(Failure::usage("choose one export: --nbd, --fuse or --ublk"));
+        }
+        return Ok(ExportSpec::Ublk {
+            queues: export.queues,
+            depth: export
+                .queue_depth
+                .unwrap_or(cryptblk_export::ublk::DEFAULT_QUEUE_DEPTH),
+        });
+    }
     match (&export.nbd, &export.fuse) {
         (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd or --fuse")),
         (Some(n), None) => {
