@@ -332,3 +332,40 @@ fn ambiguous_lvm_signature_needs_repair() {
         assert_ne!(rc, 0);
     }
 }
+
+#[test]
+fn dumps_match_cryptsetup_for_every_image() {
+    if !have_cryptsetup() {
+        return;
+    }
+    let dir = Scratch::new("dumps");
+    let mut images = Vec::new();
+    for (xz, name) in [
+        ("compatimage2.img.xz", "compatimage2.img"),
+        ("luks2_valid_hdr.img.xz", "valid.img"),
+        ("luks2_keyslot_unassigned.img.xz", "unassigned.img"),
+        ("luks2_invalid_cipher.img.xz", "invcipher.img"),
+    ] {
+        let p = dir.path(name);
+        unxz(xz, &p);
+        images.push(p);
+    }
+    untar("luks2_header_requirements.tar.xz", &dir.0);
+    images.push(dir.path("luks2_header_requirements"));
+    images.push(dir.path("luks2_header_requirements_free"));
+    untar("luks2_mda_images.tar.xz", &dir.0);
+    for kib in [16, 256, 4096] {
+        images.push(dir.path(&format!("test_image_{kib}")));
+    }
+    for img in &images {
+        let f = open_rw(img);
+        let h = Luks2Header::read(&f).unwrap();
+        let p = img.to_str().unwrap();
+        let (rc, text, err) = cryptsetup(&["luksDump", p], b"");
+        assert_eq!(rc, 0, "{p}: {err}");
+        assert_eq!(h.dump(), text, "{p}: luksDump text");
+        let (rc, json, err) = cryptsetup(&["luksDump", "--dump-json-metadata", p], b"");
+        assert_eq!(rc, 0, "{p}: {err}");
+        assert_eq!(h.dump_json(), json, "{p}: JSON");
+    }
+}

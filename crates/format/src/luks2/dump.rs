@@ -166,7 +166,7 @@ pub(super) fn dump(h: &Luks2Header) -> String {
         };
         let _ = writeln!(o, "  {i}: {}", s(&t["type"]));
         if t["type"] == "luks2-keyring" {
-            let _ = writeln!(o, "\tKeyring:    {}", s(&t["key_description"]));
+            let _ = writeln!(o, "\tKey description: {}", s(&t["key_description"]));
         }
         for k in strings(t.get("keyslots")) {
             let _ = writeln!(o, "\tKeyslot:    {k}");
