@@ -5,6 +5,7 @@ use std::path::Path;
 
 use plotters::coord::combinators::BindKeyPoints;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 
 use crate::live::LiveReport;
@@ -47,6 +48,7 @@ macro_rules! bar_panel {
         // key points at the slot centres put one label under each configuration.
         let n = configs.len() as i32 * 100;
         let centers: Vec<i32> = (0..configs.len() as i32).map(|i| i * 100 + 50).collect();
+        let key_points = centers.clone();
         let name_at = |v: &i32| {
             if v.rem_euclid(100) == 50 {
                 configs.get((v / 100) as usize).cloned().unwrap_or_default()
@@ -59,20 +61,31 @@ macro_rules! bar_panel {
             .margin(8)
             .x_label_area_size(120)
             .y_label_area_size(60)
-            .build_cartesian_2d((0i32..n).with_key_points(centers), $yrange)
+            .build_cartesian_2d((0i32..n).with_key_points(key_points), $yrange)
             .map_err(|e| err($path, e))?;
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_label_formatter(&name_at)
-            .x_label_style(
-                ("sans-serif", 12)
-                    .into_font()
-                    .transform(FontTransform::Rotate90),
-            )
+            .x_label_formatter(&|_| String::new())
             .y_desc($ydesc)
             .draw()
             .map_err(|e| err($path, e))?;
+        // Configuration names, written downwards from just below each slot's centre: the
+        // mesh's own rotated labels are centred on the tick and half hidden by the plot.
+        let base = $area.get_base_pixel();
+        let label_style = TextStyle::from(("sans-serif", 13).into_font())
+            .transform(FontTransform::Rotate90)
+            .pos(Pos::new(HPos::Left, VPos::Center));
+        for c in &centers {
+            let (px, py) = chart.backend_coord(&(*c, $floor));
+            $area
+                .draw(&Text::new(
+                    name_at(c),
+                    (px - base.0, py - base.1 + 6),
+                    label_style.clone(),
+                ))
+                .map_err(|e| err($path, e))?;
+        }
         let transports: &[String] = $transports;
         let nt = transports.len().max(1) as f64;
         for (ti, t) in transports.iter().enumerate() {
@@ -286,15 +299,19 @@ pub fn render_live_svg(live: &LiveReport) -> Result<String, BenchError> {
                         PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
                     });
             }
-            let flip_color = RGBColor(0x55, 0x55, 0x55);
+            let flip_color = RGBColor(0xd6, 0x27, 0x28);
             chart
-                .draw_series(LineSeries::new(
+                .draw_series(DashedLineSeries::new(
                     vec![(live.flip_at_s, 0.0), (live.flip_at_s, y_max)],
-                    flip_color.stroke_width(1),
+                    8,
+                    5,
+                    flip_color.stroke_width(2),
                 ))
                 .map_err(|e| err(path, e))?
                 .label("flip to inline")
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], flip_color));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], flip_color.stroke_width(2))
+                });
             chart
                 .configure_series_labels()
                 .background_style(WHITE.mix(0.8))

@@ -5,6 +5,7 @@
 //! suspended and resumed, exactly as `dmsetup reload` + `suspend` + `resume` would. Throughput
 //! and latency are sampled every 250 ms, giving the reference's Grafana picture.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -277,29 +278,42 @@ pub fn run_fio_nbd(
     };
     let bw = read_log("bw")?;
     let lat = read_log("lat")?;
-    let mut times: Vec<u64> = bw.iter().map(|s| s.time_ms).collect();
-    times.sort_unstable();
-    times.dedup();
-    for t in times {
-        let pick = |log: &[fio::LogSample], d: u8| {
-            log.iter()
-                .find(|s| s.time_ms == t && s.ddir == d)
-                .map(|s| s.value)
-                .unwrap_or(0.0)
-        };
-        report.samples.push(LiveSample {
-            t_s: t as f64 / 1e3,
-            // bw logs are KiB/s.
-            read_mb_s: pick(&bw, 0) * 1024.0 / MB,
-            write_mb_s: pick(&bw, 1) * 1024.0 / MB,
-            read_p50_us: pick(&lat, 0) / 1e3,
-            read_p99_us: pick(&lat, 0) / 1e3,
-            write_p50_us: pick(&lat, 1) / 1e3,
-            write_p99_us: pick(&lat, 1) / 1e3,
-        });
-    }
+    report.samples = samples_from_logs(&bw, &lat);
     report.summarize();
     Ok(report)
+}
+
+/// Joins fio's bandwidth and latency logs into samples. The two logs (and the two
+/// directions) stamp the same interval a millisecond or so apart, so entries are grouped by
+/// the nearest interval boundary rather than matched by exact time.
+pub fn samples_from_logs(bw: &[fio::LogSample], lat: &[fio::LogSample]) -> Vec<LiveSample> {
+    let step = INTERVAL.as_millis() as u64;
+    let bucket = |t: u64| (t + step / 2) / step;
+    let mut by: BTreeMap<u64, [f64; 4]> = BTreeMap::new();
+    for s in bw {
+        if s.ddir < 2 {
+            by.entry(bucket(s.time_ms)).or_default()[usize::from(s.ddir)] = s.value;
+        }
+    }
+    for s in lat {
+        if s.ddir < 2 {
+            if let Some(v) = by.get_mut(&bucket(s.time_ms)) {
+                v[2 + usize::from(s.ddir)] = s.value;
+            }
+        }
+    }
+    by.into_iter()
+        .map(|(k, v)| LiveSample {
+            t_s: (k * step) as f64 / 1e3,
+            // bw logs are in KiB/s, latency logs in ns (interval means with log_avg_msec).
+            read_mb_s: v[0] * 1024.0 / MB,
+            write_mb_s: v[1] * 1024.0 / MB,
+            read_p50_us: v[2] / 1e3,
+            read_p99_us: v[2] / 1e3,
+            write_p50_us: v[3] / 1e3,
+            write_p99_us: v[3] / 1e3,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -332,5 +346,20 @@ mod tests {
         assert_eq!(r.after.total_mb_s, 600.0);
         assert_eq!(r.after.read_p99_us, 20.0);
         assert!(r.summary().contains("x2.00"));
+    }
+
+    #[test]
+    fn fio_logs_join_by_interval() {
+        // Recorded from fio-3.33 --write_bw_log --write_lat_log --log_avg_msec=250.
+        let bw = fio::parse_log("250, 36048, 0, 0, 0\n250, 37856, 1, 0, 0\n500, 18923, 0, 0, 0\n500, 18923, 1, 0, 0\n1251, 19216, 0, 0, 0\n1250, 18816, 1, 0, 0\n");
+        let lat = fio::parse_log("250, 55986, 0, 0, 0\n250, 51218, 1, 0, 0\n500, 116072, 0, 0, 0\n501, 94161, 1, 0, 0\n1250, 107192, 0, 0, 0\n1249, 100961, 1, 0, 0\n");
+        let s = samples_from_logs(&bw, &lat);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].t_s, 0.25);
+        assert!((s[0].read_mb_s - 36048.0 * 1024.0 / 1e6).abs() < 1e-9);
+        assert_eq!(s[1].write_p99_us, 94.161);
+        assert_eq!(s[2].t_s, 1.25);
+        assert_eq!(s[2].read_p99_us, 107.192);
+        assert_eq!(s[2].write_mb_s, 18816.0 * 1024.0 / 1e6);
     }
 }

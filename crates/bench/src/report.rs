@@ -206,6 +206,9 @@ impl BenchReport {
         }
         let mut out = String::new();
         for (n, row) in cells.iter().enumerate() {
+            if cells.len() == 1 {
+                break; // No results (a live run): no empty table.
+            }
             let mut line = String::new();
             for (i, c) in row.iter().enumerate() {
                 let pad = width[i].saturating_sub(c.chars().count());
