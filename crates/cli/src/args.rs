@@ -300,6 +300,10 @@ pub enum Action {
     /// Raw device-mapper tables, as dmsetup.
     #[command(subcommand, name = "dm")]
     Dm(DmAction),
+    /// Reproduce the disk-encryption experiments on a RAM disk: plain vs crypt, queued vs
+    /// inline, through the engine, NBD and FUSE+loop, with tables and charts.
+    #[command(name = "bench")]
+    Bench(BenchArgs),
     /// Internal: the daemon serving one mapping (reads its spec from standard input).
     #[command(name = "__serve", hide = true)]
     Serve,
@@ -473,4 +477,45 @@ pub struct TableArgs {
     /// Read the table from this file ('-' for standard input).
     #[arg(long)]
     pub table_file: Option<PathBuf>,
+}
+
+/// `bench` options.
+#[derive(Args, Debug, Default, Clone)]
+pub struct BenchArgs {
+    /// Smoke run (~30 s): small region, short runs, one repeat, fio verification on.
+    #[arg(long)]
+    pub quick: bool,
+    /// Seconds per run (default 1; quick 0.2).
+    #[arg(long)]
+    pub runtime: Option<f64>,
+    /// Repeats per cell, alternating configurations (default 3); medians are reported.
+    #[arg(long)]
+    pub repeats: Option<u32>,
+    /// Configurations to run (repeatable; a trailing '*' matches a prefix).
+    #[arg(long = "config")]
+    pub configs: Vec<String>,
+    /// Workloads to run (repeatable).
+    #[arg(long = "workload")]
+    pub workloads: Vec<String>,
+    /// Transports to run: inproc, nbd, loop (repeatable).
+    #[arg(long = "transport")]
+    pub transports: Vec<String>,
+    /// Also measure nbdkit's luks filter and qemu-nbd with a LUKS image.
+    #[arg(long)]
+    pub peers: bool,
+    /// Run 4 KiB readwrite this many seconds and flip queued -> inline halfway.
+    #[arg(long, value_name = "SECONDS")]
+    pub live: Option<f64>,
+    /// Write the JSON report here.
+    #[arg(long = "json-file", alias = "json-out", value_name = "FILE")]
+    pub json_file: Option<PathBuf>,
+    /// Write the SVG chart here.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Write a markdown report here.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// RAM disk size per configuration (bytes, or with k/m/g).
+    #[arg(long)]
+    pub device_size: Option<String>,
 }

@@ -73,6 +73,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Encrypt { input, output } => offline::encrypt(o, input, output),
         Action::Decrypt { device, output } => offline::decrypt(o, device, output),
         Action::Dm(a) => serving::dm(a, json),
+        Action::Bench(a) => actions::bench::bench(o, a),
         Action::Close { name } => serving::close(name),
         Action::Status { name } => serving::status(name, json),
         Action::Refresh { name, perf } => serving::refresh(name, perf),

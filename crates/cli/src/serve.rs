@@ -232,9 +232,10 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
                 read_only: spec.readonly,
                 ..UblkConfig::default()
             };
-            Export::Ublk(UblkExport::start(device, cfg).map_err(|e| {
-                Failure::device(format!("cannot start ublk export: {e}"))
-            })?)
+            Export::Ublk(
+                UblkExport::start(device, cfg)
+                    .map_err(|e| Failure::device(format!("cannot start ublk export: {e}")))?,
+            )
         }
         ExportSpec::None => Export::None,
     };

@@ -1,5 +1,6 @@
 //! One module per family of actions.
 
+pub mod bench;
 pub mod info;
 pub mod luks;
 pub mod offline;
