@@ -123,6 +123,7 @@ impl UblkExport {
         let runner = std::thread::Builder::new()
             .name(format!("ublk{dev_id}-ctrl"))
             .spawn(move || {
+                ensure_ctrl_ring();
                 let result = run_ctrl.run_target(
                     move |dev: &mut UblkDev| {
                         params.apply(dev);
@@ -198,6 +199,7 @@ impl UblkExport {
         let Some(runner) = self.runner.take() else {
             return Ok(());
         };
+        ensure_ctrl_ring();
         // STOP_DEV: the kernel removes the disk (after draining it) and aborts the queues'
         // fetch commands, which ends the queue threads and then run_target.
         let _ = self.ctrl.kill_dev();
@@ -212,6 +214,8 @@ impl UblkExport {
 
 impl Drop for UblkExport {
     fn drop(&mut self) {
+        // Dropping the last UblkCtrl reference deletes the device: a control command.
+        ensure_ctrl_ring();
         let _ = self.shutdown();
     }
 }
@@ -370,6 +374,25 @@ fn execute(
         Ok(()) if op == sys::UBLK_IO_OP_FLUSH => 0,
         Ok(()) => i32::try_from(len).unwrap_or(i32::MAX),
         Err(e) => -e.raw_os_error().filter(|&n| n > 0).unwrap_or(libc::EIO),
+    }
+}
+
+/// libublk sends control commands through a thread-local io_uring that only the thread
+/// which built the `UblkCtrl` has; every other thread that issues a control command (the
+/// control thread, `stop`, the final drop that deletes the device) needs its own.
+fn ensure_ctrl_ring() {
+    let result = libublk::ublk_init_ctrl_task_ring(|ring| {
+        if ring.is_none() {
+            *ring = Some(
+                io_uring::IoUring::<io_uring::squeue::Entry128>::builder()
+                    .build(16)
+                    .map_err(UblkError::IOError)?,
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        log::warn!("cannot set up a ublk control ring on this thread: {e}");
     }
 }
 
