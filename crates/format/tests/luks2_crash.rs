@@ -143,3 +143,18 @@ fn every_interrupted_write_leaves_old_or_new_state() {
         }
     }
 }
+
+#[test]
+fn concurrent_update_is_detected() {
+    let dev = MemIo::new(base());
+    let mut first = Luks2Header::read(&dev).unwrap();
+    let mut second = Luks2Header::read(&dev).unwrap();
+    first.set_label("first").unwrap();
+    first.write(&dev).unwrap();
+    second.set_label("second").unwrap();
+    let err = second.write(&dev).unwrap_err();
+    assert!(err.to_string().contains("concurrent"), "{err}");
+    let h = Luks2Header::read(&dev).unwrap();
+    assert_eq!(h.label(), "first");
+    assert!(!h.needs_repair());
+}

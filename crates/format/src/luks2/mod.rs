@@ -356,18 +356,47 @@ impl Luks2Header {
                 text.len()
             )));
         }
+        // cryptsetup's guard against two writers: the primary on disk must still be the
+        // copy this header was loaded from.
+        if self.primary == CopyState::Valid {
+            let mut b = vec![0u8; BIN_HDR_LEN];
+            if io.read_at(0, &mut b).is_ok() {
+                if let Ok(bin) = BinaryHeader::decode(&b, 0, false) {
+                    if bin.uuid == self.uuid && bin.seqid != self.seqid {
+                        return Err(FormatError::InvalidParameter(
+                            "Detected attempt for concurrent LUKS2 metadata update (on-disk \
+                             sequence id changed); re-read the header"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        }
         let seqid = self.seqid + 1;
         let copies = [false, true].map(|secondary| self.encode_copy(secondary, seqid, &text));
         let primary = copies[0].as_ref().map_err(clone_err)?;
         let secondary = copies[1].as_ref().map_err(clone_err)?;
-        io.write_at(0, primary)
-            .map_err(|e| FormatError::io("writing primary LUKS2 header", e))?;
-        io.sync()
-            .map_err(|e| FormatError::io("syncing primary LUKS2 header", e))?;
-        io.write_at(self.hdr_size, secondary)
-            .map_err(|e| FormatError::io("writing secondary LUKS2 header", e))?;
-        io.sync()
-            .map_err(|e| FormatError::io("syncing secondary LUKS2 header", e))?;
+        let result = io
+            .write_at(0, primary)
+            .map_err(|e| FormatError::io("writing primary LUKS2 header", e))
+            .and_then(|_| {
+                io.sync()
+                    .map_err(|e| FormatError::io("syncing primary LUKS2 header", e))
+            })
+            .and_then(|_| {
+                io.write_at(self.hdr_size, secondary)
+                    .map_err(|e| FormatError::io("writing secondary LUKS2 header", e))
+            })
+            .and_then(|_| {
+                io.sync()
+                    .map_err(|e| FormatError::io("syncing secondary LUKS2 header", e))
+            });
+        if let Err(e) = result {
+            // The copies on disk are now in an unknown mix of old and new: a retry must not
+            // trip the concurrent-update guard, and callers should re-read.
+            self.primary = CopyState::Damaged(format!("interrupted write: {e}"));
+            return Err(e);
+        }
         self.seqid = seqid;
         self.primary = CopyState::Valid;
         self.secondary = CopyState::Valid;
