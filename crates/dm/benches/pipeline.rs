@@ -2,8 +2,8 @@
 //! (`no_read_workqueue no_write_workqueue`) and `crypt` queued (kernel default), the
 //! userspace version of the Cloudflare dm-crypt comparison. Reports numbers only.
 //!
-//! `cargo bench -p cryptblk-dm --bench pipeline`; set `CRYPTBLK_BENCH_SPLIT=<bytes>` to split
-//! large inline requests across cores.
+//! `cargo bench -p cryptblk-dm --bench pipeline`. `crypt-inline-split` is inline with requests
+//! of at least `CRYPTBLK_BENCH_SPLIT` bytes (default 256 KiB) split across cores.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -30,25 +30,29 @@ fn bench(c: &mut Criterion) {
     let reg = Registry::new();
     let sectors = DISK / 512;
     let ram = format!("ram:{DISK}");
+    let inline_table = format!(
+        "0 {sectors} crypt aes-xts-plain64 {KEY} 0 {ram} 0 2 no_read_workqueue no_write_workqueue"
+    );
     let setups = [
         ("linear", format!("0 {sectors} linear {ram} 0")),
+        ("crypt-inline", inline_table.clone()),
+        ("crypt-inline-split", inline_table),
         (
-            "crypt-inline",
-            format!("0 {sectors} crypt aes-xts-plain64 {KEY} 0 {ram} 0 2 no_read_workqueue no_write_workqueue"),
+            "crypt-queued",
+            format!("0 {sectors} crypt aes-xts-plain64 {KEY} 0 {ram} 0"),
         ),
-        ("crypt-queued", format!("0 {sectors} crypt aes-xts-plain64 {KEY} 0 {ram} 0")),
     ];
     let split = std::env::var("CRYPTBLK_BENCH_SPLIT")
         .ok()
-        .and_then(|v| v.parse::<usize>().ok());
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(256 << 10);
     let mut devs = Vec::new();
     for (name, table) in &setups {
         let t = reg.load_table(table).expect("bench table");
-        if let (Some(n), Some(c)) = (
-            split,
-            t.entries()[0].target.as_any().downcast_ref::<CryptTarget>(),
-        ) {
-            c.set_split_policy(SplitPolicy::Above(n));
+        if *name == "crypt-inline-split" {
+            if let Some(c) = t.entries()[0].target.as_any().downcast_ref::<CryptTarget>() {
+                c.set_split_policy(SplitPolicy::Above(split));
+            }
         }
         prefill(&t, DISK);
         devs.push((*name, t));
