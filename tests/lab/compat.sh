@@ -11,6 +11,7 @@
 #    aes-xts-plain64 512 and sector_size:4096, aes-cbc-essiv:sha256; data both ways.
 . "$LAB_OUT/lib.sh"
 modprobe ublk_drv && modprobe dm-crypt && modprobe brd rd_nr=2 rd_size=131072 || { fail "modules"; finish; }
+load_ext4
 W=/tmp/w; mkdir -p $W /mnt/x
 head -c 64 /dev/urandom > $W/key      # passphrase file (binary is fine for both tools)
 KDF="--pbkdf pbkdf2 --pbkdf-force-iterations 1000"

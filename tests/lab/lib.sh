@@ -15,6 +15,13 @@ helper() { LD_LIBRARY_PATH=$S/lib "$@"; }
 ublk_dev_of() { sed -n 's/.*"dev":"\([^"]*\)".*/\1/p'; }
 # sha256 of every file under a directory, relative names, sorted.
 tree_sums() { (cd "$1" && find . -type f | sort | xargs sha256sum); }
+# The kernel's ext4 (staged by run.sh: the lab image lacks fs/ext4).
+load_ext4() {
+  grep -qw ext4 /proc/filesystems && return 0
+  modprobe crc16 2>/dev/null
+  for m in mbcache jbd2 ext4; do insmod "$S"/mod/$m.ko* 2>/dev/null; done
+  grep -qw ext4 /proc/filesystems || { fail "cannot load the ext4 module"; return 1; }
+}
 finish() {
   if [ "$FAILS" -eq 0 ]; then log "ALL PASSED"; exit 0; fi
   log "$FAILS check(s) FAILED"; exit 1

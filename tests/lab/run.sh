@@ -40,13 +40,21 @@ cp "$bin" "$LAB_SHARE/cryptblk"
 # the helpers' libraries go to lib/ (used through LD_LIBRARY_PATH in the guest).
 stage_libs() { for l in $(ldd "$1" | grep -o '/[^ ]*\.so[^ ]*'); do cp -Ln "$l" "$LAB_SHARE/lib/" 2>/dev/null || true; done; }
 stage_libs "$bin"
-for h in nbd-client fusermount3 sha256sum cmp; do
+for h in nbd-client fusermount3; do
   p=$(command -v "$h" || true)
   [ -n "$p" ] || continue
   cp -L "$p" "$LAB_SHARE/bin/"; stage_libs "$p"
 done
 # glibc itself must come from the image (mixing loaders breaks); drop it from lib/.
 rm -f "$LAB_SHARE"/lib/{libc.so.6,ld-linux-x86-64.so.2,libm.so.6,libpthread.so.0,libdl.so.2}
+# ext4 is not among the lab image's module trees: stage it (and its fs/ dependencies) from
+# the lab's kernel package for the guest to insmod (lib.sh: load_ext4).
+KVER=${LAB_KERNEL:-6.12.117+deb12-amd64}
+M=${LAB_CACHE:-/var/tmp/cryptblk-lab}/pkg/$KVER/lib/modules/$KVER
+mkdir -p "$LAB_SHARE/mod"
+if [ -f "$M/modules.dep" ]; then
+  for m in fs/mbcache fs/jbd2/jbd2 fs/ext4/ext4; do cp "$M/kernel/$m".ko* "$LAB_SHARE/mod/" 2>/dev/null || true; done
+fi
 cp "$HERE"/lib.sh "$LAB_SHARE/"
 start=$(date +%s)
 rc=0

@@ -1,0 +1,77 @@
+//! Kernel cross-checks in the lab VM (/work/shared/lab: Debian 6.12 kernel under QEMU with
+//! ublk_drv, dm-crypt, brd): tests/lab/run.sh stages this test's `cryptblk` binary and runs
+//! the guest scripts of tests/lab/, which judge cryptblk against the real kernel.
+//!
+//! - smoke.sh: a zero table served over ublk appears as /dev/ublkbN and is deleted on close.
+//! - compat.sh: LUKS2 aes-xts-plain64 (512/4096-byte sectors), LUKS1 aes-cbc-essiv:sha256
+//!   and plain dmsetup tables; data and ext4 file systems written by cryptblk over ublk are
+//!   read by kernel dm-crypt and the other way round (sha256, fsck, fio crc32c verify).
+//! - crash.sh: SIGKILL of the daemon under fio load keeps every flushed write.
+//!
+//! Skipped only when CRYPTBLK_SKIP_LAB=1; otherwise a lab that cannot boot fails the test.
+//! The scripts run one after the other (each VM takes both CPUs); about 5 minutes in all.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+
+static ONE_VM_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn workspace() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn skipped() -> bool {
+    if std::env::var("CRYPTBLK_SKIP_LAB").as_deref() == Ok("1") {
+        eprintln!("skipping the kernel lab test: CRYPTBLK_SKIP_LAB=1 is set");
+        return true;
+    }
+    false
+}
+
+/// Runs one guest script through tests/lab/run.sh and fails with its output unless every
+/// check in it passed.
+fn run_lab(script: &str) {
+    if skipped() {
+        return;
+    }
+    let _vm = ONE_VM_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runner = workspace().join("tests/lab/run.sh");
+    let started = std::time::Instant::now();
+    let out = Command::new(&runner)
+        .arg("--no-build")
+        .arg(script)
+        .env("CRYPTBLK_BIN", env!("CARGO_BIN_EXE_cryptblk"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", runner.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "{script} ({} s):\n{stdout}\n{stderr}",
+        started.elapsed().as_secs()
+    );
+    assert!(
+        out.status.success(),
+        "lab script {script} failed ({}); see the output above",
+        out.status
+    );
+    assert!(
+        stdout.contains("ALL PASSED") && !stdout.contains("FAIL "),
+        "lab script {script} did not report success"
+    );
+}
+
+#[test]
+fn lab_ublk_smoke() {
+    run_lab("smoke.sh");
+}
+
+#[test]
+fn lab_kernel_dm_crypt_reads_cryptblk_and_back() {
+    run_lab("compat.sh");
+}
+
+#[test]
+fn lab_sigkill_keeps_flushed_writes() {
+    run_lab("crash.sh");
+}
