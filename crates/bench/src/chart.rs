@@ -8,7 +8,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 
-use crate::live::LiveReport;
+use crate::live::{LiveReport, LiveSample};
 use crate::report::BenchReport;
 use crate::BenchError;
 
@@ -201,6 +201,9 @@ pub fn render_matrix_svg(report: &BenchReport) -> Result<String, BenchError> {
     Ok(svg)
 }
 
+/// A named line of the live chart and how to get its value from a sample.
+type Series = (String, Box<dyn Fn(&LiveSample) -> f64>);
+
 /// The live flip over time: throughput (read, write, total) and p99 latency, with the flip
 /// marked.
 pub fn render_live_svg(live: &LiveReport) -> Result<String, BenchError> {
@@ -228,37 +231,29 @@ pub fn render_live_svg(live: &LiveReport) -> Result<String, BenchError> {
             .map(|s| s.t_s)
             .fold(0.0, f64::max)
             .max(live.duration_s);
-        let series_tp: [(&str, Box<dyn Fn(&crate::live::LiveSample) -> f64>); 3] = [
-            ("read MB/s", Box::new(|s| s.read_mb_s)),
-            ("write MB/s", Box::new(|s| s.write_mb_s)),
-            ("read+write MB/s", Box::new(|s| s.read_mb_s + s.write_mb_s)),
-        ];
         let p99 = if live.transport == "inproc" {
             "p99"
         } else {
             "mean"
         };
-        let series_lat: [(String, Box<dyn Fn(&crate::live::LiveSample) -> f64>); 2] = [
-            (format!("read {p99} µs"), Box::new(|s| s.read_p99_us)),
-            (format!("write {p99} µs"), Box::new(|s| s.write_p99_us)),
-        ];
-        let panels_spec: [(
-            &str,
-            Vec<(String, &dyn Fn(&crate::live::LiveSample) -> f64)>,
-        ); 2] = [
+        let panels_spec: [(&str, Vec<Series>); 2] = [
             (
                 "throughput, 250 ms intervals",
-                series_tp
-                    .iter()
-                    .map(|(n, f)| (n.to_string(), f.as_ref()))
-                    .collect(),
+                vec![
+                    ("read MB/s".into(), Box::new(|s| s.read_mb_s)),
+                    ("write MB/s".into(), Box::new(|s| s.write_mb_s)),
+                    (
+                        "read+write MB/s".into(),
+                        Box::new(|s| s.read_mb_s + s.write_mb_s),
+                    ),
+                ],
             ),
             (
                 "latency, 250 ms intervals",
-                series_lat
-                    .iter()
-                    .map(|(n, f)| (n.clone(), f.as_ref()))
-                    .collect(),
+                vec![
+                    (format!("read {p99} µs"), Box::new(|s| s.read_p99_us)),
+                    (format!("write {p99} µs"), Box::new(|s| s.write_p99_us)),
+                ],
             ),
         ];
         for (area, (title, series)) in panels.iter().zip(panels_spec.iter()) {
@@ -328,7 +323,6 @@ pub fn render_live_svg(live: &LiveReport) -> Result<String, BenchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::LiveSample;
     use crate::metrics::{DirMetrics, RunMetrics};
     use crate::report::ResultRow;
 

@@ -219,18 +219,36 @@ pub fn run_inproc(
     Ok(report)
 }
 
-/// The live run driven by fio's nbd engine against `uri` (the stack's NBD export), using
-/// fio's bandwidth and latency logs averaged over 250 ms.
+/// Where and how fio reaches the device in a live run.
+pub struct FioLive<'a> {
+    /// The fio program.
+    pub fio: &'a Path,
+    /// NBD URI of the stack's export.
+    pub uri: String,
+    /// Start of fio's area, bytes.
+    pub offset: u64,
+    /// Length of fio's area, bytes.
+    pub region: u64,
+    /// Directory for fio's output and logs.
+    pub work_dir: &'a Path,
+}
+
+/// The live run driven by fio's nbd engine against the stack's NBD export, using fio's
+/// bandwidth and latency logs averaged over 250 ms.
 pub fn run_fio_nbd(
     stack: &ConfigStack,
-    uri: &str,
-    fio_bin: &Path,
     workload: &Workload,
     duration: Duration,
-    offset: u64,
-    region: u64,
-    work_dir: &Path,
+    setup: &FioLive<'_>,
 ) -> Result<LiveReport, BenchError> {
+    let FioLive {
+        fio: fio_bin,
+        uri,
+        offset,
+        region,
+        work_dir,
+    } = setup;
+    let (offset, region, work_dir) = (*offset, *region, *work_dir);
     let mut report = LiveReport {
         config: stack.config.name.clone(),
         workload: workload.name.clone(),
@@ -242,7 +260,7 @@ pub fn run_fio_nbd(
     };
     let prefix = work_dir.join("live");
     let job = FioJob {
-        target: FioTarget::Nbd { uri: uri.into() },
+        target: FioTarget::Nbd { uri: uri.clone() },
         workload,
         offset,
         region,

@@ -727,10 +727,14 @@ fn run_live(
     engine::prefill(stack.device().as_ref(), 0, 2 * region)?;
     match transport {
         Transport::Nbd => {
-            let uri = stack.nbd_uri(work)?;
-            live::run_fio_nbd(
-                &stack, &uri, &opts.fio, &workload, duration, region, region, work,
-            )
+            let setup = live::FioLive {
+                fio: &opts.fio,
+                uri: stack.nbd_uri(work)?,
+                offset: region,
+                region,
+                work_dir: work,
+            };
+            live::run_fio_nbd(&stack, &workload, duration, &setup)
         }
         _ => live::run_inproc(&stack, &workload, duration, region),
     }
