@@ -371,23 +371,15 @@ impl PerfArgs {
             || self.submit_from_crypt_cpus
             || self.no_read_workqueue
             || self.no_write_workqueue;
-        let mut v = Vec::new();
-        if self.allow_discards {
-            v.push("allow_discards".to_string());
+        cryptblk_dm::CryptFlags {
+            allow_discards: self.allow_discards,
+            same_cpu_crypt: self.same_cpu_crypt,
+            submit_from_crypt_cpus: self.submit_from_crypt_cpus,
+            no_read_workqueue: self.no_read_workqueue || !explicit,
+            no_write_workqueue: self.no_write_workqueue || !explicit,
+            ..Default::default()
         }
-        if self.same_cpu_crypt {
-            v.push("same_cpu_crypt".to_string());
-        }
-        if self.submit_from_crypt_cpus {
-            v.push("submit_from_crypt_cpus".to_string());
-        }
-        if self.no_read_workqueue || !explicit {
-            v.push("no_read_workqueue".to_string());
-        }
-        if self.no_write_workqueue || !explicit {
-            v.push("no_write_workqueue".to_string());
-        }
-        v
+        .format()
     }
 }
 
@@ -518,4 +510,67 @@ pub struct BenchArgs {
     /// RAM disk size per configuration (bytes, or with k/m/g).
     #[arg(long)]
     pub device_size: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(p: PerfArgs) -> Vec<String> {
+        p.table_flags()
+    }
+
+    #[test]
+    fn no_perf_flag_means_inline_both_ways() {
+        assert_eq!(
+            flags(PerfArgs::default()),
+            ["no_read_workqueue", "no_write_workqueue"]
+        );
+    }
+
+    #[test]
+    fn queued_is_the_kernel_default() {
+        let p = PerfArgs {
+            queued: true,
+            ..Default::default()
+        };
+        assert!(flags(p).is_empty());
+    }
+
+    #[test]
+    fn explicit_flags_keep_cryptsetup_meaning() {
+        let p = PerfArgs {
+            no_read_workqueue: true,
+            ..Default::default()
+        };
+        assert_eq!(flags(p), ["no_read_workqueue"]);
+        let p = PerfArgs {
+            same_cpu_crypt: true,
+            allow_discards: true,
+            ..Default::default()
+        };
+        assert_eq!(flags(p), ["allow_discards", "same_cpu_crypt"]);
+    }
+
+    #[test]
+    fn cryptsetup_style_command_lines_parse() {
+        let cli = Cli::try_parse_from([
+            "cryptblk",
+            "-q",
+            "luksFormat",
+            "--type",
+            "luks2",
+            "-h",
+            "sha512",
+            "-d",
+            "key",
+            "dev",
+        ])
+        .unwrap();
+        assert!(cli.opts.batch_mode);
+        assert_eq!(cli.opts.hash.as_deref(), Some("sha512"));
+        assert_eq!(cli.opts.volume_type, Some(VolumeType::Luks2));
+        assert!(matches!(cli.action, Action::LuksFormat { .. }));
+        assert!(Cli::try_parse_from(["cryptblk", "luksDump", "--bogus", "x"]).is_err());
+    }
 }
