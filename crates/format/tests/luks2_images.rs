@@ -58,6 +58,20 @@ fn compatimage2_both_keyslots_and_payload() {
         Err(FormatError::WrongPassphrase)
     ));
 
+    assert_eq!(
+        h.crypt_table_line(&s0.key, "/dev/loop0", 4_194_816)
+            .unwrap(),
+        "0 1 crypt aes-cbc-essiv:sha256 d47ee2cdc40f39be9a3e8d72a149cc4d 0 /dev/loop0 8192"
+    );
+    let mut flagged = h.clone();
+    flagged.set_config_flags(&[
+        "allow-discards".to_string(),
+        "no-read-workqueue".to_string(),
+    ]);
+    assert!(flagged
+        .crypt_table_line(&s0.key, "/dev/loop0", 4_194_816)
+        .unwrap()
+        .ends_with(" 8192 2 allow_discards no_read_workqueue"));
     let cipher = h.open_segment_cipher(&s0.key).unwrap();
     let mut sector = vec![0u8; 512];
     f.read_at(seg.offset, &mut sector).unwrap();
