@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export CRYPTBLK_CRYPTSETUP_TESTS=${CRYPTBLK_CRYPTSETUP_TESTS:-$(cd .. && pwd)/shared/cryptsetup-tests}
 cargo build --workspace --bins
-cargo test --workspace "$@"
+cargo test --workspace --no-fail-fast "$@"
