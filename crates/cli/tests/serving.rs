@@ -417,3 +417,73 @@ fn errors_have_cryptsetup_exit_codes() {
     let (c, _) = code(cryptblk().args(["luksDump", "--no-such-option"]).arg(&img));
     assert_eq!(c, 1);
 }
+
+#[test]
+fn dm_reload_suspend_resume_under_fio_verify() {
+    let Some(_) = tool("fio") else { return };
+    let dir = tempdir();
+    let key: String = (0..64)
+        .map(|i| format!("{:02x}", (i * 13 + 1) % 256))
+        .collect();
+    let queued = format!("0 131072 crypt aes-xts-plain64 {key} 0 ram:64M 0\n");
+    let inline = format!(
+        "0 131072 crypt aes-xts-plain64 {key} 0 ram:64M 0 2 no_read_workqueue no_write_workqueue\n"
+    );
+    let sock = dir.path().join("r.sock");
+    run_ok(
+        cryptblk()
+            .args(["dm", "create", "t-reload", "--table-file"])
+            .arg(table_file(dir.path(), &queued))
+            .arg("--nbd")
+            .arg(&sock),
+        b"",
+    );
+    let _s = Served("t-reload");
+    // Keys are masked in `dm table`, as dmsetup masks them without --showkeys.
+    let shown = run_ok(cryptblk().args(["dm", "table", "t-reload"]), b"");
+    assert!(
+        !shown.contains(&key) && shown.contains(" crypt aes-xts-plain64 0000"),
+        "{shown}"
+    );
+
+    let mut fio = Command::new("fio");
+    fio.args([
+        "--name=reload",
+        "--ioengine=nbd",
+        &format!("--uri={}", uri(&sock)),
+        "--rw=randwrite",
+        "--bs=16k",
+        "--size=48M",
+        "--iodepth=8",
+        "--verify=crc32c",
+        "--verify_backlog=32",
+        "--verify_fatal=1",
+        "--loops=2",
+    ]);
+    let mut child = fio
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut swaps = 0;
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
+        let text = if swaps % 2 == 0 { &inline } else { &queued };
+        run_ok(
+            cryptblk().args(["dm", "reload", "t-reload", "--table-file", "-"]),
+            text.as_bytes(),
+        );
+        run_ok(cryptblk().args(["dm", "suspend", "t-reload"]), b"");
+        run_ok(cryptblk().args(["dm", "resume", "t-reload"]), b"");
+        swaps += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "fio failed across {swaps} table swaps: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(swaps >= 3, "only {swaps} swaps happened while fio ran");
+}
