@@ -62,6 +62,16 @@ fn device(json_text: &[u8]) -> MemIo {
 }
 
 #[test]
+fn tiny_or_foreign_devices_are_not_luks() {
+    for dev in [vec![], vec![0u8; 100], vec![0u8; 1 << 16]] {
+        assert!(matches!(
+            Luks2Header::read(&MemIo::new(dev)),
+            Err(cryptblk_format::FormatError::NotLuks)
+        ));
+    }
+}
+
+#[test]
 fn baseline_header_is_valid() {
     let text = serde_json::to_vec(&valid_json()).unwrap();
     let h = Luks2Header::read(&device(&text)).unwrap();

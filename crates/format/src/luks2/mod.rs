@@ -110,8 +110,14 @@ struct LoadedCopy {
 /// Reads one copy at `offset` and checks it completely (binary sanity, checksum, JSON).
 fn read_copy(io: &dyn HeaderIo, offset: u64, secondary: bool) -> Result<(LoadedCopy, bool)> {
     let mut bin_buf = vec![0u8; BIN_HDR_LEN];
-    io.read_at(offset, &mut bin_buf)
-        .map_err(|e| FormatError::io("reading LUKS2 binary header", e))?;
+    io.read_at(offset, &mut bin_buf).map_err(|e| {
+        // A device too small to hold a binary header simply is not LUKS2.
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            FormatError::NotLuks
+        } else {
+            FormatError::io("reading LUKS2 binary header", e)
+        }
+    })?;
     let bin = BinaryHeader::decode(&bin_buf, offset, secondary)?;
     let mut area = vec![0u8; bin.hdr_size as usize];
     io.read_at(offset, &mut area)
