@@ -164,11 +164,7 @@ fn helper_loop() {
     }
 }
 
-fn run_split(
-    buf: &mut [u8],
-    sector: u64,
-    op: &SectorOp<'_>,
-) -> Result<(), CipherError> {
+fn run_split(buf: &mut [u8], sector: u64, op: &SectorOp<'_>) -> Result<(), CipherError> {
     let p = pool();
     if p.helpers == 0 {
         return op(sector, buf);
