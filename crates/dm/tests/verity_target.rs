@@ -66,6 +66,7 @@ struct Volume {
     cfg: VerityConfig,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn veritysetup_format(
     dir: &TempDir,
     name: &str,

@@ -231,7 +231,7 @@ impl VerityParams {
                 "no data blocks to protect".into(),
             ));
         }
-        if self.hash_offset % self.hash_block_size as u64 != 0 {
+        if !self.hash_offset.is_multiple_of(self.hash_block_size as u64) {
             return Err(FormatError::InvalidParameter(format!(
                 "hash offset {} is not a multiple of the hash block size {}",
                 self.hash_offset, self.hash_block_size

@@ -218,7 +218,7 @@ impl VerityTarget {
             .num_data_blocks
             .checked_mul(cfg.data_block_size as u64)
             .ok_or("num_data_blocks overflows")?;
-        if len > data_bytes || len % cfg.data_block_size as u64 != 0 {
+        if len > data_bytes || !len.is_multiple_of(cfg.data_block_size as u64) {
             return Err(format!(
                 "target length {len} does not fit {} data blocks of {} bytes",
                 cfg.num_data_blocks, cfg.data_block_size
@@ -444,7 +444,7 @@ impl BlockDevice for VerityTarget {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(self.len, offset, buf.len() as u64)?;
         let bs = self.cfg.data_block_size as u64;
-        if offset % bs != 0 || buf.len() as u64 % bs != 0 {
+        if !offset.is_multiple_of(bs) || !(buf.len() as u64).is_multiple_of(bs) {
             return Err(errno(libc::EINVAL));
         }
         if self.is_failed() {

@@ -214,7 +214,7 @@ impl Layout {
             };
             let bytes = (self.tag_size as u64)
                 << (self.log2_interleave_sectors - self.log2_sectors_per_block);
-            self.metadata_run = bytes.div_ceil(padding) * padding >> 9;
+            self.metadata_run = (bytes.div_ceil(padding) * padding) >> 9;
             let last = self.data_sector(self.provided_data_sectors - 1);
             if last < self.start || last >= meta_device_sectors {
                 return false;

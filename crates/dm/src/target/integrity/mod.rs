@@ -4,12 +4,14 @@
 //!
 //! Table (kernel `Documentation/admin-guide/device-mapper/dm-integrity.rst`):
 //! `<dev> <start> <tag_size|-> <mode> <#opt_params> <opt_params>...` with modes `J`
-//! (journal), `D` (direct, not crash safe), `R` (recovery: read-only, tags unchecked) and
+//! (journal), `D` (direct, not crash safe), `B` (bitmap: direct writes, dirty regions
+//! recorded in a bitmap and their tags recalculated after a crash), `R` (recovery:
+//! read-only, tags unchecked) and
 //! options `journal_sectors:`, `interleave_sectors:`, `buffer_sectors:`,
 //! `journal_watermark:`, `commit_time:`, `meta_device:`, `block_size:`,
 //! `internal_hash:<alg>[:<hexkey>]`, `fix_padding`, `fix_hmac`, `allow_discards`
-//! (accepted, discards are ignored), `sectors_per_bit:`/`bitmap_flush_interval:` (accepted,
-//! bitmap mode itself is not implemented), `legacy_recalculate`.
+//! (accepted, discards are ignored), `sectors_per_bit:`/`bitmap_flush_interval:` (accepted;
+//! the default granularity is used and the bitmap is cleaned on flush), `legacy_recalculate`.
 //!
 //! Like the kernel, loading a table over an all-zero superblock area formats the device
 //! (superblock and empty journal); `integritysetup format` relies on exactly that. A read
@@ -41,7 +43,8 @@ use hash::InternalHash;
 use journal::{next_seq, prev_seq, Journal, N_COMMIT_IDS};
 use layout::{Layout, MAX_TAG_SIZE, SB_SECTORS};
 use superblock::{
-    Superblock, FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_HAVE_JOURNAL_MAC, SUPERBLOCK_BYTES,
+    Superblock, FLAG_DIRTY_BITMAP, FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_HAVE_JOURNAL_MAC,
+    SUPERBLOCK_BYTES,
 };
 
 /// dm-integrity operating mode.
@@ -51,6 +54,9 @@ pub enum IntegrityMode {
     Journal,
     /// `D`: data and tags are written in place (a crash may leave mismatching tags).
     Direct,
+    /// `B`: written in place, but regions with writes in flight are marked in an on-disk
+    /// bitmap first; after a crash their tags are recalculated from the data.
+    Bitmap,
     /// `R`: recovery — no replay, no tag checks, read-only.
     Recovery,
 }
@@ -60,6 +66,7 @@ impl IntegrityMode {
         match self {
             IntegrityMode::Journal => 'J',
             IntegrityMode::Direct => 'D',
+            IntegrityMode::Bitmap => 'B',
             IntegrityMode::Recovery => 'R',
         }
     }
@@ -149,7 +156,7 @@ impl IntegrityConfig {
             "J" => IntegrityMode::Journal,
             "D" => IntegrityMode::Direct,
             "R" => IntegrityMode::Recovery,
-            "B" => return Err("bitmap mode (B) is not supported by cryptblk yet".into()),
+            "B" => IntegrityMode::Bitmap,
             other => return Err(format!("invalid mode '{other}' (expecting J, B, D, R)")),
         };
         let mut cfg = IntegrityConfig {
@@ -243,6 +250,9 @@ struct State {
     /// Logical block sector -> (section, entry) of its newest journal copy not yet written
     /// to its home location.
     pending: HashMap<u64, (u32, u32)>,
+    /// Bitmap mode: one bit per `1 << bitmap_shift` sectors with writes not yet flushed
+    /// (bit `n` = byte `n / 8`, bit `n % 8`, as the kernel's little-endian bitmaps).
+    bitmap: Vec<u8>,
 }
 
 /// The integrity target.
@@ -258,6 +268,8 @@ pub struct IntegrityTarget {
     mismatches: AtomicU64,
     /// errno latched by a fatal metadata error (journal corruption); 0 = healthy.
     failed: AtomicI32,
+    /// log2 of the sectors covered by one bitmap bit.
+    bitmap_shift: u32,
 }
 
 fn invalid(msg: impl Into<String>) -> String {
@@ -334,7 +346,7 @@ impl IntegrityTarget {
                     salt,
                     ..Default::default()
                 };
-                sb.set_version(false, meta_dev);
+                sb.set_version(cfg.mode == IntegrityMode::Bitmap, meta_dev);
                 sb
             }
         };
@@ -389,7 +401,7 @@ impl IntegrityTarget {
                 "Not enough provided sectors for requested mapping size",
             ));
         }
-        if len % cfg.block_size as u64 != 0 {
+        if !len.is_multiple_of(cfg.block_size as u64) {
             return Err(format!(
                 "mapping length is not a multiple of the {}-byte block",
                 cfg.block_size
@@ -414,9 +426,11 @@ impl IntegrityTarget {
                 uncommitted_section: 0,
                 n_uncommitted: 0,
                 pending: HashMap::new(),
+                bitmap: Vec::new(),
             }),
             mismatches: AtomicU64::new(0),
             failed: AtomicI32::new(0),
+            bitmap_shift: log2_spbb,
         };
         {
             let mut st = target.lock();
@@ -440,8 +454,8 @@ impl IntegrityTarget {
             }
             if target.cfg.mode != IntegrityMode::Recovery {
                 target
-                    .replay(&mut st, should_write_sb)
-                    .map_err(|e| io_err("replaying journal", e))?;
+                    .resume(&mut st, should_write_sb)
+                    .map_err(|e| io_err("resuming", e))?;
             }
         }
         Ok(target)
@@ -530,7 +544,8 @@ impl IntegrityTarget {
     }
 
     fn write_superblock(&self, st: &mut State) -> io::Result<()> {
-        st.sb.set_version(false, self.meta.is_some());
+        st.sb
+            .set_version(self.cfg.mode == IntegrityMode::Bitmap, self.meta.is_some());
         self.mdev().write_at(
             self.cfg.start * SECTOR_SIZE,
             &st.sb.to_bytes(),
@@ -557,6 +572,123 @@ impl IntegrityTarget {
                 .write_at(base, &st.journal.buf[..end2], WriteFlags::default())?;
         }
         self.mdev().flush()
+    }
+
+    /// The kernel's `dm_integrity_resume`: after a bitmap-mode crash, recalculates the tags
+    /// of dirty regions (all of them when the bitmap granularity changed or the device is
+    /// opened in another mode); otherwise replays the journal. In bitmap mode the journal
+    /// area then holds the (clean) bitmap and the superblock says it is in use.
+    fn resume(&self, st: &mut State, just_formatted: bool) -> io::Result<()> {
+        let bits = self
+            .layout
+            .provided_data_sectors
+            .div_ceil(1u64 << self.bitmap_shift);
+        let bitmap_bytes = (bits.div_ceil(4096 * 8) * 4096) as usize;
+        if st.sb.flags & FLAG_DIRTY_BITMAP != 0 {
+            let mut bitmap = vec![0u8; bitmap_bytes];
+            self.mdev()
+                .read_at(self.layout.journal_offset(), &mut bitmap)?;
+            let same_granularity = st.sb.log2_blocks_per_bitmap_bit as u32
+                + self.layout.log2_sectors_per_block as u32
+                == self.bitmap_shift;
+            if self.cfg.mode == IntegrityMode::Bitmap && same_granularity {
+                for bit in 0..bits {
+                    if bitmap[(bit / 8) as usize] & (1 << (bit % 8)) != 0 {
+                        self.recalculate(st, bit << self.bitmap_shift, 1u64 << self.bitmap_shift)?;
+                    }
+                }
+            } else {
+                self.recalculate(st, 0, self.layout.provided_data_sectors)?;
+            }
+            if self.cfg.mode != IntegrityMode::Bitmap {
+                let n = st.journal.sections;
+                st.journal.init_sections(0, n, 0);
+                self.write_journal_sections(st, 0, n)?;
+                st.sb.flags &= !FLAG_DIRTY_BITMAP;
+                self.write_superblock(st)?;
+                return self.replay(st, true);
+            }
+        } else {
+            self.replay(st, just_formatted)?;
+        }
+        if self.cfg.mode == IntegrityMode::Bitmap {
+            st.sb.flags |= FLAG_DIRTY_BITMAP;
+            st.sb.log2_blocks_per_bitmap_bit =
+                (self.bitmap_shift - self.layout.log2_sectors_per_block as u32) as u8;
+            self.write_superblock(st)?;
+            st.bitmap = vec![0u8; bitmap_bytes];
+            self.write_bitmap(st)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the tags of `count` sectors from `sector` (clipped to the device) from the
+    /// data as it is.
+    fn recalculate(&self, st: &State, sector: u64, count: u64) -> io::Result<()> {
+        let end = (sector + count).min(self.layout.provided_data_sectors);
+        let bs = self.cfg.block_size as usize;
+        let salt = self.salt(&st.sb);
+        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        let mut s = sector;
+        while s < end {
+            let n = self.layout.sectors_left_in_area(s).min(end - s).min(2048);
+            let mut data = vec![0u8; (n * 512) as usize];
+            self.dev
+                .read_at(self.layout.data_sector(s) * SECTOR_SIZE, &mut data)?;
+            let mut tags = TagWriter::new(self.mdev().as_ref());
+            tags.preload(
+                self.layout.tag_position(s),
+                (data.len() / bs) as u64 * self.layout.tag_size as u64,
+            )?;
+            for (k, block) in data.chunks_exact(bs).enumerate() {
+                let bsec = s + (k * bs / 512) as u64;
+                self.hash.tag(salt.as_ref(), bsec, block, &mut tag);
+                tags.set(self.layout.tag_position(bsec), &tag)?;
+            }
+            tags.finish()?;
+            s += n;
+        }
+        self.dev.flush()?;
+        self.mdev().flush()
+    }
+
+    /// Writes the in-memory bitmap to the start of the journal area and makes it durable.
+    fn write_bitmap(&self, st: &State) -> io::Result<()> {
+        self.mdev().write_at(
+            self.layout.journal_offset(),
+            &st.bitmap,
+            WriteFlags { fua: true },
+        )?;
+        self.mdev().flush()
+    }
+
+    /// Marks the regions of a write dirty on disk before the write proceeds.
+    fn mark_dirty(&self, st: &mut State, sector: u64, sectors: u64) -> io::Result<()> {
+        let first = sector >> self.bitmap_shift;
+        let last = (sector + sectors - 1) >> self.bitmap_shift;
+        let mut changed = false;
+        for bit in first..=last {
+            let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
+            if st.bitmap[byte] & mask == 0 {
+                st.bitmap[byte] |= mask;
+                changed = true;
+            }
+        }
+        if changed {
+            self.write_bitmap(st)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes data and tags, then cleans the bitmap (bitmap mode's flush).
+    fn clean_bitmap(&self, st: &mut State) -> io::Result<()> {
+        self.dev.flush()?;
+        self.mdev().flush()?;
+        if st.bitmap.iter().any(|&b| b != 0) {
+            st.bitmap.fill(0);
+            self.write_bitmap(st)?;
+        }
+        Ok(())
     }
 
     /// The kernel's `replay_journal`: finds the newest completely written run of
@@ -694,7 +826,7 @@ impl IntegrityTarget {
                 }
                 let mut sector = st.journal.entry_sector(i, e);
                 if from_replay {
-                    if sector % spb != 0 {
+                    if !sector.is_multiple_of(spb) {
                         self.fail(libc::EIO);
                         sector -= sector % spb;
                     }
@@ -890,6 +1022,15 @@ impl IntegrityTarget {
     /// Commits everything and leaves an empty journal, as a clean kernel suspend does.
     pub fn close(&self) -> io::Result<()> {
         let mut st = self.lock();
+        if self.cfg.mode == IntegrityMode::Bitmap {
+            // Clean: the area goes back to an empty journal and the bitmap is retired.
+            self.clean_bitmap(&mut st)?;
+            let n = st.journal.sections;
+            st.journal.init_sections(0, n, 0);
+            self.write_journal_sections(&st, 0, n)?;
+            st.sb.flags &= !FLAG_DIRTY_BITMAP;
+            return self.write_superblock(&mut st);
+        }
         if self.cfg.mode != IntegrityMode::Journal {
             self.dev.flush()?;
             return self.mdev().flush();
@@ -907,7 +1048,7 @@ impl IntegrityTarget {
     fn check_io(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.len, offset, len)?;
         let bs = self.cfg.block_size as u64;
-        if offset % bs != 0 || len % bs != 0 {
+        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
             return Err(errno(libc::EINVAL));
         }
         self.check_failed()
@@ -972,6 +1113,15 @@ impl BlockDevice for IntegrityTarget {
                 }
                 Ok(())
             }
+            IntegrityMode::Bitmap => {
+                self.mark_dirty(&mut st, sector, buf.len() as u64 / SECTOR_SIZE)?;
+                self.direct_write(&st, sector, buf)?;
+                if flags.fua {
+                    self.dev.flush()?;
+                    self.mdev().flush()?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -984,6 +1134,7 @@ impl BlockDevice for IntegrityTarget {
                 self.dev.flush()?;
                 self.mdev().flush()
             }
+            IntegrityMode::Bitmap => self.clean_bitmap(&mut st),
             IntegrityMode::Recovery => Ok(()),
         }
     }
@@ -1030,6 +1181,10 @@ impl Target for IntegrityTarget {
         if c.mode == IntegrityMode::Journal {
             opts.push(format!("journal_watermark:{}", c.journal_watermark));
             opts.push(format!("commit_time:{}", c.commit_time));
+        }
+        if c.mode == IntegrityMode::Bitmap {
+            opts.push(format!("sectors_per_bit:{}", 1u64 << self.bitmap_shift));
+            opts.push("bitmap_flush_interval:10000".into());
         }
         if sb.flags & FLAG_FIXED_PADDING != 0 {
             opts.push("fix_padding".into());
