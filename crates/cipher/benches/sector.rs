@@ -97,30 +97,49 @@ fn bench_rekey_baseline(c: &mut Criterion) {
 }
 
 fn benches(c: &mut Criterion) {
+    let aes256_xts: &[&str] = &["aws-lc-direct", "aws-lc", "rustcrypto"];
     bench_spec(
         c,
         "aes-256-xts-4096",
         "aes-xts-plain64",
         64,
         4096,
-        &["aws-lc", "rustcrypto"],
+        aes256_xts,
     );
     bench_rekey_baseline(c);
+    bench_spec(c, "aes-256-xts-512", "aes-xts-plain64", 64, 512, aes256_xts);
     bench_spec(
         c,
-        "aes-256-xts-512",
+        "aes-128-xts-4096",
         "aes-xts-plain64",
-        64,
-        512,
-        &["aws-lc", "rustcrypto"],
+        32,
+        4096,
+        &["rustcrypto"],
     );
+    bench_spec(
+        c,
+        "serpent-256-xts-4096",
+        "serpent-xts-plain64",
+        64,
+        4096,
+        &["rustcrypto"],
+    );
+    bench_spec(
+        c,
+        "twofish-256-xts-4096",
+        "twofish-xts-plain64",
+        64,
+        4096,
+        &["rustcrypto"],
+    );
+    let cbc: &[&str] = &["aws-lc", "rustcrypto"];
     bench_spec(
         c,
         "aes-256-cbc-essiv-512",
         "aes-cbc-essiv:sha256",
         32,
         512,
-        &["aws-lc", "rustcrypto"],
+        cbc,
     );
 }
 
