@@ -235,6 +235,10 @@ fn unknown_requirements_allow_verification_only() {
     let b = open_rw(&backup);
     assert_eq!(Luks2Header::read(&b).unwrap().uuid(), h.uuid());
 
+    // Restoring any header over the device with unknown requirements is refused too.
+    let free_path = dir.path("luks2_header_requirements_free");
+    unmet(Luks2Header::restore(&f, &open_rw(&free_path)).map(|_| ()));
+
     // The same header without requirements accepts changes.
     let free = open_rw(&dir.path("luks2_header_requirements_free"));
     let mut h = Luks2Header::read_for_write(&free).unwrap();

@@ -786,6 +786,7 @@ impl Luks2Header {
         let new = Self::read(backup)?;
         new.check_requirements()?;
         if let Ok(cur) = Self::read(io) {
+            cur.check_requirements()?;
             if cur.metadata_and_keyslots_size() != new.metadata_and_keyslots_size()
                 || cur.data_offset() != new.data_offset()
             {
