@@ -28,7 +28,9 @@ fn tools() -> bool {
 
 /// (version, log2_interleave, tag, journal_sections, provided, flags, log2_spb,
 /// log2_bpbb, recalc_sector)
-const CASES: [(u8, u8, u16, u32, u64, u32, u8, u8, u64); 5] = [
+type Case = (u8, u8, u16, u32, u64, u32, u8, u8, u64);
+
+const CASES: [Case; 5] = [
     (1, 15, 32, 5, 60992, 0, 0, 15, 0),
     (4, 15, 4, 2, 64664, 0x8, 0, 15, 0),
     (5, 15, 32, 1, 64752, 0x18, 3, 12, 0),
