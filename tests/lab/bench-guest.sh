@@ -2,7 +2,8 @@
 # Guest script: the same fio runs (psync, iodepth 1, --direct=1, sequential readwrite at
 # 4k, 64k, 1m) against plain brd, kernel dm-crypt (default queued, inline
 # no_read_workqueue/no_write_workqueue, null cipher) and cryptblk's aes-xts-plain64 crypt
-# mapping on the same brd disk served over ublk, NBD and FUSE+loop. Prints a markdown table
+# mapping on the same brd disk served over ublk, NBD (kernel nbd-client) and FUSE+loop, plus
+# cryptblk linear and null-cipher mappings over ublk (transport cost without crypto). Prints a markdown table
 # of MB/s and ratios to plain brd (also written to $LAB_OUT/lab-bench.md).
 # usage (host): tests/lab/run.sh bench-guest.sh [RUNTIME_S=5] [SIZE_MB=64]
 . "$LAB_OUT/lib.sh"
@@ -10,9 +11,9 @@ RT=${1:-5}; SZ=${2:-64}
 modprobe brd rd_nr=1 rd_size=262144 && modprobe dm-crypt && modprobe ublk_drv && modprobe nbd nbds_max=2 \
   && modprobe fuse && modprobe loop || { fail modules; finish; }
 dd if=/dev/zero of=/dev/ram0 bs=1M count=256 oflag=direct 2>/dev/null   # allocate brd pages
-S=$(blockdev --getsz /dev/ram0)
+SECTORS=$(blockdev --getsz /dev/ram0)
 KEY=$(head -c 64 /dev/urandom | od -An -tx1 -v | tr -d ' \n')
-XTS="0 $S crypt aes-xts-plain64 $KEY 0 /dev/ram0 0"
+XTS="0 $SECTORS crypt aes-xts-plain64 $KEY 0 /dev/ram0 0"
 W=/tmp/w; mkdir -p $W /mnt/fuse; R=$W/results; : > $R
 
 run_fio() {  # run_fio CONFIG DEV
@@ -34,9 +35,15 @@ cb_create() {  # cb_create NAME EXPORT-ARGS...: cryptblk crypt mapping over /dev
 run_fio brd /dev/ram0
 dmsetup create k --table "$XTS" && run_fio dmcrypt /dev/mapper/k; dmsetup remove k
 dmsetup create k --table "$XTS 2 no_read_workqueue no_write_workqueue" && run_fio dmcrypt-inline /dev/mapper/k; dmsetup remove k
-dmsetup create k --table "0 $S crypt capi:ecb(cipher_null) - 0 /dev/ram0 0" && run_fio dmcrypt-null /dev/mapper/k; dmsetup remove k
+dmsetup create k --table "0 $SECTORS crypt capi:ecb(cipher_null) - 0 /dev/ram0 0" && run_fio dmcrypt-null /dev/mapper/k; dmsetup remove k
 
 out=$(cb_create u --ublk) && run_fio cryptblk-ublk "$(echo "$out" | ublk_dev_of)"; $CB dm remove u
+# The same transport without crypto work (linear) and with the null cipher: what ublk and
+# the crypt target's bookkeeping cost on their own.
+echo "0 $SECTORS linear /dev/ram0 0" > $W/t2
+out=$($CB dm create l --table-file $W/t2 --ublk --json) && run_fio cryptblk-ublk-linear "$(echo "$out" | ublk_dev_of)"; $CB dm remove l
+echo "0 $SECTORS crypt capi:ecb(cipher_null) - 0 /dev/ram0 0" > $W/t2
+out=$($CB dm create z --table-file $W/t2 --ublk --json) && run_fio cryptblk-ublk-null "$(echo "$out" | ublk_dev_of)"; $CB dm remove z
 
 if cb_create n --nbd /run/cb-nbd.sock >/dev/null; then
   if helper nbd-client -unix /run/cb-nbd.sock /dev/nbd0 -b 4096 >$W/nbd.log 2>&1 \
