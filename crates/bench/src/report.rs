@@ -21,6 +21,11 @@ pub struct HostInfo {
     pub kernel: String,
     /// `fio --version`, if fio runs.
     pub fio: Option<String>,
+    /// /proc/loadavg's 1-minute figure when the run started: on a shared machine, how
+    /// much else competed for the CPUs.
+    pub load_avg_start: f64,
+    /// The same when the run ended.
+    pub load_avg_end: f64,
 }
 
 /// The settings in force.
@@ -265,13 +270,15 @@ impl BenchReport {
         let mut md = String::new();
         md.push_str("# cryptblk bench results\n\n");
         md.push_str(&format!(
-            "Measured {} on {} ({} CPUs), kernel {}, {}. Each figure is the median of {} run(s) of {:.2} s; \
+            "Measured {} on {} ({} CPUs; 1-minute load average {:.1} at the start, {:.1} at the end), kernel {}, {}. Each figure is the median of {} run(s) of {:.2} s; \
              runs alternate between configurations ({}). RAM disk of {} MiB per configuration, \
              I/O over {} MiB. MB/s are 10^6 bytes/s; latencies are total latency (submission to completion). \
              Whole run: {:.0} s.\n\n",
             self.started_utc,
             self.host.cpu,
             self.host.cpus,
+            self.host.load_avg_start,
+            self.host.load_avg_end,
             self.host.kernel,
             self.host.fio.as_deref().unwrap_or("fio not found"),
             s.repeats,

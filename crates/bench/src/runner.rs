@@ -77,7 +77,17 @@ fn host_info(fio_bin: &Path) -> HostInfo {
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
         fio: fio::version(fio_bin),
+        load_avg_start: load_avg(),
+        load_avg_end: 0.0,
     }
+}
+
+/// The 1-minute load average (0 if /proc/loadavg is unreadable).
+fn load_avg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
 }
 
 /// UTC date-time in ISO 8601 (days-to-civil conversion; no calendar crate needed for this).
@@ -456,6 +466,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         report.transports = statuses.into_values().collect();
         report.live = Some(live_report);
         report.total_seconds = started.elapsed().as_secs_f64();
+        report.host.load_avg_end = load_avg();
         write_outputs(opts, &report)?;
         return Ok(report);
     }
@@ -668,6 +679,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     // Stop servers before reporting the time: unmounts and socket removal belong to the run.
     drop(subjects);
     report.total_seconds = started.elapsed().as_secs_f64();
+    report.host.load_avg_end = load_avg();
     write_outputs(opts, &report)?;
     Ok(report)
 }
