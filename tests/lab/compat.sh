@@ -19,10 +19,7 @@ FIO="--filename=DEV --size=16M --bs=4k --rw=randwrite --direct=1 --ioengine=liba
 
 open_cb() {   # open_cb NAME [open args...] -> prints /dev/ublkbN
   local name=$1; shift
-  local out; out=$($CB open -d $W/key "$@" /dev/ram0 "$name" --ublk --json) || return 1
-  local dev; dev=$(echo "$out" | ublk_dev_of)
-  [ -b "$dev" ] || { echo "no block device in: $out" >&2; return 1; }
-  echo "$dev"
+  cb_serve "$name" open -d $W/key "$@" /dev/ram0 "$name"
 }
 write_files() {  # write_files DEV: fresh ext4 with random files, sums to $W/sums
   mkfs.ext4 -q -F "$1" >/dev/null && mount "$1" /mnt/x || return 1
@@ -52,14 +49,14 @@ luks_case() {  # luks_case TYPE CIPHER KEYBITS SECTOR
     || fail "$tag: ublk logical block size $(blockdev --getss "$dev") != $sector"
   if fio --name=w ${FIO//DEV/$dev} >$W/fio.log 2>&1; then pass "$tag: fio write+verify crc32c via cryptblk/ublk"
   else tail -5 $W/fio.log; fail "$tag: fio via ublk"; fi
-  must "$tag: cryptblk close" $CB close A
+  cb_stop A
   must "$tag: cryptsetup open (kernel)" cryptsetup open --key-file $W/key /dev/ram0 K || return
   if fio --name=w ${FIO//DEV//dev/mapper/K} --verify_only >$W/fio.log 2>&1; then pass "$tag: kernel dm-crypt verifies fio data written by cryptblk"
   else tail -5 $W/fio.log; fail "$tag: kernel fio verify_only"; fi
   cryptsetup close K
   dev=$(open_cb A) || { fail "$tag: cryptblk reopen"; return; }
   write_files "$dev" || fail "$tag: ext4 via cryptblk"
-  must "$tag: cryptblk close" $CB close A
+  cb_stop A
   cryptsetup open --key-file $W/key /dev/ram0 K && check_files /dev/mapper/K "$tag: cryptblk wrote, kernel read"
   cryptsetup close K
   # B) cryptsetup formats, the kernel writes, cryptblk reads.
@@ -70,7 +67,7 @@ luks_case() {  # luks_case TYPE CIPHER KEYBITS SECTOR
   cryptsetup close K
   dev=$(open_cb B) || { fail "$tag: cryptblk open of cryptsetup's volume"; return; }
   check_files "$dev" "$tag: kernel wrote, cryptblk/ublk read"
-  must "$tag: cryptblk close" $CB close B
+  cb_stop B
 }
 
 plain_case() {  # plain_case CIPHER KEYBYTES [OPTS]: same dm table in both
@@ -80,22 +77,19 @@ plain_case() {  # plain_case CIPHER KEYBYTES [OPTS]: same dm table in both
   local table="0 $S crypt $cipher $key 0 /dev/ram1 0${opts:+ $opts}"
   echo "$table" > $W/table
   head -c $((8 << 20)) /dev/urandom > $W/d1; head -c $((8 << 20)) /dev/urandom > $W/d2
-  local out dev
-  out=$($CB dm create P --table-file $W/table --ublk --json) || { fail "$tag: cryptblk dm create"; return; }
-  dev=$(echo "$out" | ublk_dev_of)
+  local dev
+  dev=$(cb_serve P dm create P --table-file $W/table) || { fail "$tag: cryptblk dm create"; return; }
   dd if=$W/d1 of="$dev" bs=1M oflag=direct conv=fsync 2>/dev/null || fail "$tag: write via cryptblk"
-  must "$tag: cryptblk dm remove" $CB dm remove P
+  cb_stop P dm remove
   dmsetup create P --table "$table" || { fail "$tag: dmsetup create"; return; }
   if head -c $((8 << 20)) /dev/mapper/P | cmp -s - $W/d1; then pass "$tag: cryptblk wrote, kernel read"
   else fail "$tag: kernel reads other data than cryptblk wrote"; fi
   dd if=$W/d2 of=/dev/mapper/P bs=1M seek=8 oflag=direct conv=fsync 2>/dev/null || fail "$tag: write via kernel"
   dmsetup remove P
-  out=$($CB dm create P --table-file $W/table --ublk --json) || { fail "$tag: cryptblk dm create (2)"; return; }
-  dev=$(echo "$out" | ublk_dev_of)
+  dev=$(cb_serve P dm create P --table-file $W/table) || { fail "$tag: cryptblk dm create (2)"; return; }
   if dd if="$dev" bs=1M skip=8 count=8 iflag=direct 2>/dev/null | cmp -s - $W/d2; then pass "$tag: kernel wrote, cryptblk read"
   else fail "$tag: cryptblk reads other data than the kernel wrote"; fi
-  # The raw ciphertext is the same too: cryptblk never wrote past what it was given.
-  must "$tag: cryptblk dm remove" $CB dm remove P
+  cb_stop P dm remove
 }
 
 log "cryptblk $($CB --version) on $(uname -r)"

@@ -51,10 +51,9 @@ verify() {  # verify DEV WHAT
   then pass "$2: all $((N + 1)) acknowledged batches intact"
   else fail "$2: acknowledged data lost or corrupt"; fi
 }
-out=$($CB open -d $W/key /dev/ram0 C --ublk --json) || { fail "reopen after SIGKILL"; finish; }
-dev2=$(echo "$out" | ublk_dev_of)
+dev2=$(cb_serve C open -d $W/key /dev/ram0 C) || { fail "reopen after SIGKILL"; finish; }
 log "reopened on $dev2"
 verify "$dev2" "cryptblk reopen"
-must "close" $CB close C
+cb_stop C
 cryptsetup open --key-file $W/key /dev/ram0 K && verify /dev/mapper/K "kernel dm-crypt" && cryptsetup close K
 finish

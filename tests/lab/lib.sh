@@ -13,6 +13,31 @@ must() { local what=$1; shift; "$@" || { fail "$what: '$*' exited $?"; return 1;
 helper() { LD_LIBRARY_PATH=$S/lib "$@"; }
 # Device node of a cryptblk ublk export, from `open/dm create --json` output.
 ublk_dev_of() { sed -n 's/.*"dev":"\([^"]*\)".*/\1/p'; }
+# Serve a volume over ublk: cb_serve NAME CRYPTBLK-ARGS... (e.g. open ... or dm create ...);
+# prints /dev/ublkbN and keeps the daemon's facts for cb_stop.
+cb_serve() {
+  local name=$1; shift
+  local out; out=$($CB "$@" --ublk --json) || return 1
+  echo "$out" > /tmp/cb-serve.$name
+  local dev; dev=$(echo "$out" | ublk_dev_of)
+  [ -b "$dev" ] || { echo "no ublk block device in: $out" >&2; return 1; }
+  echo "$dev"
+}
+# Close a volume served by cb_serve: cb_stop NAME [close|dm remove]. When `cryptblk close`
+# returns, the export must be stopped (and so the volume flushed): the ublk node must be
+# gone. A daemon still finishing is waited for, so later checks stay meaningful.
+cb_stop() {
+  local name=$1; shift
+  local how=${*:-close}
+  local dev pid; dev=$(ublk_dev_of < /tmp/cb-serve.$name); pid=$(sed -n 's/.*"pid":\([0-9]*\).*/\1/p' /tmp/cb-serve.$name)
+  $CB $how "$name" || { fail "cryptblk $how $name exited $?"; return 1; }
+  if [ -e "$dev" ]; then
+    fail "cryptblk $how $name returned while $dev still existed (export not yet stopped and flushed)"
+  fi
+  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && fail "daemon $pid of $name still running 30 s after $how"
+  return 0
+}
 # sha256 of every file under a directory, relative names, sorted.
 tree_sums() { (cd "$1" && find . -type f | sort | xargs sha256sum); }
 # The kernel's ext4 (staged by run.sh: the lab image lacks fs/ext4).
