@@ -258,10 +258,12 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
             break;
         }
     }
-    let _ = std::fs::remove_file(&ctl_path);
     let flushed = mapping.flush();
     let stopped = export.stop();
     let _ = registry.remove(&spec.name);
+    // Last: `close` waits for the socket to vanish, so it must mean "stopped and flushed"
+    // (a ublk node gone, the backing written back) before a script reuses the backing.
+    let _ = std::fs::remove_file(&ctl_path);
     flushed.map_err(|e| Failure::device(format!("flush on close failed: {e}")))?;
     stopped.map_err(Failure::device)?;
     Ok(())
