@@ -67,7 +67,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::IsLuks { device } => luks::is_luks(o, device),
         Action::Erase { device } => luks::erase(o, device),
         Action::Config { device } => luks::config(o, device),
-        Action::Convert { .. } => Err(Failure::usage("convert is not implemented yet")),
+        Action::Convert { device } => luks::convert(o, device),
         Action::Benchmark => info::benchmark(o),
         Action::Ciphers => info::ciphers(o),
         Action::Encrypt { input, output } => offline::encrypt(o, input, output),

@@ -394,7 +394,7 @@ fn data_offset_bytes(dump: &str) -> u64 {
             return v.trim().parse::<u64>().unwrap() * 512;
         }
         if let Some(v) = t.strip_prefix("offset:") {
-            return v.trim().split_whitespace().next().unwrap().parse().unwrap();
+            return v.split_whitespace().next().unwrap().parse().unwrap();
         }
     }
     panic!("no data offset in luksDump output:\n{dump}");
@@ -522,4 +522,90 @@ fn detached_header_and_key_file_slices_work_both_ways() {
         test_passphrase_cryptsetup(&data, &k2, &["--header", hdr_s]),
         0
     );
+}
+
+#[test]
+fn convert_between_luks1_and_luks2_keeps_keys_and_data() {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", b"convert me");
+    let img = dir.path().join("c.img");
+    sparse_file(&img, 20 << 20);
+    if !cryptsetup_format(
+        &img,
+        &key,
+        &["--type", "luks1", "--pbkdf-force-iterations", "1000"],
+    ) {
+        return;
+    }
+    let vk = cryptsetup_volume_key(&img, &key, &[]).unwrap();
+    run_ok(
+        cryptblk()
+            .args(["convert", "--batch-mode", "--type", "luks2"])
+            .arg(&img),
+        b"",
+    );
+    let mut dump = cryptsetup().unwrap();
+    let text = run_ok(dump.arg("luksDump").arg(&img), b"");
+    assert!(text.contains("Version:       \t2"), "{text}");
+    assert_eq!(test_passphrase_cryptsetup(&img, &key, &[]), 0);
+    assert_eq!(cryptsetup_volume_key(&img, &key, &[]).unwrap(), vk);
+    run_ok(
+        cryptblk()
+            .args(["convert", "--batch-mode", "--type", "luks1"])
+            .arg(&img),
+        b"",
+    );
+    let mut dump = cryptsetup().unwrap();
+    let text = run_ok(dump.arg("luksDump").arg(&img), b"");
+    assert!(text.contains("Version:       \t1"), "{text}");
+    assert_eq!(cryptsetup_volume_key(&img, &key, &[]).unwrap(), vk);
+    // Converting to the type it already has is refused with exit 1.
+    let out = run(
+        cryptblk()
+            .args(["convert", "--batch-mode", "--type", "luks1"])
+            .arg(&img),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn damaged_primary_header_opens_and_is_repaired_on_write() {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", b"survivor");
+    let k2 = key_file(dir.path(), "k2", b"after repair");
+    let img = dir.path().join("d.img");
+    sparse_file(&img, 20 << 20);
+    if !cryptsetup_format(
+        &img,
+        &key,
+        &[&["--type", "luks2"][..], &FAST_PBKDF2[..]].concat(),
+    ) {
+        return;
+    }
+    let vk = cryptsetup_volume_key(&img, &key, &[]).unwrap();
+    // Wipe the primary binary header (magic included): only the secondary copy is left.
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 4096], 0).unwrap();
+    drop(f);
+    assert_eq!(
+        test_passphrase_cryptblk(&img, &key, &[]),
+        0,
+        "opens from the secondary header"
+    );
+    assert_eq!(cryptblk_volume_key(&img, &key, &[]), vk);
+    run_ok(
+        cryptblk()
+            .args(["luksAddKey", "--batch-mode"])
+            .args(FAST_PBKDF2)
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&img)
+            .arg(&k2),
+        b"",
+    );
+    let head = std::fs::read(&img).unwrap();
+    assert_eq!(&head[..6], b"LUKS\xba\xbe", "primary header rewritten");
+    assert_eq!(test_passphrase_cryptsetup(&img, &k2, &[]), 0);
+    assert_eq!(test_passphrase_cryptsetup(&img, &key, &[]), 0);
 }

@@ -102,11 +102,7 @@ pub fn benchmark(opts: &Opts) -> ActionResult {
                 continue;
             };
             any = true;
-            let algo = spec
-                .rsplit_once('-')
-                .map(|x| x.0)
-                .unwrap_or(&spec)
-                .replace('-', "-");
+            let algo = spec.rsplit_once('-').map(|x| x.0).unwrap_or(&spec);
             if !opts.json {
                 println!(
                     "{algo:>15} {bits:>8}b {:>17} {:>11.1} MiB/s {:>11.1} MiB/s",

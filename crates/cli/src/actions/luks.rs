@@ -694,6 +694,39 @@ pub fn config(opts: &Opts, device: &Path) -> ActionResult {
     Ok(())
 }
 
+/// `convert --type luks1|luks2`: in place, as cryptsetup (not crash-safe there either, so
+/// it asks for confirmation and suggests a header backup).
+pub fn convert(opts: &Opts, device: &Path) -> ActionResult {
+    let want = match opts.volume_type {
+        Some(VolumeType::Luks1) => 1,
+        Some(VolumeType::Luks2) => 2,
+        _ => return Err(Failure::usage("convert needs --type luks1 or --type luks2")),
+    };
+    let path = volume::header_path(opts, device);
+    let f = volume::open_file(path, true)?;
+    match (volume::probe_version(&f), want) {
+        (Some(v), w) if v == w => Err(Failure::usage(format!(
+            "Device {} is already LUKS{v}.",
+            device.display()
+        ))),
+        (Some(1), 2) => {
+            volume::confirm(opts, &format!("This operation will convert {} to LUKS2 format.\nMake a header backup first (luksHeaderBackup).", device.display()))?;
+            Luks2Header::convert_from_luks1(&f)?;
+            Ok(())
+        }
+        (Some(2), 1) => {
+            volume::confirm(opts, &format!("This operation will convert {} to LUKS1 format.\nMake a header backup first (luksHeaderBackup).", device.display()))?;
+            let h = Luks2Header::read_for_write(&f)?;
+            h.convert_to_luks1(&f)?;
+            Ok(())
+        }
+        _ => Err(Failure::usage(format!(
+            "Device {} is not a valid LUKS device.",
+            device.display()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

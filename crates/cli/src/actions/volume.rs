@@ -52,7 +52,7 @@ pub struct Segment {
 /// An opened LUKS volume.
 pub enum Volume {
     /// LUKS1.
-    Luks1(Luks1Volume<File>),
+    Luks1(Box<Luks1Volume<File>>),
     /// LUKS2 with its header device.
     Luks2(Box<Luks2Header>, File),
 }
@@ -110,18 +110,30 @@ impl Volume {
         let version = match version {
             Some(v) => v,
             None if opts.volume_type != Some(VolumeType::Luks1) => match Luks2Header::read(&file) {
-                Ok(h) => return Self::checked_luks2(opts, h, file),
+                Ok(mut h) => {
+                    if write {
+                        h.check_requirements()?;
+                        h.repair(&file)?;
+                    }
+                    return Self::checked_luks2(opts, h, file);
+                }
                 Err(_) => return Err(not_luks()),
             },
             None => return Err(not_luks()),
         };
         match (version, opts.volume_type) {
             (1, None | Some(VolumeType::Luks) | Some(VolumeType::Luks1)) => {
-                Ok(Volume::Luks1(Luks1Volume::open(file)?))
+                Ok(Volume::Luks1(Box::new(Luks1Volume::open(file)?)))
             }
             (2, None | Some(VolumeType::Luks) | Some(VolumeType::Luks2)) => {
                 let h = if write {
-                    Luks2Header::read_for_write(&file)?
+                    let mut h = Luks2Header::read_for_write(&file)?;
+                    // A damaged copy is rewritten from the good one before any change, as
+                    // cryptsetup's auto-recovery does.
+                    if h.needs_repair() {
+                        h.repair(&file)?;
+                    }
+                    h
                 } else {
                     Luks2Header::read(&file)?
                 };
