@@ -97,7 +97,7 @@ fn bench_rekey_baseline(c: &mut Criterion) {
 }
 
 fn benches(c: &mut Criterion) {
-    let aes256_xts: &[&str] = &["aws-lc-direct", "aws-lc", "rustcrypto"];
+    let aes256_xts: &[&str] = &["aws-lc", "rustcrypto"];
     bench_spec(
         c,
         "aes-256-xts-4096",

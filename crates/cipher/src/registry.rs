@@ -80,15 +80,6 @@ static REGISTRY: &[Implementation] = &[
         build: awslc::engine,
     },
     Implementation {
-        name: "aws-lc-direct",
-        description: "AWS-LC XTS assembly (AVX-512/VAES or AES-NI) called without EVP",
-        algorithms: &[("xts(aes) (512-bit keys)", "aes-xts-plain64", 64)],
-        priority: || 450,
-        available: awslc::direct_available,
-        supports: awslc::supports_direct,
-        build: awslc::direct_engine,
-    },
-    Implementation {
         name: "rustcrypto",
         description: "RustCrypto aes/serpent/twofish with xts-mode and cbc (portable)",
         algorithms: RUSTCRYPTO_ALGS,
