@@ -37,9 +37,9 @@ URI="nbd+unix:///?socket=$W/nbd.sock"
 nbdinfo "$URI" | sed -n '1,6p'
 
 step "fio over NBD with crc32c verification, flipping queued <-> inline while it runs"
-fio --name=verify --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --size=64M \
+(cd "$W" && fio --name=verify --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --size=64M \
     --iodepth=8 --verify=crc32c --verify_backlog=64 --verify_fatal=1 --loops=2 \
-    --output-format=terse > "$W/fio.out" &
+    --output-format=terse > "$W/fio.out") &
 FIO=$!
 flips=0
 while kill -0 $FIO 2>/dev/null; do

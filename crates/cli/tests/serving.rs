@@ -202,6 +202,8 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
     let _s = Served("t-flip");
 
     let mut fio = Command::new("fio");
+    // fio leaves verify state files in its working directory.
+    fio.current_dir(dir.path());
     fio.args([
         "--name=flip",
         "--ioengine=nbd",
@@ -447,6 +449,8 @@ fn dm_reload_suspend_resume_under_fio_verify() {
     );
 
     let mut fio = Command::new("fio");
+    // fio leaves verify state files in its working directory.
+    fio.current_dir(dir.path());
     fio.args([
         "--name=reload",
         "--ioengine=nbd",
