@@ -8,6 +8,8 @@
 //! The crate also holds the pieces every higher layer shares: hash functions by name
 //! ([`hash`]) and locked, zeroized key buffers ([`secret`]).
 
+#![warn(missing_docs)]
+
 mod awslc;
 mod dmcipher;
 pub mod hash;
