@@ -256,6 +256,12 @@ pub enum Action {
         /// Device.
         device: PathBuf,
     },
+    /// Repair LUKS2 metadata: rewrite a damaged header copy, remove a conflicting LVM2 label.
+    #[command(name = "repair")]
+    Repair {
+        /// Device.
+        device: PathBuf,
+    },
     /// Convert between LUKS1 and LUKS2 (--type).
     #[command(name = "convert")]
     Convert {

@@ -68,6 +68,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Erase { device } => luks::erase(o, device),
         Action::Config { device } => luks::config(o, device),
         Action::Convert { device } => luks::convert(o, device),
+        Action::Repair { device } => luks::repair(o, device),
         Action::Benchmark => info::benchmark(o),
         Action::Ciphers => info::ciphers(o),
         Action::Encrypt { input, output } => offline::encrypt(o, input, output),

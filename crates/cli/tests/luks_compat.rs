@@ -609,3 +609,46 @@ fn damaged_primary_header_opens_and_is_repaired_on_write() {
     assert_eq!(test_passphrase_cryptsetup(&img, &k2, &[]), 0);
     assert_eq!(test_passphrase_cryptsetup(&img, &key, &[]), 0);
 }
+
+#[test]
+fn ambiguous_luks2_and_lvm2_signature_needs_repair() {
+    let dir = std::env::var_os("CRYPTBLK_CRYPTSETUP_TESTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/cryptsetup-tests")
+        });
+    let archive = dir.join("blkid-luks2-pv.img.xz");
+    assert!(archive.exists(), "{} is missing", archive.display());
+    let tmp = tempdir();
+    let img = tmp.path().join("pv.img");
+    let out = std::process::Command::new("xz")
+        .arg("-dc")
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::write(&img, out.stdout).unwrap();
+    let is_luks = |extra: &[&str]| {
+        run(cryptblk().arg("isLuks").args(extra).arg(&img), b"")
+            .status
+            .code()
+    };
+    assert_eq!(
+        is_luks(&[]),
+        Some(1),
+        "ambiguous signatures must fail isLuks"
+    );
+    assert_eq!(is_luks(&["--type", "luks2"]), Some(1));
+    run_ok(cryptblk().args(["repair", "--batch-mode"]).arg(&img), b"");
+    assert_eq!(is_luks(&[]), Some(0));
+    assert_eq!(is_luks(&["--type", "luks2"]), Some(0));
+    assert_eq!(is_luks(&["--type", "luks1"]), Some(1));
+    if let Some(mut c) = cryptsetup() {
+        assert!(
+            run(c.args(["isLuks", "--type", "luks2"]).arg(&img), b"")
+                .status
+                .success(),
+            "cryptsetup after our repair"
+        );
+    }
+}

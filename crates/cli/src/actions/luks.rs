@@ -727,6 +727,27 @@ pub fn convert(opts: &Opts, device: &Path) -> ActionResult {
     }
 }
 
+/// `repair`: LUKS2 only, as cryptsetup: rebuilds both header copies from the valid one and
+/// removes an LVM2 label that makes the device's signature ambiguous.
+pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
+    let f = volume::open_file(volume::header_path(opts, device), true)?;
+    if volume::probe_version(&f) == Some(1) || opts.volume_type == Some(VolumeType::Luks1) {
+        return Err(Failure::usage(
+            "repair of LUKS1 metadata is not supported; restore a header backup instead",
+        ));
+    }
+    volume::confirm(
+        opts,
+        &format!(
+            "This will rewrite the LUKS2 metadata of {}.",
+            device.display()
+        ),
+    )?;
+    cryptblk_format::luks2::repair_device(&f)?;
+    f.sync_all()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
