@@ -59,7 +59,7 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
         });
     }
     match (&export.nbd, &export.fuse) {
-        (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd or --fuse")),
+        (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd, --fuse or --ublk")),
         (Some(n), None) => {
             if n.parse::<std::net::SocketAddr>().is_ok() {
                 Ok(ExportSpec::NbdTcp(n.clone()))
@@ -79,7 +79,7 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
             Ok(ExportSpec::Fuse(abs))
         }
         (None, None) => Err(Failure::usage(
-            "no export given: use --nbd <socket|host:port> or --fuse <dir>",
+            "no export given: use --nbd <socket|host:port>, --fuse <dir> or --ublk",
         )),
     }
 }
