@@ -68,6 +68,6 @@ fi
 
 if "$B" bench --help >/dev/null 2>&1; then
   step "cryptblk bench --quick (RAM disk; the full run is: cryptblk bench)"
-  "$B" bench --quick --json "$W/bench.json"
+  "$B" bench --quick --json-file "$W/bench.json"
 fi
 step "done"

@@ -11,7 +11,7 @@
 modprobe ublk_drv && modprobe dm-crypt && modprobe brd rd_nr=1 rd_size=131072 || { fail modules; finish; }
 W=/tmp/w; mkdir -p $W
 head -c 64 /dev/urandom > $W/key
-BATCH=262144; NB=128
+BATCH=262144; NB=240   # 60 MiB of batches below the fio region at 64 MiB
 head -c $((BATCH * NB)) /dev/urandom > $W/src
 $CB luksFormat -q --type luks2 --cipher aes-xts-plain64 --key-size 512 --pbkdf pbkdf2 \
   --pbkdf-force-iterations 1000 -d $W/key /dev/ram0 || { fail "luksFormat"; finish; }
@@ -32,7 +32,10 @@ echo -1 > $W/acked
   done
 ) &
 wpid=$!
-sleep "${KILL_AFTER:-8}"
+# Kill once enough batches are acknowledged (not after a fixed time: on a fast host the
+# writer could finish first, on a slow one acknowledge nothing), leaving most still to go.
+KILL_AT=${KILL_AT:-16}
+for _ in $(seq 1 3000); do [ "$(cat $W/acked)" -ge "$KILL_AT" ] && break; sleep 0.1; done
 kill -9 "$pid"
 killed_at=$(cat $W/acked)
 log "SIGKILL sent; last acknowledged batch when killed: $killed_at"
@@ -44,7 +47,7 @@ N=$(cat $W/acked)
 log "writer stopped; last acknowledged batch: $N (fio: $(grep -o 'err=[^,]*' $W/fio.log | head -1))"
 [ "$N" -ge 2 ] && pass "writer got $((N + 1)) flushed batches acknowledged before the kill" \
   || fail "only $((N + 1)) batches acknowledged: the test proves nothing"
-[ "$N" -lt $((NB - 1)) ] && pass "the kill interrupted the writer" || fail "writer finished before the kill (raise NB or lower KILL_AFTER)"
+[ "$N" -lt $((NB - 1)) ] && pass "the kill interrupted the writer" || fail "writer finished before the kill (raise NB or lower KILL_AT)"
 
 verify() {  # verify DEV WHAT
   if dd if="$1" bs=$BATCH count=$((N + 1)) iflag=direct 2>/dev/null | cmp -s - <(head -c $((BATCH * (N + 1))) $W/src)
