@@ -181,7 +181,11 @@ fn run(bs: usize, torn: bool, mode: IntegrityMode) -> Outcome {
                 IntegrityTarget::open(inner.clone(), "after-cut", None, c.clone(), None).unwrap()
             }
         };
-        let ops_to_run: &[Op] = if disk.budget.load(Ordering::SeqCst) < 0 { &[] } else { &ops };
+        let ops_to_run: &[Op] = if disk.budget.load(Ordering::SeqCst) < 0 {
+            &[]
+        } else {
+            &ops
+        };
         for op in ops_to_run {
             let r = match *op {
                 Op::Write {

@@ -33,6 +33,6 @@ pub fn luks_version(io: &dyn hdrio::HeaderIo) -> Result<Option<u16>> {
     }
     Ok(Some(u16::from_be_bytes([start[6], start[7]])))
 }
+pub mod integrity;
 pub mod luks2;
 pub mod verity;
-pub mod integrity;
