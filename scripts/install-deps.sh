@@ -22,6 +22,15 @@ want xz xz-utils
 want pkg-config pkg-config
 want cc gcc
 want clang clang
+want nbd-client nbd-client
+# The kernel lab (../shared/lab) needs these on the host; installing them here, in the same
+# apt run, keeps qemu-system and qemu-utils at versions that agree.
+want qemu-system-x86_64 qemu-system-x86
+want busybox busybox-static
+want zstd zstd
+want cpio cpio
+want depmod kmod
+want dmsetup dmsetup
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)
 [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_pkgs+=(libclang-dev)
 
@@ -31,6 +40,11 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     $(printf '%s\n' "${need_pkgs[@]}" | sort -u) >/dev/null
+fi
+# Installing qemu-system from Debian's main archive can remove a newer backported qemu-utils.
+if ! command -v qemu-img >/dev/null 2>&1; then
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends qemu-utils >/dev/null
 fi
 
 python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
