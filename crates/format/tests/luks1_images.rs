@@ -25,8 +25,8 @@ fn evil_reason(file: &str) -> &'static str {
     }
 }
 
-/// Cases that fail only because the cipher crate lacks the image's cipher specification.
-/// Cases the cipher crate cannot open yet (none since essiv:wp256 landed).
+/// Cases that may fail only because the cipher crate lacks the image's cipher specification
+/// (none since essiv:wp256 landed).
 const KNOWN_CIPHER_GAPS: &[&str] = &[];
 
 struct Images {
