@@ -138,28 +138,7 @@ fn ext4_on_a_loop_device_over_the_fuse_export() {
     let Some(vk) = cryptsetup_volume_key(&img, &key, &[]) else {
         return;
     };
-    let mut dump = cryptsetup().unwrap();
-    let text = run_ok(dump.arg("luksDump").arg(&img), b"");
-    let offset: usize = text
-        .lines()
-        .map(str::trim)
-        .find_map(|l| l.strip_prefix("offset:"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let sector: u32 = text
-        .lines()
-        .map(str::trim)
-        .find_map(|l| l.strip_prefix("sector:"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (offset, sector) = cryptsetup_luks2_segment(&img).unwrap();
     let raw = std::fs::read(&img).unwrap();
     let plain = independent("decrypt", "aes-xts-plain64", &vk, sector, &raw[offset..]);
     let fs_img = dir.path().join("plain-fs.img");

@@ -467,18 +467,7 @@ fn detached_header_and_key_file_slices_work_both_ways() {
     let vk = cryptsetup_volume_key(&hdr, &exact, &[]).unwrap();
     let plain_path = dir.path().join("plain");
     let plain = write_pattern(&plain_path, 1 << 20, 22);
-    let mut dump = cryptsetup().unwrap();
-    let text = run_ok(dump.arg("luksDump").arg(&hdr), b"");
-    let sector: u32 = text
-        .lines()
-        .map(str::trim)
-        .find_map(|l| l.strip_prefix("sector:"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (_, sector) = cryptsetup_luks2_segment(&hdr).unwrap();
     let ct = independent("encrypt", "aes-xts-plain64", &vk, sector, &plain);
     let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &ct, 0).unwrap();

@@ -37,27 +37,6 @@ fn open_nbd(img: &Path, key: &Path, name: &'static str, sock: &Path, extra: &[&s
     Served(name)
 }
 
-/// (data offset in bytes, encryption sector size) of a LUKS2 volume, as cryptsetup reports
-/// them (cryptsetup picks 4096-byte sectors by itself for image files).
-fn luks2_segment(img: &Path) -> (usize, u32) {
-    let mut c = cryptsetup().unwrap();
-    let dump = run_ok(c.arg("luksDump").arg(img), b"");
-    let field = |name: &str| -> u64 {
-        let line = dump
-            .lines()
-            .map(str::trim)
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("no {name} in luksDump:\n{dump}"));
-        line[name.len()..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    (field("offset:") as usize, field("sector:") as u32)
-}
-
 #[test]
 fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let Some(_) = tool("nbdcopy") else { return };
@@ -85,7 +64,7 @@ fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     }
     // The daemon is gone; check the bytes on disk with cryptsetup's volume key.
     let vk = cryptsetup_volume_key(&img, &key, &[]).unwrap();
-    let (off, sector) = luks2_segment(&img);
+    let (off, sector) = cryptsetup_luks2_segment(&img).unwrap();
     let raw = std::fs::read(&img).unwrap();
     let plain = independent(
         "decrypt",
@@ -223,11 +202,7 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
         "--loops=3",
         "--output-format=json",
     ]);
-    let mut child = fio
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_captured(&mut fio);
 
     // Flip between the models for as long as fio runs; count only flips made under load.
     let mut flips = 0;
@@ -464,11 +439,7 @@ fn dm_reload_suspend_resume_under_fio_verify() {
         "--verify_fatal=1",
         "--loops=2",
     ]);
-    let mut child = fio
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_captured(&mut fio);
     let mut swaps = 0;
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {

@@ -162,3 +162,33 @@ pub fn independent(
     );
     out.stdout
 }
+
+/// (data offset in bytes, encryption sector size) of a LUKS2 volume's data segment, as
+/// cryptsetup's luksDump reports them (cryptsetup picks 4096-byte sectors by itself for image
+/// files, so tests must not assume 512).
+pub fn cryptsetup_luks2_segment(img: &Path) -> Option<(usize, u32)> {
+    let mut c = cryptsetup()?;
+    let dump = run_ok(c.arg("luksDump").arg(img), b"");
+    let field = |name: &str| -> u64 {
+        let line = dump
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in luksDump:\n{dump}"));
+        line[name.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    Some((field("offset:") as usize, field("sector:") as u32))
+}
+
+/// Starts `cmd` with stdout and stderr captured, for commands that run while a test acts.
+pub fn spawn_captured(cmd: &mut Command) -> std::process::Child {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
+}
