@@ -306,6 +306,9 @@ pub enum Action {
     /// Raw device-mapper tables, as dmsetup.
     #[command(subcommand, name = "dm")]
     Dm(DmAction),
+    /// dm-verity volumes, as veritysetup.
+    #[command(subcommand, name = "verity")]
+    Verity(VerityAction),
     /// Reproduce the disk-encryption experiments on a RAM disk: plain vs crypt, queued vs
     /// inline, through the engine, NBD and FUSE+loop, with tables and charts.
     #[command(name = "bench")]
@@ -410,6 +413,88 @@ pub struct ExportArgs {
     /// Stay in the foreground instead of leaving a daemon.
     #[arg(long)]
     pub foreground: bool,
+}
+
+/// `verity`: read-only volumes checked against a hash tree, as veritysetup.
+#[derive(Subcommand, Debug)]
+pub enum VerityAction {
+    /// Compute the hash tree of <DATA> onto <HASH_DEVICE> and print the root hash.
+    Format {
+        /// Data device or image.
+        data: PathBuf,
+        /// Hash device or image (may be the data file with --hash-offset).
+        #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
+        hash_device: PathBuf,
+        /// Tree parameters.
+        #[command(flatten)]
+        tree: VerityTreeArgs,
+    },
+    /// Check every block of <DATA> against the tree and <ROOT_HASH> (exit 0 when intact).
+    Verify {
+        /// Data device or image.
+        data: PathBuf,
+        /// Hash device or image.
+        #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
+        hash_device: PathBuf,
+        /// Root hash (hex).
+        root_hash: String,
+        /// Where the superblock and tree start on the hash device, in bytes.
+        #[arg(long, default_value_t = 0)]
+        hash_offset: u64,
+    },
+    /// Print the superblock of a hash device.
+    Dump {
+        /// Hash device or image.
+        #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
+        hash_device: PathBuf,
+        /// Where the superblock starts, in bytes.
+        #[arg(long, default_value_t = 0)]
+        hash_offset: u64,
+    },
+    /// Serve <DATA> read-only, every read checked against the tree (EIO on corruption).
+    Open {
+        /// Data device or image.
+        data: PathBuf,
+        /// Mapping name.
+        name: String,
+        /// Hash device or image.
+        #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
+        hash_device: PathBuf,
+        /// Root hash (hex).
+        root_hash: String,
+        /// Where the superblock and tree start on the hash device, in bytes.
+        #[arg(long, default_value_t = 0)]
+        hash_offset: u64,
+        /// Where to serve it.
+        #[command(flatten)]
+        export: ExportArgs,
+    },
+}
+
+/// Hash tree parameters of `verity format` (veritysetup's names; the hash is `--hash`).
+#[derive(Args, Debug, Clone)]
+pub struct VerityTreeArgs {
+    /// Format type: 1 (salt first, padded digests; default) or 0 (Chrome OS).
+    #[arg(long = "format", default_value_t = 1)]
+    pub hash_type: u32,
+    /// Data block size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    pub data_block_size: u32,
+    /// Hash block size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    pub hash_block_size: u32,
+    /// Number of data blocks (default: the whole data device).
+    #[arg(long)]
+    pub data_blocks: Option<u64>,
+    /// Salt in hex, or '-' for none (default: 32 random bytes).
+    #[arg(long)]
+    pub salt: Option<String>,
+    /// Where the superblock and tree start on the hash device, in bytes.
+    #[arg(long, default_value_t = 0)]
+    pub hash_offset: u64,
+    /// Do not write a superblock.
+    #[arg(long)]
+    pub no_superblock: bool,
 }
 
 /// `dm`: raw device-mapper tables, as dmsetup.

@@ -75,6 +75,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Decrypt { device, output } => offline::decrypt(o, device, output),
         Action::Dm(a) => serving::dm(a, json),
         Action::Bench(a) => actions::bench::bench(o, a),
+        Action::Verity(a) => actions::verity::verity(o, a),
         Action::Close { name } => serving::close(name),
         Action::Status { name } => serving::status(name, json),
         Action::Refresh { name, perf } => serving::refresh(name, perf),

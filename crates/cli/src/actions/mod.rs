@@ -5,4 +5,5 @@ pub mod info;
 pub mod luks;
 pub mod offline;
 pub mod serving;
+pub mod verity;
 pub mod volume;
