@@ -309,6 +309,9 @@ pub enum Action {
     /// dm-verity volumes, as veritysetup.
     #[command(subcommand, name = "verity")]
     Verity(VerityAction),
+    /// dm-integrity devices, as integritysetup (dump; format/open are `dm` tables for now).
+    #[command(subcommand, name = "integrity")]
+    Integrity(IntegrityAction),
     /// Reproduce the disk-encryption experiments on a RAM disk: plain vs crypt, queued vs
     /// inline, through the engine, NBD and FUSE+loop, with tables and charts.
     #[command(name = "bench")]
@@ -495,6 +498,16 @@ pub struct VerityTreeArgs {
     /// Do not write a superblock.
     #[arg(long)]
     pub no_superblock: bool,
+}
+
+/// `integrity`: dm-integrity devices.
+#[derive(Subcommand, Debug)]
+pub enum IntegrityAction {
+    /// Print the superblock as `integritysetup dump` does.
+    Dump {
+        /// Device or image.
+        device: PathBuf,
+    },
 }
 
 /// `dm`: raw device-mapper tables, as dmsetup.
