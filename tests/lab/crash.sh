@@ -19,14 +19,17 @@ out=$($CB open -d $W/key /dev/ram0 C --ublk --json) || { fail "open --ublk"; fin
 dev=$(echo "$out" | ublk_dev_of); pid=$(echo "$out" | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 log "serving on $dev, daemon pid $pid"
 
-fio --name=bg --filename="$dev" --offset=64M --size=32M --rw=randwrite --bs=16k --direct=1 \
+fio --name=bg --filename="$dev" --allow_file_create=0 --offset=64M --size=32M --rw=randwrite --bs=16k --direct=1 \
   --ioengine=libaio --iodepth=8 --fsync=4 --time_based --runtime=120 >$W/fio.log 2>&1 &
 fiopid=$!
 echo -1 > $W/acked
 (
+  # Write through a descriptor opened while the device exists: once the killed daemon's disk
+  # is removed, a write by path would create a regular file in /dev and "succeed".
+  exec 3<>"$dev" || exit 0
   i=0
   while [ $i -lt $NB ]; do
-    dd if=$W/src of="$dev" bs=$BATCH skip=$i seek=$i count=1 oflag=direct conv=fsync 2>/dev/null || exit 0
+    dd if=$W/src of=/dev/fd/3 bs=$BATCH skip=$i seek=$i count=1 oflag=direct conv=fsync,notrunc 2>/dev/null || exit 0
     echo $i > $W/acked.new && mv $W/acked.new $W/acked
     i=$((i + 1))
   done
