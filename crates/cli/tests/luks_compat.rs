@@ -641,3 +641,43 @@ fn ambiguous_luks2_and_lvm2_signature_needs_repair() {
         );
     }
 }
+
+#[test]
+fn volume_key_dumps_are_identical_to_cryptsetups() {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", b"dump me");
+    for ty in ["luks1", "luks2"] {
+        let img = dir.path().join(format!("{ty}.img"));
+        sparse_file(&img, 20 << 20);
+        if !cryptsetup_format(
+            &img,
+            &key,
+            &[&["--type", ty][..], &FAST_PBKDF2[..]].concat(),
+        ) {
+            return;
+        }
+        let ours = run_ok(
+            cryptblk()
+                .args([
+                    "luksDump",
+                    "--dump-volume-key",
+                    "--batch-mode",
+                    "--key-file",
+                ])
+                .arg(&key)
+                .arg(&img),
+            b"",
+        );
+        let mut c = cryptsetup().unwrap();
+        let theirs = run_ok(
+            c.args(["luksDump", "--dump-volume-key", "--key-file"])
+                .arg(&key)
+                .arg(&img),
+            b"",
+        );
+        assert_eq!(
+            ours, theirs,
+            "{ty}: luksDump --dump-volume-key differs from cryptsetup"
+        );
+    }
+}

@@ -357,16 +357,18 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
 /// `luksDump`.
 pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
     let vol = Volume::load(opts, device, false)?;
-    let vk = if opts.dump_volume_key {
+    // `--unbound -S N` prints that keyslot's unbound key, as cryptsetup does.
+    let (slot_unlocked, vk) = if opts.dump_volume_key || opts.unbound {
         volume::confirm(opts, "Header dump with volume key is sensitive information\nwhich allows access to encrypted partition without a passphrase.")?;
         let purpose = if opts.unbound {
             UnlockPurpose::Unbound
         } else {
             UnlockPurpose::Verify
         };
-        Some(unlock(opts, &vol, device, purpose)?.1)
+        let (slot, key) = unlock(opts, &vol, device, purpose)?;
+        (slot, Some(key))
     } else {
-        None
+        (None, None)
     };
     match &vol {
         Volume::Luks1(v) => print!("{}", v.dump(&device.display().to_string(), vk.as_ref())),
@@ -375,31 +377,13 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
                 println!("{}", h.dump_json());
                 return Ok(());
             }
-            match &vk {
-                None => print!("{}", h.dump()),
-                Some(k) => {
-                    let seg = vol.segment()?;
-                    println!("LUKS header information for {}", device.display());
-                    println!(
-                        "Cipher name:   \t{}",
-                        seg.cipher.split('-').next().unwrap_or("")
-                    );
-                    println!(
-                        "Cipher mode:   \t{}",
-                        seg.cipher.split_once('-').map(|x| x.1).unwrap_or("")
-                    );
-                    println!("Payload offset:\t{}", seg.offset / 512);
-                    println!("UUID:          \t{}", vol.uuid());
-                    println!("MK bits:       \t{}", k.len() * 8);
-                    print!("MK dump:\t");
-                    for (i, chunk) in k.as_bytes().chunks(16).enumerate() {
-                        if i > 0 {
-                            print!("\t\t");
-                        }
-                        let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
-                        println!("{} ", hex.join(" "));
-                    }
+            let dev = device.display().to_string();
+            match (&vk, slot_unlocked) {
+                (None, _) => print!("{}", h.dump()),
+                (Some(k), Some(slot)) if opts.unbound => {
+                    print!("{}", h.dump_unbound_key(&dev, slot, k))
                 }
+                (Some(k), _) => print!("{}", h.dump_volume_key(&dev, k)),
             }
         }
     }
