@@ -3,6 +3,7 @@
 //! data offset (1 MiB-aligned), or sized from `--luks2-keyslots-size` / `--offset`.
 
 use super::binary::{is_valid_metadata_size, KEYSLOTS_SIZE_MAX};
+use super::integrity::{dm_cipher, IntegrityAlgorithm, IntegrityCipher, SegmentIntegrity};
 use super::json::u64_value;
 use super::keyslot::{new_digest, KeyslotParams};
 use super::{random_salt, CopyState, Luks2Header};
@@ -49,6 +50,12 @@ pub struct FormatParams {
     pub volume_key: Option<SecretBytes>,
     /// First keyslot's parameters.
     pub keyslot: KeyslotParams,
+    /// `--integrity` in cryptsetup spelling (`hmac-sha256`, `aead`, `poly1305`) for
+    /// authenticated encryption; `key_size` then stays the encryption key size and the
+    /// volume key grows by the integrity key.
+    pub integrity: Option<String>,
+    /// `--integrity-key-size` in bytes (`None` = the algorithm's default).
+    pub integrity_key_size: Option<usize>,
 }
 
 impl Default for FormatParams {
@@ -67,6 +74,8 @@ impl Default for FormatParams {
             digest_hash: HashAlgorithm::Sha256,
             volume_key: None,
             keyslot: KeyslotParams::default(),
+            integrity: None,
+            integrity_key_size: None,
         }
     }
 }
@@ -151,18 +160,38 @@ impl Luks2Header {
                 p.key_size
             )));
         }
+        let integrity = match &p.integrity {
+            Some(name) => {
+                let alg = IntegrityAlgorithm::from_name(name)?;
+                let ikey = alg.key_size(p.integrity_key_size)?;
+                dm_cipher(&alg, &IntegrityCipher::parse(&p.cipher)?, p.key_size)?;
+                Some(SegmentIntegrity::new(&alg, ikey))
+            }
+            None if p.integrity_key_size.is_some() => {
+                return Err(FormatError::InvalidParameter(
+                    "--integrity-key-size needs --integrity".into(),
+                ))
+            }
+            None => None,
+        };
+        let vk_size = p.key_size
+            + match &integrity {
+                Some(i) => IntegrityAlgorithm::from_name(&i.kind)?.key_size(i.key_size)?,
+                None => 0,
+            };
         let vk = match &p.volume_key {
-            Some(k) if k.len() != p.key_size => {
+            Some(k) if k.len() != vk_size => {
                 return Err(FormatError::InvalidParameter(format!(
-                    "volume key has {} bytes, key size is {}",
+                    "volume key has {} bytes, key size is {vk_size}",
                     k.len(),
-                    p.key_size
                 )))
             }
             Some(k) => k.clone(),
-            None => SecretBytes::random(p.key_size),
+            None => SecretBytes::random(vk_size),
         };
-        super::areacipher::check(&p.cipher, p.key_size, p.sector_size)?;
+        if integrity.is_none() {
+            super::areacipher::check(&p.cipher, p.key_size, p.sector_size)?;
+        }
         let (keyslots_size, data_offset) = layout(p)?;
         if !data_offset.is_multiple_of(p.sector_size as u64) {
             return Err(FormatError::InvalidParameter(format!(
@@ -187,7 +216,7 @@ impl Luks2Header {
             None => uuid::Uuid::new_v4().hyphenated().to_string(),
         };
         let digest = new_digest(vk.as_bytes(), p.digest_hash, &[], &[0])?;
-        let json = json!({
+        let mut json = json!({
             "keyslots": {},
             "tokens": {},
             "segments": {
@@ -206,6 +235,9 @@ impl Luks2Header {
                 "keyslots_size": u64_value(keyslots_size)
             }
         });
+        if let Some(i) = &integrity {
+            json["segments"]["0"]["integrity"] = i.to_json();
+        }
         let mut hdr = Luks2Header {
             hdr_size: p.metadata_size,
             seqid: 0,

@@ -20,6 +20,7 @@ pub mod binary;
 mod convert;
 mod dump;
 mod format;
+pub mod integrity;
 pub mod json;
 mod keyslot;
 pub mod validate;
