@@ -1,0 +1,26 @@
+#!/bin/bash
+# Regenerates the kernel dm-integrity images with the internal hashes crc32, xxhash64,
+# blake2b-256, blake2s-256 and sha1 (h-<hash>.img.xz, .dump, hashes.txt) with the kernel lab
+# (shared/lab; a few minutes under TCG). The guest (lab-hashes.sh) formats each image with
+# integritysetup and writes the 256 KiB xorshift pattern of integrity_kernel.rs through the
+# kernel mapping; integrity_hashes.rs then reads it back with cryptblk, tags verified.
+# usage: crates/dm/tests/integrity_fixtures/make-hash-fixtures.sh [LAB_DIR]
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../../../.." && pwd)
+LAB=${1:-$ROOT/../shared/lab}
+WORK=$(mktemp -d /tmp/cryptblk-hashfix.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+# The pattern of integrity_kernel.rs: xorshift64 (13, 7, 17) from seed 0x5eed, little endian.
+python3 - "$WORK/pattern.bin" <<'PY'
+import struct, sys
+x, out, M = 0x5eed, bytearray(), (1 << 64) - 1
+while len(out) < 256 << 10:
+    x ^= (x << 13) & M; x ^= x >> 7; x ^= (x << 17) & M
+    out += struct.pack('<Q', x)
+open(sys.argv[1], 'wb').write(out)
+PY
+LAB_SHARE=$WORK LAB_TIMEOUT=${LAB_TIMEOUT:-1800} "$LAB/run-in-vm.sh" "$HERE/lab-hashes.sh"
+for f in "$WORK"/h-*.img; do xz -9 -T1 -c "$f" > "$HERE/$(basename "$f").xz"; done
+cp "$WORK"/h-*.dump "$WORK/hashes.txt" "$HERE/"
+cat "$HERE/hashes.txt"
