@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod aead;
 mod awslc;
 mod dmcipher;
 pub mod hash;
