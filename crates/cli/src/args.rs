@@ -161,6 +161,64 @@ pub struct Opts {
     /// Device-mapper style debug output (never contains secrets).
     #[arg(long, global = true)]
     pub debug: bool,
+    /// Integrity options (integritysetup's names; `--integrity` is cryptsetup's too).
+    #[command(flatten)]
+    pub integrity: IntegrityOpts,
+}
+
+/// integritysetup's options (`integrity format|open`); global like cryptsetup's.
+#[derive(Args, Debug, Default, Clone)]
+pub struct IntegrityOpts {
+    /// Integrity algorithm: crc32c (default), crc32, xxhash64, sha1, sha256, blake2b-256,
+    /// hmac-sha256, ...
+    #[arg(short = 'I', long = "integrity", global = true)]
+    pub integrity: Option<String>,
+    /// Read the key of a keyed integrity algorithm (hmac-*) from this file.
+    #[arg(long, global = true)]
+    pub integrity_key_file: Option<PathBuf>,
+    /// Size of the integrity key in bytes (default: the whole key file).
+    #[arg(long, global = true)]
+    pub integrity_key_size: Option<u32>,
+    /// Tag size in bytes (default: the algorithm's digest size).
+    #[arg(short = 't', long, global = true)]
+    pub tag_size: Option<u32>,
+    /// Journal size in bytes.
+    #[arg(short = 'j', long, global = true)]
+    pub journal_size: Option<u64>,
+    /// Journal watermark in percent.
+    #[arg(long, global = true)]
+    pub journal_watermark: Option<u32>,
+    /// Journal commit time in milliseconds.
+    #[arg(long, global = true)]
+    pub journal_commit_time: Option<u32>,
+    /// Data sectors per metadata area.
+    #[arg(long, global = true)]
+    pub interleave_sectors: Option<u32>,
+    /// Metadata buffer size in sectors.
+    #[arg(long, global = true)]
+    pub buffer_sectors: Option<u32>,
+    /// Do not wipe the device after format (unwritten blocks fail their tag check).
+    #[arg(long, global = true)]
+    pub no_wipe: bool,
+    /// Open without the journal (direct writes, not crash safe).
+    #[arg(short = 'D', long, global = true)]
+    pub integrity_no_journal: bool,
+    /// Bitmap mode: direct writes, dirty regions recalculated after a crash.
+    #[arg(short = 'B', long, global = true)]
+    pub integrity_bitmap_mode: bool,
+    /// Recovery mode: read-only, tags not checked.
+    #[arg(short = 'R', long, global = true)]
+    pub integrity_recovery_mode: bool,
+    /// Format without `fix_padding` (the layout before kernel 5.4).
+    #[arg(long, global = true)]
+    pub integrity_legacy_padding: bool,
+    /// luksFormat --integrity: do not wipe the device (unwritten sectors fail their tag
+    /// check until written).
+    #[arg(long, global = true)]
+    pub integrity_no_wipe: bool,
+    /// Format without `fix_hmac` (tags not salted with the superblock salt).
+    #[arg(long, global = true)]
+    pub integrity_legacy_hmac: bool,
 }
 
 /// Actions, named as cryptsetup names them where cryptsetup has them.
@@ -309,7 +367,7 @@ pub enum Action {
     /// dm-verity volumes, as veritysetup.
     #[command(subcommand, name = "verity")]
     Verity(VerityAction),
-    /// dm-integrity devices, as integritysetup (dump; format/open are `dm` tables for now).
+    /// dm-integrity devices, as integritysetup.
     #[command(subcommand, name = "integrity")]
     Integrity(IntegrityAction),
     /// Reproduce the disk-encryption experiments on a RAM disk: plain vs crypt, queued vs
@@ -454,6 +512,16 @@ pub enum VerityAction {
         #[arg(long, default_value_t = 0)]
         hash_offset: u64,
     },
+    /// Stop serving a verity volume.
+    Close {
+        /// Mapping name.
+        name: String,
+    },
+    /// Show an open verity volume as `veritysetup status` does.
+    Status {
+        /// Mapping name.
+        name: String,
+    },
     /// Serve <DATA> read-only, every read checked against the tree (EIO on corruption).
     Open {
         /// Data device or image.
@@ -500,9 +568,35 @@ pub struct VerityTreeArgs {
     pub no_superblock: bool,
 }
 
-/// `integrity`: dm-integrity devices.
+/// `integrity`: dm-integrity devices, as integritysetup.
 #[derive(Subcommand, Debug)]
 pub enum IntegrityAction {
+    /// Format a device: superblock, empty journal, then (unless --no-wipe) zeros with valid
+    /// tags everywhere.
+    Format {
+        /// Device or image.
+        device: PathBuf,
+    },
+    /// Serve the device, every read checked against its tag.
+    Open {
+        /// Device or image.
+        device: PathBuf,
+        /// Mapping name.
+        name: String,
+        /// Where to serve it.
+        #[command(flatten)]
+        export: ExportArgs,
+    },
+    /// Stop serving (flushes and commits the journal first).
+    Close {
+        /// Mapping name.
+        name: String,
+    },
+    /// Show an open device as `integritysetup status` does (plus the mismatch counter).
+    Status {
+        /// Mapping name.
+        name: String,
+    },
     /// Print the superblock as `integritysetup dump` does.
     Dump {
         /// Device or image.

@@ -76,9 +76,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Dm(a) => serving::dm(a, json),
         Action::Bench(a) => actions::bench::bench(o, a),
         Action::Verity(a) => actions::verity::verity(o, a),
-        Action::Integrity(args::IntegrityAction::Dump { device }) => {
-            actions::verity::integrity_dump(device)
-        }
+        Action::Integrity(a) => actions::integrity::integrity(o, a),
         Action::Close { name } => serving::close(name),
         Action::Status { name } => serving::status(name, json),
         Action::Refresh { name, perf } => serving::refresh(name, perf),

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod info;
+pub mod integrity;
 pub mod luks;
 pub mod offline;
 pub mod serving;

@@ -51,6 +51,8 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             );
             Ok(())
         }
+        VerityAction::Close { name } => super::serving::close(name),
+        VerityAction::Status { name } => super::integrity::verity_status(name, opts.json),
         VerityAction::Open {
             data,
             name,
