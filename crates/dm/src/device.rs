@@ -51,6 +51,35 @@ pub trait BlockDevice: Send + Sync {
     /// Makes every acknowledged write durable.
     fn flush(&self) -> io::Result<()>;
 
+    /// Bytes of caller-supplied integrity metadata ("tags") the device stores with each
+    /// logical block, as dm-integrity without an internal hash offers to dm-crypt above it
+    /// (the kernel's integrity profile `tuple_size`); 0 = none. The tag travels with the
+    /// block: one `tag_size` tuple per [`BlockDevice::logical_block_size`] bytes.
+    fn tag_size(&self) -> u32 {
+        0
+    }
+
+    /// Reads `buf.len()` bytes at `offset` and the blocks' tags into `tags` (exactly
+    /// `tag_size` bytes per logical block). Devices without tags fail with `EOPNOTSUPP`.
+    fn read_with_tags(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> io::Result<()> {
+        let _ = (offset, buf, tags);
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    }
+
+    /// Writes `buf` at `offset` together with the blocks' tags (`tag_size` bytes per logical
+    /// block), atomically per block where the device is crash safe (dm-integrity's journal).
+    /// Devices without tags fail with `EOPNOTSUPP`.
+    fn write_with_tags(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        tags: &[u8],
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        let _ = (offset, buf, tags, flags);
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    }
+
     /// Tells the device that a range's contents are no longer needed. Reads of a discarded
     /// range return unspecified data (zeros where the backing supports it).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

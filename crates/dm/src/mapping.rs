@@ -276,6 +276,28 @@ impl BlockDevice for Mapping {
         let g = self.enter();
         g.loaded.table.flush()
     }
+    fn tag_size(&self) -> u32 {
+        let loaded = self.lock().active.clone();
+        tagged_target(&loaded.table, 0, loaded.table.size()).map_or(0, |(t, _)| t.tag_size())
+    }
+    fn read_with_tags(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> io::Result<()> {
+        let g = self.enter();
+        let (t, off) = tagged_target(&g.loaded.table, offset, buf.len() as u64)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+        t.read_with_tags(off, buf, tags)
+    }
+    fn write_with_tags(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        tags: &[u8],
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        let g = self.enter();
+        let (t, off) = tagged_target(&g.loaded.table, offset, buf.len() as u64)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+        t.write_with_tags(off, buf, tags, flags)
+    }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let g = self.enter();
         g.loaded.table.discard(offset, len)
@@ -284,4 +306,20 @@ impl BlockDevice for Mapping {
         let g = self.enter();
         g.loaded.table.write_zeroes(offset, len)
     }
+}
+
+/// The single target holding bytes `offset..offset+len` of `table`, with the offset
+/// relative to it. Tagged I/O is passed through only within one target (the kernel's
+/// integrity profile is per device, and cryptsetup's integrity tables have one line).
+fn tagged_target(
+    table: &crate::table::Table,
+    offset: u64,
+    len: u64,
+) -> Option<(&std::sync::Arc<dyn crate::target::Target>, u64)> {
+    use crate::SECTOR_SIZE;
+    table.entries().iter().find_map(|e| {
+        let start = e.start * SECTOR_SIZE;
+        let end = start + e.len * SECTOR_SIZE;
+        (offset >= start && offset + len <= end).then(|| (&e.target, offset - start))
+    })
 }

@@ -184,7 +184,9 @@ impl Authenc {
     }
 }
 
-fn to_blocks(data: &mut [u8]) -> &mut [cipher::generic_array::GenericArray<u8, cipher::consts::U16>] {
+fn to_blocks(
+    data: &mut [u8],
+) -> &mut [cipher::generic_array::GenericArray<u8, cipher::consts::U16>] {
     let n = data.len() / 16;
     // SAFETY: GenericArray<u8, U16> is a repr(transparent) [u8; 16] with alignment 1, and
     // data.len() is a multiple of 16 (checked by the caller), so the cast covers exactly

@@ -90,11 +90,15 @@ pub(crate) trait AeadPrimitive: Send + Sync {
     /// Whether the kernel accepts `n` as this algorithm's tag (authsize).
     fn tag_size_ok(&self, n: usize) -> bool;
     /// Encrypts `data` in place and writes the tag (`tag.len()` bytes).
-    fn seal(&self, iv: &[u8], ad: &[u8], data: &mut [u8], tag: &mut [u8])
-        -> Result<(), CipherError>;
+    fn seal(
+        &self,
+        iv: &[u8],
+        ad: &[u8],
+        data: &mut [u8],
+        tag: &mut [u8],
+    ) -> Result<(), CipherError>;
     /// Verifies `tag` and decrypts `data` in place; `Ok(false)` on a tag mismatch.
-    fn open(&self, iv: &[u8], ad: &[u8], data: &mut [u8], tag: &[u8])
-        -> Result<bool, CipherError>;
+    fn open(&self, iv: &[u8], ad: &[u8], data: &mut [u8], tag: &[u8]) -> Result<bool, CipherError>;
     /// The block cipher's key for ESSIV salts and the digest input, when ESSIV applies.
     fn essiv_parts(&self) -> Option<EssivInput<'_>> {
         None
@@ -273,8 +277,7 @@ pub fn open_aead_cipher(
             let parts = prim.essiv_parts().ok_or_else(|| {
                 CipherError::Unsupported(format!("essiv with '{spec}' (no block cipher IV)"))
             })?;
-            let salt =
-                crate::SecretBytes::from_vec(hash.digest(&[parts.enc_key, parts.auth_key]));
+            let salt = crate::SecretBytes::from_vec(hash.digest(&[parts.enc_key, parts.auth_key]));
             IvSource::Essiv(Box::new(EssivAes::new(salt.as_bytes())?))
         }
         _ => return Err(CipherError::UnknownSpec(spec.to_string())),
@@ -390,7 +393,10 @@ impl AeadSectorCipher for AeadCipher {
         let mut iv = [0u8; MAX_IV];
         let iv = &mut iv[..self.iv_size];
         let mut ad = [0u8; 8 + MAX_IV];
-        for (k, (data, tuple)) in buf.chunks_exact_mut(ss).zip(meta.chunks_exact_mut(ts)).enumerate()
+        for (k, (data, tuple)) in buf
+            .chunks_exact_mut(ss)
+            .zip(meta.chunks_exact_mut(ts))
+            .enumerate()
         {
             let s = sector + k as u64 * step;
             if matches!(self.iv, IvSource::Random) {
@@ -417,7 +423,11 @@ impl AeadSectorCipher for AeadCipher {
         let mut iv = [0u8; MAX_IV];
         let iv = &mut iv[..self.iv_size];
         let mut ad = [0u8; 8 + MAX_IV];
-        for (k, (data, tuple)) in buf.chunks_exact_mut(ss).zip(meta.chunks_exact(ts)).enumerate() {
+        for (k, (data, tuple)) in buf
+            .chunks_exact_mut(ss)
+            .zip(meta.chunks_exact(ts))
+            .enumerate()
+        {
             let s = sector + k as u64 * step;
             let (tag, rest) = tuple.split_at(self.tag_size);
             if matches!(self.iv, IvSource::Random) {

@@ -11,6 +11,7 @@
 //! The direction's pipeline is chosen per request from the flags, so a table reload that
 //! flips flags (what `cryptsetup refresh --perf-no_*_workqueue` does) switches models.
 
+mod aead;
 pub mod queued;
 mod split;
 mod stats;
@@ -28,6 +29,7 @@ use crate::error::{errno, DmError};
 use crate::target::{arg_u64, BuildContext, Target};
 use crate::SECTOR_SIZE;
 
+pub use aead::{CryptIntegrity, IntegrityKind};
 pub use queued::QueuedEngine;
 pub use split::SplitPolicy;
 pub use stats::{CryptStats, CryptStatsSnapshot};
@@ -49,6 +51,9 @@ pub struct CryptFlags {
     pub sector_size: u32,
     /// IVs count in `sector_size` units instead of 512-byte units (`iv_large_sectors`).
     pub iv_large_sectors: bool,
+    /// Per-sector metadata from the device below (`integrity:<bytes>:<type>`): authenticated
+    /// encryption over dm-integrity.
+    pub integrity: Option<CryptIntegrity>,
 }
 
 impl Default for CryptFlags {
@@ -61,6 +66,7 @@ impl Default for CryptFlags {
             no_write_workqueue: false,
             sector_size: SECTOR_SIZE as u32,
             iv_large_sectors: false,
+            integrity: None,
         }
     }
 }
@@ -98,11 +104,7 @@ impl CryptFlags {
                     }
                     f.sector_size = n;
                 }
-                s if s.starts_with("integrity:") => {
-                    return Err(
-                        "integrity:<n>:<type> (authenticated encryption) is not supported".into(),
-                    )
-                }
+                s if s.starts_with("integrity:") => f.integrity = Some(CryptIntegrity::parse(s)?),
                 other => return Err(format!("invalid feature argument '{other}'")),
             }
         }
@@ -129,6 +131,9 @@ impl CryptFlags {
         }
         if self.no_write_workqueue {
             v.push("no_write_workqueue".to_string());
+        }
+        if let Some(i) = &self.integrity {
+            v.push(i.to_string());
         }
         if self.sector_size != SECTOR_SIZE as u32 {
             v.push(format!("sector_size:{}", self.sector_size));
@@ -180,6 +185,9 @@ pub struct CryptParams {
 pub struct CryptTarget {
     params: CryptParams,
     cipher: Arc<dyn SectorCipher>,
+    /// The authenticated cipher when the table has `integrity:<n>:<type>`; I/O then goes
+    /// through [`aead`] (inline only) and `cipher` merely describes it.
+    aead: Option<Arc<dyn cryptblk_cipher::aead::AeadSectorCipher>>,
     dev: Arc<dyn BlockDevice>,
     len: u64,
     stats: Arc<CryptStats>,
@@ -196,6 +204,9 @@ thread_local! {
 impl CryptTarget {
     /// Builds a crypt target of `len` bytes over `dev` with a cipher opened from `params`.
     pub fn new(dev: Arc<dyn BlockDevice>, len: u64, params: CryptParams) -> Result<Self, DmError> {
+        if params.flags.integrity.is_some() {
+            return aead::new_target(dev, len, params);
+        }
         let cipher = open_sector_cipher(
             &params.cipher_spec,
             params.key.as_bytes(),
@@ -212,6 +223,21 @@ impl CryptTarget {
         len: u64,
         params: CryptParams,
         cipher: Arc<dyn SectorCipher>,
+    ) -> Result<Self, DmError> {
+        if params.flags.integrity.is_some() {
+            return Err(DmError::TableShape(
+                "crypt target: integrity:<n>:<type> needs an authenticated cipher; build it with CryptTarget::new".into(),
+            ));
+        }
+        Self::build(dev, len, params, cipher, None)
+    }
+
+    fn build(
+        dev: Arc<dyn BlockDevice>,
+        len: u64,
+        params: CryptParams,
+        cipher: Arc<dyn SectorCipher>,
+        aead: Option<Arc<dyn cryptblk_cipher::aead::AeadSectorCipher>>,
     ) -> Result<Self, DmError> {
         let ss = u64::from(params.flags.sector_size);
         let shape = |msg: String| DmError::TableShape(format!("crypt target: {msg}"));
@@ -246,7 +272,10 @@ impl CryptTarget {
             )));
         }
         let stats = Arc::new(CryptStats::default());
-        let engine = if params.flags.no_read_workqueue && params.flags.no_write_workqueue {
+        // Authenticated I/O is inline only: the queued engine has no tag path.
+        let engine = if aead.is_some()
+            || (params.flags.no_read_workqueue && params.flags.no_write_workqueue)
+        {
             None
         } else {
             Some(
@@ -269,6 +298,7 @@ impl CryptTarget {
         Ok(CryptTarget {
             params,
             cipher,
+            aead,
             dev,
             len,
             stats,
@@ -352,7 +382,7 @@ impl CryptTarget {
 
     /// Name of the read pipeline in use.
     pub fn read_pipeline(&self) -> &'static str {
-        if self.params.flags.no_read_workqueue {
+        if self.params.flags.no_read_workqueue || self.aead.is_some() {
             "inline"
         } else {
             "queued"
@@ -362,7 +392,7 @@ impl CryptTarget {
     /// Name of the write pipeline in use.
     pub fn write_pipeline(&self) -> &'static str {
         let f = &self.params.flags;
-        if f.no_write_workqueue {
+        if f.no_write_workqueue || self.aead.is_some() {
             "inline"
         } else if f.submit_from_crypt_cpus {
             "queued-submit-from-crypt"
@@ -385,6 +415,9 @@ impl CryptTarget {
     }
 
     fn read_inner(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if let Some(a) = &self.aead {
+            return self.read_aead(a.as_ref(), offset, buf);
+        }
         match &self.engine {
             Some(engine) if !self.params.flags.no_read_workqueue => engine.read(offset, buf),
             _ => {
@@ -396,6 +429,9 @@ impl CryptTarget {
     }
 
     fn write_inner(&self, offset: u64, data: WriteData<'_>, flags: WriteFlags) -> io::Result<()> {
+        if let Some(a) = &self.aead {
+            return self.write_aead(a.as_ref(), offset, data, flags);
+        }
         if let Some(engine) = &self.engine {
             if !self.params.flags.no_write_workqueue {
                 return match data {
@@ -440,7 +476,7 @@ impl CryptTarget {
     }
 }
 
-enum WriteData<'a> {
+pub(crate) enum WriteData<'a> {
     Borrowed(&'a [u8]),
     Scratch(&'a mut [u8]),
 }
@@ -569,9 +605,24 @@ impl Target for CryptTarget {
     }
     fn status_params(&self) -> String {
         let st = self.stats.snapshot();
+        let integrity = match &self.params.flags.integrity {
+            // Queued flags fall back to inline with integrity; say so.
+            Some(i) => format!(
+                " integrity={}:{} integrity_errors={}{}",
+                i.tuple_size,
+                i.kind.name(),
+                st.integrity_errors,
+                if self.params.flags.no_read_workqueue && self.params.flags.no_write_workqueue {
+                    ""
+                } else {
+                    " queued_falls_back_to_inline"
+                }
+            ),
+            None => String::new(),
+        };
         format!(
             "reads={} writes={} read_bytes={} write_bytes={} discards={} flushes={} errors={} \
-             read_pipeline={} write_pipeline={} cpu_split={} cipher_impl={}",
+             read_pipeline={} write_pipeline={} cpu_split={} cipher_impl={}{integrity}",
             st.reads,
             st.writes,
             st.read_bytes,

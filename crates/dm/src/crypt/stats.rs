@@ -12,6 +12,7 @@ pub struct CryptStats {
     discards: AtomicU64,
     flushes: AtomicU64,
     errors: AtomicU64,
+    integrity_errors: AtomicU64,
 }
 
 /// A copy of [`CryptStats`] at one moment.
@@ -31,6 +32,9 @@ pub struct CryptStatsSnapshot {
     pub flushes: u64,
     /// Failed requests.
     pub errors: u64,
+    /// Sectors whose authentication tag did not match (`integrity:<n>:aead`; each failed
+    /// the read with `EILSEQ`, like the kernel's "INTEGRITY AEAD ERROR").
+    pub integrity_errors: u64,
 }
 
 impl CryptStats {
@@ -51,6 +55,9 @@ impl CryptStats {
     pub(crate) fn error(&self) {
         self.errors.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn integrity_error(&self) {
+        self.integrity_errors.fetch_add(1, Ordering::Relaxed);
+    }
 
     /// Reads all counters.
     pub fn snapshot(&self) -> CryptStatsSnapshot {
@@ -62,6 +69,7 @@ impl CryptStats {
             discards: self.discards.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            integrity_errors: self.integrity_errors.load(Ordering::Relaxed),
         }
     }
 }

@@ -61,6 +61,24 @@ impl BlockDevice for LinearTarget {
     fn flush(&self) -> io::Result<()> {
         self.dev.flush()
     }
+    fn tag_size(&self) -> u32 {
+        self.dev.tag_size()
+    }
+    fn read_with_tags(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        self.dev.read_with_tags(self.base() + offset, buf, tags)
+    }
+    fn write_with_tags(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        tags: &[u8],
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        check_range(self.len, offset, buf.len() as u64)?;
+        self.dev
+            .write_with_tags(self.base() + offset, buf, tags, flags)
+    }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.len, offset, len)?;
         self.dev.discard(self.base() + offset, len)

@@ -258,11 +258,12 @@ struct State {
 /// The integrity target.
 pub struct IntegrityTarget {
     dev: Arc<dyn BlockDevice>,
+    // `hash` is None when tags are supplied by the caller (external tags).
     meta: Option<Arc<dyn BlockDevice>>,
     dev_spec: String,
     cfg: IntegrityConfig,
     layout: Layout,
-    hash: InternalHash,
+    hash: Option<InternalHash>,
     len: u64,
     state: Mutex<State>,
     mismatches: AtomicU64,
@@ -286,11 +287,19 @@ impl IntegrityTarget {
         cfg: IntegrityConfig,
         len: Option<u64>,
     ) -> Result<Self, String> {
-        let alg = cfg.internal_hash.clone().ok_or(
-            "an internal_hash is required (external tags are not supported by cryptblk yet)",
-        )?;
-        let hash = InternalHash::new(&alg, cfg.internal_hash_key.clone())?;
-        let tag_size = cfg.tag_size.unwrap_or(hash.digest_size() as u32);
+        // Without an internal hash the tags come from the layer above (dm-crypt's AEAD
+        // tags and IVs), like the kernel's integrity profile for stacked targets.
+        let hash = match cfg.internal_hash.clone() {
+            Some(alg) => Some(InternalHash::new(&alg, cfg.internal_hash_key.clone())?),
+            None => None,
+        };
+        let tag_size = match (cfg.tag_size, &hash) {
+            (Some(t), _) => t,
+            (None, Some(h)) => h.digest_size() as u32,
+            (None, None) => {
+                return Err("a tag size is required when there is no internal_hash".into())
+            }
+        };
         if tag_size > MAX_TAG_SIZE {
             return Err(invalid("Too big tag size"));
         }
@@ -625,6 +634,11 @@ impl IntegrityTarget {
     /// Rewrites the tags of `count` sectors from `sector` (clipped to the device) from the
     /// data as it is.
     fn recalculate(&self, st: &State, sector: u64, count: u64) -> io::Result<()> {
+        let Some(hash) = &self.hash else {
+            // External tags cannot be recomputed from the data (the kernel has no
+            // recalculation without an internal hash either): they stay as written.
+            return Ok(());
+        };
         let end = (sector + count).min(self.layout.provided_data_sectors);
         let bs = self.cfg.block_size as usize;
         let salt = self.salt(&st.sb);
@@ -642,7 +656,7 @@ impl IntegrityTarget {
             )?;
             for (k, block) in data.chunks_exact(bs).enumerate() {
                 let bsec = s + (k * bs / 512) as u64;
-                self.hash.tag(salt.as_ref(), bsec, block, &mut tag);
+                hash.tag(salt.as_ref(), bsec, block, &mut tag);
                 tags.set(self.layout.tag_position(bsec), &tag)?;
             }
             tags.finish()?;
@@ -836,8 +850,8 @@ impl IntegrityTarget {
                     }
                 }
                 st.journal.block(i, e, &mut block);
-                if from_replay {
-                    self.hash.tag(salt.as_ref(), sector, &block, &mut tag);
+                if let (true, Some(hash)) = (from_replay, &self.hash) {
+                    hash.tag(salt.as_ref(), sector, &block, &mut tag);
                     if tag[..] != *st.journal.entry_tag(i, e) {
                         eprintln!(
                             "device-mapper: integrity: {}: tag mismatch when replaying journal",
@@ -910,7 +924,13 @@ impl IntegrityTarget {
     }
 
     /// Journals whole blocks at logical `sector` (J mode).
-    fn journal_write(&self, st: &mut State, sector: u64, data: &[u8]) -> io::Result<()> {
+    fn journal_write(
+        &self,
+        st: &mut State,
+        sector: u64,
+        data: &[u8],
+        given: Option<&[u8]>,
+    ) -> io::Result<()> {
         let bs = self.cfg.block_size as usize;
         let salt = self.salt(&st.sb);
         let mut tag = vec![0u8; self.layout.tag_size as usize];
@@ -920,7 +940,7 @@ impl IntegrityTarget {
             }
             let s = sector + (k * bs / 512) as u64;
             let (i, e) = (st.free_section, st.free_entry);
-            self.hash.tag(salt.as_ref(), s, block, &mut tag);
+            self.block_tag(salt.as_ref(), s, block, given, k, &mut tag);
             st.journal.put(i, e, s, block, &tag);
             st.pending.insert(s, (i, e));
             st.free_entry += 1;
@@ -934,7 +954,13 @@ impl IntegrityTarget {
     }
 
     /// Writes whole blocks and their tags in place (D mode, and wiping).
-    fn direct_write(&self, st: &State, sector: u64, data: &[u8]) -> io::Result<()> {
+    fn direct_write(
+        &self,
+        st: &State,
+        sector: u64,
+        data: &[u8],
+        given: Option<&[u8]>,
+    ) -> io::Result<()> {
         let bs = self.cfg.block_size as usize;
         let salt = self.salt(&st.sb);
         let mut done = 0usize;
@@ -953,9 +979,10 @@ impl IntegrityTarget {
                 self.layout.tag_position(s),
                 (n / bs) as u64 * self.layout.tag_size as u64,
             )?;
+            let first = done / bs;
             for (k, block) in chunk.chunks_exact(bs).enumerate() {
                 let bsec = s + (k * bs / 512) as u64;
-                self.hash.tag(salt.as_ref(), bsec, block, &mut tag);
+                self.block_tag(salt.as_ref(), bsec, block, given, first + k, &mut tag);
                 tags.set(self.layout.tag_position(bsec), &tag)?;
             }
             tags.finish()?;
@@ -965,7 +992,14 @@ impl IntegrityTarget {
     }
 
     /// Reads and verifies whole blocks at logical `sector` from their home locations.
-    fn read_home(&self, st: &State, sector: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// With `tags_out`, also returns the stored tags (`tag_size` bytes per block).
+    fn read_home(
+        &self,
+        st: &State,
+        sector: u64,
+        buf: &mut [u8],
+        mut tags_out: Option<&mut [u8]>,
+    ) -> io::Result<()> {
         let bs = self.cfg.block_size as usize;
         let ts = self.layout.tag_size as usize;
         let salt = self.salt(&st.sb);
@@ -977,7 +1011,8 @@ impl IntegrityTarget {
             let chunk = &mut buf[done..done + n];
             self.dev
                 .read_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk)?;
-            if self.cfg.mode != IntegrityMode::Recovery {
+            let verify = self.cfg.mode != IntegrityMode::Recovery && self.hash.is_some();
+            if verify || tags_out.is_some() {
                 let nblocks = n / bs;
                 let pos = self.layout.tag_position(s);
                 let first = pos / 512 * 512;
@@ -985,9 +1020,20 @@ impl IntegrityTarget {
                 let mut stored = vec![0u8; (end - first) as usize];
                 self.mdev().read_at(first, &mut stored)?;
                 let base = (pos - first) as usize;
+                if let Some(out) = tags_out.as_deref_mut() {
+                    let at = done / bs * ts;
+                    out[at..at + nblocks * ts].copy_from_slice(&stored[base..base + nblocks * ts]);
+                }
+                let hash = match (&self.hash, verify) {
+                    (Some(h), true) => h,
+                    _ => {
+                        done += n;
+                        continue;
+                    }
+                };
                 for (k, block) in chunk.chunks_exact(bs).enumerate() {
                     let bsec = s + (k * bs / 512) as u64;
-                    self.hash.tag(salt.as_ref(), bsec, block, &mut tag);
+                    hash.tag(salt.as_ref(), bsec, block, &mut tag);
                     if tag[..] != stored[base + k * ts..base + (k + 1) * ts] {
                         self.mismatches.fetch_add(1, Ordering::Relaxed);
                         eprintln!(
@@ -1012,7 +1058,7 @@ impl IntegrityTarget {
         let mut off = 0u64;
         while off < total {
             let n = (total - off).min(chunk.len() as u64) as usize;
-            self.direct_write(&st, off / SECTOR_SIZE, &chunk[..n])?;
+            self.direct_write(&st, off / SECTOR_SIZE, &chunk[..n], None)?;
             off += n as u64;
         }
         self.dev.flush()?;
@@ -1045,6 +1091,116 @@ impl IntegrityTarget {
         self.write_journal_sections(&st, 0, n)
     }
 
+    /// Tag of one block: the caller's (`given`, block `k` of the request), else the
+    /// internal hash, else zeros (an untagged write to an external-tag device).
+    fn block_tag(
+        &self,
+        salt: Option<&[u8; 16]>,
+        sector: u64,
+        block: &[u8],
+        given: Option<&[u8]>,
+        k: usize,
+        out: &mut [u8],
+    ) {
+        let ts = out.len();
+        match (given, &self.hash) {
+            (Some(tags), _) => out.copy_from_slice(&tags[k * ts..(k + 1) * ts]),
+            (None, Some(h)) => h.tag(salt, sector, block, out),
+            (None, None) => out.fill(0),
+        }
+    }
+
+    /// Tagged I/O needs external tags and exactly one tag per block.
+    fn check_tags(&self, len: usize, tags_len: usize) -> io::Result<()> {
+        if self.hash.is_some() {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        let blocks = len / self.cfg.block_size as usize;
+        if tags_len != blocks * self.layout.tag_size as usize {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(())
+    }
+
+    fn read_inner(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        mut tags: Option<&mut [u8]>,
+    ) -> io::Result<()> {
+        self.check_io(offset, buf.len() as u64)?;
+        let st = self.lock();
+        let bs = self.cfg.block_size as usize;
+        let ts = self.layout.tag_size as usize;
+        let sector = offset / SECTOR_SIZE;
+        if st.pending.is_empty() {
+            return self.read_home(&st, sector, buf, tags);
+        }
+        // Runs of blocks not in the journal are read from home; journaled ones from memory.
+        let nblocks = buf.len() / bs;
+        let mut k = 0;
+        while k < nblocks {
+            let s = sector + (k * bs / 512) as u64;
+            if let Some(&(i, e)) = st.pending.get(&s) {
+                st.journal.block(i, e, &mut buf[k * bs..(k + 1) * bs]);
+                if let Some(t) = tags.as_deref_mut() {
+                    t[k * ts..(k + 1) * ts].copy_from_slice(st.journal.entry_tag(i, e));
+                }
+                k += 1;
+                continue;
+            }
+            let mut end = k + 1;
+            while end < nblocks && !st.pending.contains_key(&(sector + (end * bs / 512) as u64)) {
+                end += 1;
+            }
+            let run_tags = tags.as_deref_mut().map(|t| &mut t[k * ts..end * ts]);
+            self.read_home(&st, s, &mut buf[k * bs..end * bs], run_tags)?;
+            k = end;
+        }
+        Ok(())
+    }
+
+    fn write_inner(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        tags: Option<&[u8]>,
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        self.check_io(offset, buf.len() as u64)?;
+        let mut st = self.lock();
+        let sector = offset / SECTOR_SIZE;
+        match self.cfg.mode {
+            IntegrityMode::Recovery => Err(errno(libc::EROFS)),
+            IntegrityMode::Journal => {
+                // Data and tag go into the same journal entry, so a commit makes both
+                // durable together.
+                self.journal_write(&mut st, sector, buf, tags)?;
+                if flags.fua {
+                    self.commit(&mut st)?;
+                }
+                Ok(())
+            }
+            IntegrityMode::Direct => {
+                self.direct_write(&st, sector, buf, tags)?;
+                if flags.fua {
+                    self.dev.flush()?;
+                    self.mdev().flush()?;
+                }
+                Ok(())
+            }
+            IntegrityMode::Bitmap => {
+                self.mark_dirty(&mut st, sector, buf.len() as u64 / SECTOR_SIZE)?;
+                self.direct_write(&st, sector, buf, tags)?;
+                if flags.fua {
+                    self.dev.flush()?;
+                    self.mdev().flush()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn check_io(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.len, offset, len)?;
         let bs = self.cfg.block_size as u64;
@@ -1065,64 +1221,35 @@ impl BlockDevice for IntegrityTarget {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.check_io(offset, buf.len() as u64)?;
-        let st = self.lock();
-        let bs = self.cfg.block_size as usize;
-        let sector = offset / SECTOR_SIZE;
-        if st.pending.is_empty() {
-            return self.read_home(&st, sector, buf);
-        }
-        // Runs of blocks not in the journal are read from home; journaled ones from memory.
-        let nblocks = buf.len() / bs;
-        let mut k = 0;
-        while k < nblocks {
-            let s = sector + (k * bs / 512) as u64;
-            if let Some(&(i, e)) = st.pending.get(&s) {
-                st.journal.block(i, e, &mut buf[k * bs..(k + 1) * bs]);
-                k += 1;
-                continue;
-            }
-            let mut end = k + 1;
-            while end < nblocks && !st.pending.contains_key(&(sector + (end * bs / 512) as u64)) {
-                end += 1;
-            }
-            self.read_home(&st, s, &mut buf[k * bs..end * bs])?;
-            k = end;
-        }
-        Ok(())
+        self.read_inner(offset, buf, None)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
-        self.check_io(offset, buf.len() as u64)?;
-        let mut st = self.lock();
-        let sector = offset / SECTOR_SIZE;
-        match self.cfg.mode {
-            IntegrityMode::Recovery => Err(errno(libc::EROFS)),
-            IntegrityMode::Journal => {
-                self.journal_write(&mut st, sector, buf)?;
-                if flags.fua {
-                    self.commit(&mut st)?;
-                }
-                Ok(())
-            }
-            IntegrityMode::Direct => {
-                self.direct_write(&st, sector, buf)?;
-                if flags.fua {
-                    self.dev.flush()?;
-                    self.mdev().flush()?;
-                }
-                Ok(())
-            }
-            IntegrityMode::Bitmap => {
-                self.mark_dirty(&mut st, sector, buf.len() as u64 / SECTOR_SIZE)?;
-                self.direct_write(&st, sector, buf)?;
-                if flags.fua {
-                    self.dev.flush()?;
-                    self.mdev().flush()?;
-                }
-                Ok(())
-            }
+        self.write_inner(offset, buf, None, flags)
+    }
+
+    fn tag_size(&self) -> u32 {
+        if self.hash.is_none() {
+            self.layout.tag_size
+        } else {
+            0
         }
+    }
+
+    fn read_with_tags(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> io::Result<()> {
+        self.check_tags(buf.len(), tags.len())?;
+        self.read_inner(offset, buf, Some(tags))
+    }
+
+    fn write_with_tags(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        tags: &[u8],
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        self.check_tags(buf.len(), tags.len())?;
+        self.write_inner(offset, buf, Some(tags), flags)
     }
 
     fn flush(&self) -> io::Result<()> {

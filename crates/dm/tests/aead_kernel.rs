@@ -1,0 +1,322 @@
+//! Authenticated dm-crypt over dm-integrity (LUKS2 `--integrity`) against the real kernel,
+//! via images the kernel made in the lab (see aead_fixtures/README.md and
+//! make-fixtures.sh).
+//!
+//! - `kernel_tables_read_kernel_images`: the exact two table lines `dmsetup table
+//!   --showkeys` printed in the kernel (only the loop device and the integrity device
+//!   renamed) load through cryptblk's table parser and read back the pattern the kernel
+//!   wrote, for GCM, ChaCha20-Poly1305 (random and plain64 IVs), HMAC-SHA256 + XTS (random
+//!   and plain64), HMAC-SHA512 + CBC-ESSIV, with 512- and 4096-byte sectors; unwritten
+//!   sectors of unwiped images fail with EILSEQ, wiped ones read zeros.
+//! - `flipped_data_tag_or_iv_bits_fail_with_eilseq`: one flipped bit in a sector's data, tag
+//!   or stored IV on the image makes exactly that sector fail with EILSEQ (counted), while
+//!   its neighbours still read.
+//! - `direct_and_bitmap_modes_share_the_format`: the integrity line with `D` and `B`
+//!   instead of `J` reads and writes the same images.
+//! - `write_images_for_kernel` (ignored; run by the lab round trip in make-fixtures.sh /
+//!   tests/lab/aead.sh): cryptblk writes pattern2 through the kernel's tables; the kernel
+//!   then opens the image with `cryptsetup open` and compares (aead_fixtures/results.txt).
+
+mod common;
+
+use cryptblk_cipher::hash::HashAlgorithm;
+use cryptblk_dm::target::integrity::IntegrityTarget;
+use cryptblk_dm::{BlockDevice, CryptTarget, Registry, WriteFlags};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// (fixture, pattern bytes the kernel wrote at offset 0, whether the image was wiped)
+const FIXTURES: [(&str, usize, bool); 9] = [
+    ("xts-plain64-hmac-sha256", 256 << 10, false),
+    ("xts-random-hmac-sha256", 256 << 10, false),
+    ("xts-random-hmac-sha256-4k", 256 << 10, false),
+    ("gcm-random", 256 << 10, false),
+    ("gcm-random-4k", 256 << 10, false),
+    ("gcm-random-wiped", 256 << 10, true),
+    ("chacha20-random-poly1305", 256 << 10, false),
+    ("chacha20-plain64-poly1305", 256 << 10, false),
+    ("cbc-essiv-hmac-sha512", 1 << 20, false),
+];
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/aead_fixtures"))
+}
+
+/// SHA-256(`cryptblk-aead-<tag>-<i>`) for i = 0.. (what lab-guest.sh wrote).
+fn pattern(tag: &str, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    let mut i = 0;
+    while v.len() < len {
+        v.extend(HashAlgorithm::Sha256.digest(&[format!("cryptblk-aead-{tag}-{i}").as_bytes()]));
+        i += 1;
+    }
+    v
+}
+
+fn unpack(name: &str, dir: &Path) -> PathBuf {
+    let src = fixtures().join(format!("{name}.img.xz"));
+    let dst = dir.join(format!("{name}.img"));
+    let out = Command::new("xz")
+        .arg("-dc")
+        .arg(&src)
+        .output()
+        .expect("xz must be installed");
+    assert!(out.status.success(), "xz -dc {}", src.display());
+    std::fs::write(&dst, out.stdout).unwrap();
+    dst
+}
+
+/// The volume key from NAME.vk (`MK dump:` hex lines).
+fn volume_key(name: &str) -> String {
+    let text = std::fs::read_to_string(fixtures().join(format!("{name}.vk"))).unwrap();
+    let mut hex = String::new();
+    for line in text.lines() {
+        let l = line.trim_start_matches("MK dump:");
+        if l.split_whitespace()
+            .all(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        {
+            for w in l.split_whitespace() {
+                hex.push_str(w);
+            }
+        }
+    }
+    hex
+}
+
+/// The two table lines the kernel showed: (integrity line, crypt line), without the
+/// `name: ` prefix. A keyring key reference is replaced by the volume key in hex (the
+/// kernel shows `:<len>:logon:...` when cryptsetup used the keyring).
+fn kernel_tables(name: &str) -> (String, String) {
+    let text = std::fs::read_to_string(fixtures().join(format!("{name}.tables"))).unwrap();
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("# dmsetup table --showkeys"))
+        .skip(1);
+    let int = lines
+        .next()
+        .unwrap()
+        .strip_prefix("kaead_dif: ")
+        .unwrap()
+        .to_string();
+    let crypt = lines
+        .next()
+        .unwrap()
+        .strip_prefix("kaead: ")
+        .unwrap()
+        .to_string();
+    let crypt = crypt
+        .split(' ')
+        .map(|w| {
+            if w.starts_with(':') && w.contains(":logon:") {
+                volume_key(name)
+            } else {
+                w.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    (int, crypt)
+}
+
+/// Loads the kernel's lines verbatim, with `7:0` -> the image and `254:0` -> the
+/// integrity mapping (`int_mode` replaces the integrity mode letter if given).
+fn open(reg: &Registry, name: &str, img: &Path, int_mode: Option<&str>) {
+    let (int, crypt) = kernel_tables(name);
+    let mut int = int.replacen(" 7:0 ", &format!(" {} ", img.display()), 1);
+    if let Some(m) = int_mode {
+        int = int.replacen(" J ", &format!(" {m} "), 1);
+    }
+    let crypt = crypt.replacen(" 254:0 ", " kaead_dif ", 1);
+    reg.create("kaead_dif", &int)
+        .unwrap_or_else(|e| panic!("{name}: integrity line '{int}': {e}"));
+    reg.create("kaead", &crypt)
+        .unwrap_or_else(|e| panic!("{name}: crypt line: {e}"));
+}
+
+/// Commits the integrity journal (like the kernel's suspend on close) and removes both.
+fn close(reg: &Registry) {
+    let m = reg.get("kaead").unwrap();
+    m.flush().unwrap();
+    drop(m);
+    reg.remove("kaead").unwrap();
+    let m = reg.get("kaead_dif").unwrap();
+    m.with_table(|t| {
+        t.entries()[0]
+            .target
+            .as_any()
+            .downcast_ref::<IntegrityTarget>()
+            .unwrap()
+            .close()
+            .unwrap()
+    });
+    drop(m);
+    reg.remove("kaead_dif").unwrap();
+}
+
+fn integrity_errors(reg: &Registry) -> u64 {
+    reg.get("kaead").unwrap().crypt_stats()[0].integrity_errors
+}
+
+#[test]
+fn kernel_tables_read_kernel_images() {
+    let dir = common::temp_dir("aead-kernel");
+    for (name, plen, wiped) in FIXTURES {
+        let img = unpack(name, &dir);
+        let reg = Registry::new();
+        open(&reg, name, &img, None);
+        let m = reg.get("kaead").unwrap();
+        let mut got = vec![0u8; plen];
+        m.read_at(0, &mut got)
+            .unwrap_or_else(|e| panic!("{name}: reading the kernel's pattern: {e}"));
+        assert!(got == pattern("pattern", plen), "{name}: pattern differs");
+        // The table reads back as the kernel printed it.
+        let (_, crypt) = kernel_tables(name);
+        assert_eq!(
+            m.table(true).trim().split(' ').skip(3).collect::<Vec<_>>(),
+            crypt
+                .replacen(" 254:0 ", " kaead_dif ", 1)
+                .split(' ')
+                .skip(3)
+                .collect::<Vec<_>>(),
+            "{name}: crypt table"
+        );
+        // Last block: never written by the kernel.
+        let bs = m.logical_block_size() as u64;
+        let mut last = vec![0u8; bs as usize];
+        let r = m.read_at(m.size() - bs, &mut last);
+        if wiped {
+            r.unwrap_or_else(|e| panic!("{name}: wiped block: {e}"));
+            assert!(last.iter().all(|&b| b == 0), "{name}: wiped block not zero");
+            assert_eq!(integrity_errors(&reg), 0);
+        } else {
+            let e = r.expect_err("an unwritten sector of an unwiped image must fail");
+            assert_eq!(common::errno(&e), libc::EILSEQ, "{name}");
+            assert_eq!(integrity_errors(&reg), 1, "{name}");
+        }
+        drop(m);
+        close(&reg);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn flipped_data_tag_or_iv_bits_fail_with_eilseq() {
+    let dir = common::temp_dir("aead-flip");
+    for (name, _, _) in FIXTURES {
+        let img = unpack(name, &dir);
+        // Where logical sector 8 (a whole block in both sector sizes) keeps data and tag.
+        let reg = Registry::new();
+        open(&reg, name, &img, None);
+        let (data_pos, tag_pos, tuple) = reg.get("kaead_dif").unwrap().with_table(|t| {
+            let it = t.entries()[0]
+                .target
+                .as_any()
+                .downcast_ref::<IntegrityTarget>()
+                .unwrap();
+            let l = it.layout();
+            (l.data_sector(8) * 512, l.tag_position(8), l.tag_size as u64)
+        });
+        let (block, stored_iv) = reg.get("kaead").unwrap().with_table(|t| {
+            let c = t.entries()[0]
+                .target
+                .as_any()
+                .downcast_ref::<CryptTarget>()
+                .unwrap();
+            (
+                c.flags().sector_size as usize,
+                !name.contains("plain64") && !name.contains("essiv"),
+            )
+        });
+        close(&reg);
+        let pristine = std::fs::read(&img).unwrap();
+        let mut cases = vec![("data", data_pos + 100), ("tag", tag_pos + 3)];
+        if stored_iv {
+            cases.push(("IV", tag_pos + tuple - 1));
+        }
+        for (what, pos) in cases {
+            let mut bytes = pristine.clone();
+            bytes[pos as usize] ^= 0x10;
+            std::fs::write(&img, &bytes).unwrap();
+            let reg = Registry::new();
+            open(&reg, name, &img, None);
+            let m = reg.get("kaead").unwrap();
+            let mut buf = vec![0u8; block];
+            let e = m
+                .read_at(8 * 512, &mut buf)
+                .expect_err(&format!("{name}: flipped {what} bit must fail"));
+            assert_eq!(common::errno(&e), libc::EILSEQ, "{name} {what}");
+            assert_eq!(integrity_errors(&reg), 1, "{name} {what}");
+            // The neighbours are intact.
+            m.read_at(8 * 512 + block as u64, &mut buf)
+                .unwrap_or_else(|e| panic!("{name} {what}: next block: {e}"));
+            m.read_at(0, &mut buf[..block])
+                .unwrap_or_else(|e| panic!("{name} {what}: block 0: {e}"));
+            drop(m);
+            drop(reg);
+        }
+        std::fs::write(&img, &pristine).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn direct_and_bitmap_modes_share_the_format() {
+    let dir = common::temp_dir("aead-modes");
+    let name = "gcm-random";
+    let want = pattern("pattern", 256 << 10);
+    let p2 = pattern("pattern2", 64 << 10);
+    for mode in ["D", "B"] {
+        let img = unpack(name, &dir);
+        let reg = Registry::new();
+        open(&reg, name, &img, Some(mode));
+        let m = reg.get("kaead").unwrap();
+        let mut got = vec![0u8; want.len()];
+        m.read_at(0, &mut got).unwrap();
+        assert!(got == want, "{mode}: kernel pattern");
+        m.write_at(128 << 10, &p2, WriteFlags::default()).unwrap();
+        drop(m);
+        close(&reg);
+        // Back in journal mode, what D/B wrote (data and tags in place) verifies.
+        let reg = Registry::new();
+        open(&reg, name, &img, None);
+        let m = reg.get("kaead").unwrap();
+        let mut got = vec![0u8; p2.len()];
+        m.read_at(128 << 10, &mut got).unwrap();
+        assert!(got == p2, "{mode}: our write");
+        m.read_at(0, &mut got).unwrap();
+        assert!(got[..] == want[..p2.len()], "{mode}: kernel data kept");
+        drop(m);
+        close(&reg);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes pattern2 (128 KiB) at offset 0 of each kernel image through the kernel's tables
+/// and leaves `ours-NAME.img` in `$CRYPTBLK_FIXTURE_OUT` for the kernel to read back.
+#[test]
+#[ignore]
+fn write_images_for_kernel() {
+    let out = PathBuf::from(
+        std::env::var("CRYPTBLK_FIXTURE_OUT").expect("set CRYPTBLK_FIXTURE_OUT to a directory"),
+    );
+    std::fs::create_dir_all(&out).unwrap();
+    let p2 = pattern("pattern2", 128 << 10);
+    for (name, _, _) in FIXTURES {
+        let img = unpack(name, &out);
+        let ours = out.join(format!("ours-{name}.img"));
+        std::fs::rename(&img, &ours).unwrap();
+        let reg = Registry::new();
+        open(&reg, name, &ours, None);
+        let m = reg.get("kaead").unwrap();
+        // In two requests, the second FUA, like a file system's journal commit.
+        m.write_at(0, &p2[..64 << 10], WriteFlags::default())
+            .unwrap();
+        m.write_at(64 << 10, &p2[64 << 10..], WriteFlags { fua: true })
+            .unwrap();
+        let mut got = vec![0u8; p2.len()];
+        m.read_at(0, &mut got).unwrap();
+        assert!(got == p2, "{name}");
+        drop(m);
+        close(&reg);
+    }
+}
