@@ -34,6 +34,7 @@ pub mod config;
 pub mod cpu;
 pub mod engine;
 pub mod fio;
+pub mod integrity;
 pub mod live;
 pub mod metrics;
 pub mod pattern;

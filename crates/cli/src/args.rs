@@ -708,6 +708,10 @@ pub struct BenchArgs {
     /// RAM disk size per configuration (bytes, or with k/m/g).
     #[arg(long)]
     pub device_size: Option<String>,
+    /// Instead of the dm-crypt matrix: the dm-integrity/dm-verity overhead table (4 KiB
+    /// sequential/random write/read per configuration, overhead vs plain), in process.
+    #[arg(long)]
+    pub integrity_report: bool,
 }
 
 #[cfg(test)]

@@ -14,6 +14,9 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
         .map(|s| cryptblk_dm::parse_size(s).map_err(|e| Failure::usage(e.to_string())))
         .transpose()?;
     let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+    if a.integrity_report {
+        return integrity_report(opts, a, device_size);
+    }
     let o = BenchOptions {
         quick: a.quick,
         runtime: a.runtime.map(secs),
@@ -44,4 +47,50 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
             format!("{} benchmark run(s) failed; see the table", failed.len()),
         ))
     }
+}
+
+/// `bench --integrity-report`: the dm-integrity/dm-verity overhead table (markdown on
+/// stdout, or JSON), written to --markdown / --json-file when given.
+fn integrity_report(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> ActionResult {
+    use cryptblk_bench::integrity::{self, IntegrityBenchOptions};
+    let mut o = IntegrityBenchOptions {
+        configs: a.configs.clone(),
+        ..IntegrityBenchOptions::default()
+    };
+    if let Some(r) = a.runtime {
+        o.runtime = Duration::from_secs_f64(r.max(0.01));
+    }
+    if let Some(r) = a.repeats {
+        o.repeats = r.max(1);
+    }
+    if let Some(d) = device_size {
+        o.device_size = d;
+        o.region = o.region.min(d / 4 / 4096 * 4096);
+    }
+    if a.quick {
+        o.runtime = Duration::from_millis(200);
+        o.repeats = 1;
+        o.device_size = o.device_size.min(128 << 20);
+        o.region = o.region.min(32 << 20);
+    }
+    let report = integrity::run(&o).map_err(|e| Failure::usage(e.to_string()))?;
+    let mut md = report.render_markdown();
+    md.push('\n');
+    md.push_str(&report.render_aims());
+    for (name, why) in &report.skipped {
+        md.push_str(&format!("\n{name} skipped: {why}\n"));
+    }
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    if let Some(p) = &a.markdown {
+        std::fs::write(p, &md)?;
+    }
+    if let Some(p) = &a.json_file {
+        std::fs::write(p, &json)?;
+    }
+    if opts.json {
+        println!("{json}");
+    } else {
+        print!("{md}");
+    }
+    Ok(())
 }
