@@ -196,6 +196,12 @@ impl Export {
 pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failure> {
     block_termination_signals();
     let registry = Registry::new();
+    let lower = lower_tables(&spec.info);
+    for (name, table) in &lower {
+        registry
+            .create(name, table)
+            .map_err(|e| Failure::new(ExitCode::WrongDevice, format!("{name}: {e}")))?;
+    }
     let mapping = registry
         .create(&spec.name, &spec.table)
         .map_err(|e| Failure::new(ExitCode::WrongDevice, e.to_string()))?;
@@ -261,12 +267,33 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
     let flushed = mapping.flush();
     let stopped = export.stop();
     let _ = registry.remove(&spec.name);
+    for (name, _) in lower.iter().rev() {
+        let _ = registry.remove(name);
+    }
     // Last: `close` waits for the socket to vanish, so it must mean "stopped and flushed"
     // (a ublk node gone, the backing written back) before a script reuses the backing.
     let _ = std::fs::remove_file(&ctl_path);
     flushed.map_err(|e| Failure::device(format!("flush on close failed: {e}")))?;
     stopped.map_err(Failure::device)?;
     Ok(())
+}
+
+/// Keyless lower layers to create, in order, before the top table, which stacks on them
+/// by name (LUKS2 `--integrity`: the `<name>_dif` integrity mapping under dm-crypt). They
+/// travel in `info.lower` as `[{"name": ..., "table": ...}]` because their tables hold no
+/// secret and `status` may show them.
+fn lower_tables(info: &Value) -> Vec<(String, String)> {
+    info["lower"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| {
+            Some((
+                l["name"].as_str()?.to_string(),
+                l["table"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
 }
 
 fn start_nbd(device: Arc<dyn BlockDevice>, cfg: NbdConfig) -> Result<NbdServer, Failure> {

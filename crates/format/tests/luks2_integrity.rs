@@ -158,7 +158,13 @@ fn cryptblk_integrity_headers_read_by_cryptsetup() {
 
         // Same volume key, and the passphrase opens the keyslot in cryptsetup.
         let (rc, out, err) = cryptsetup(
-            &["luksDump", "--dump-volume-key", "-q", "--key-file=-", s(&img)],
+            &[
+                "luksDump",
+                "--dump-volume-key",
+                "-q",
+                "--key-file=-",
+                s(&img),
+            ],
             PW,
         );
         assert_eq!(rc, 0, "{name}: {err}");

@@ -60,7 +60,21 @@ pub fn format_on(
     dev: &dyn HeaderIo,
     passphrase: &[u8],
 ) -> Result<(SecretBytes, u64), Failure> {
-    let (cipher, key_bytes) = cipher_and_key_bytes(opts)?;
+    let integrity = opts.integrity.integrity.clone();
+    super::luks_integrity::check_format_options(opts, opts.volume_type == Some(VolumeType::Luks1))?;
+    let (cipher, key_bytes) = match &integrity {
+        // AEAD and random-IV ciphers are no dm-crypt sector ciphers on their own: the
+        // format crate checks them against the integrity algorithm instead.
+        Some(_) => {
+            let c = opts
+                .cipher
+                .clone()
+                .unwrap_or_else(|| "aes-xts-plain64".into());
+            let k = super::luks_integrity::encryption_key_bytes(opts, &c)?;
+            (c, k)
+        }
+        None => cipher_and_key_bytes(opts)?,
+    };
     let vk = opts
         .volume_key_file
         .as_deref()
@@ -102,6 +116,8 @@ pub fn format_on(
                 data_offset: opts.offset.map(|o| o * 512),
                 volume_key: vk,
                 keyslot: volume::keyslot_params(opts)?,
+                integrity,
+                integrity_key_size: opts.integrity.integrity_key_size.map(|n| n as usize),
                 ..FormatParams::default()
             };
             p.digest_hash = volume::hash_opt(opts)?;
@@ -135,7 +151,11 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         std::fs::File::create(header)?;
     }
     let f = volume::open_file(header, true)?;
-    format_on(opts, &f, pass.as_bytes())?;
+    let (vk, _) = format_on(opts, &f, pass.as_bytes())?;
+    if opts.integrity.integrity.is_some() {
+        let h = Luks2Header::read(&f)?;
+        super::luks_integrity::format_data(opts, &h, &vk, device)?;
+    }
     Ok(())
 }
 
@@ -263,6 +283,9 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
         .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
     crate::control::check_name(name)?;
     let seg = vol.segment()?;
+    if let (Some(_), Volume::Luks2(h, _)) = (&seg.integrity, &vol) {
+        return open_integrity(opts, a, &vol, h, &vk, name, &seg);
+    }
     let table = crypt_table(&seg, &vk, &a.device, &a.perf.table_flags())?;
     let spec = ServeSpec {
         name: name.to_string(),
@@ -277,6 +300,48 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
             "device": a.device.display().to_string(),
             "sector_size": seg.sector_size,
             "offset": format!("{} sectors", seg.offset / 512),
+        }),
+    };
+    super::serving::start(spec, &a.export, opts.json)
+}
+
+/// `open` of a LUKS2 volume with `--integrity`: `<name>_dif` (integrity) under `<name>`
+/// (crypt), both served by one daemon.
+fn open_integrity(
+    opts: &Opts,
+    a: &OpenArgs,
+    vol: &Volume,
+    h: &Luks2Header,
+    vk: &SecretBytes,
+    name: &str,
+    seg: &volume::Segment,
+) -> ActionResult {
+    let st = super::luks_integrity::stack(
+        h,
+        vk,
+        &a.device,
+        name,
+        opts.integrity.integrity_no_journal,
+        &a.perf.table_flags(),
+    )?;
+    let l = &st.layout;
+    let spec = ServeSpec {
+        name: name.to_string(),
+        table: st.table.clone(),
+        export: super::serving::export_spec(&a.export)?,
+        readonly: opts.readonly,
+        info: json!({
+            "type": vol.type_name(),
+            "uuid": vol.uuid(),
+            "cipher": seg.cipher,
+            "keysize": format!("{} bits", l.encryption_key_size * 8),
+            "integrity": l.integrity.kind,
+            "integrity_keysize": format!("{} bits", l.integrity_key_size * 8),
+            "integrity_tag_size": format!("{} bytes", l.tag_size),
+            "device": a.device.display().to_string(),
+            "sector_size": seg.sector_size,
+            "offset": "0 sectors",
+            "lower": [{ "name": st.lower_name, "table": st.lower_table }],
         }),
     };
     super::serving::start(spec, &a.export, opts.json)

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod info;
 pub mod integrity;
 pub mod luks;
+pub mod luks_integrity;
 pub mod offline;
 pub mod serving;
 pub mod verity;

@@ -1,0 +1,384 @@
+//! LUKS2 with `--integrity` through the CLI, against the real tools:
+//! - volumes made by cryptsetup + the kernel (fixtures from the lab, see
+//!   fixtures/luks2-integrity/make-fixtures.sh) print the same luksDump in cryptblk and
+//!   cryptsetup, open in cryptblk with the exposed size the kernel showed, and read back the
+//!   pattern the kernel wrote; a sector the kernel never wrote fails its tag check in both;
+//! - volumes cryptblk formats have cryptsetup's exposed sizes and, after the initial wipe,
+//!   the sha256 of cryptsetup's freshly formatted device (cryptsetup tests, vectors.md §2B),
+//!   and cryptsetup reads their header.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+const FIXTURE_KEY: &[u8] = b"cryptblk-integrity-fixture-key";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/luks2-integrity")
+}
+
+fn uri(sock: &Path) -> String {
+    format!("nbd+unix:///?socket={}", sock.display())
+}
+
+/// Closes the mapping when dropped, so a failing test leaves no daemon behind.
+struct Served(String);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = run(cryptblk().args(["close", &self.0]), b"");
+    }
+}
+
+fn open_nbd(img: &Path, key: &Path, name: &str, sock: &Path) -> Served {
+    run_ok(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(key)
+            .arg(img)
+            .arg(name)
+            .arg("--nbd")
+            .arg(sock),
+        b"",
+    );
+    Served(name.to_string())
+}
+
+/// Exposed size in bytes, as an NBD client sees it.
+fn nbd_size(sock: &Path) -> u64 {
+    let out = run_ok(Command::new("nbdinfo").arg("--size").arg(uri(sock)), b"");
+    out.trim().parse().unwrap()
+}
+
+/// The first `len` bytes of the export, read with `qemu-img dd` over NBD.
+fn nbd_head(sock: &Path, len: usize, scratch: &Path) -> Vec<u8> {
+    let _ = std::fs::remove_file(scratch);
+    run_ok(
+        Command::new("qemu-img")
+            .args(["dd", "-f", "raw", "-O", "raw"])
+            .arg(format!("if={}", uri(sock)))
+            .arg(format!("of={}", scratch.display()))
+            .arg(format!("bs={len}"))
+            .arg("count=1"),
+        b"",
+    );
+    std::fs::read(scratch).unwrap()
+}
+
+/// True when a `len`-byte read at `off` succeeds (qemu-io over NBD).
+fn nbd_read_ok(sock: &Path, off: u64, len: usize) -> bool {
+    let out = run(
+        Command::new("qemu-io")
+            .args(["-f", "raw", "-c", &format!("read {off} {len}")])
+            .arg(uri(sock)),
+        b"",
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("read failed") || text.contains(&format!("read {len}/{len} bytes")),
+        "unexpected qemu-io output: {text}"
+    );
+    out.status.success() && !text.contains("read failed")
+}
+
+fn kernel_fact(txt: &str, key: &str) -> String {
+    txt.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}: ")))
+        .unwrap_or_else(|| panic!("no {key} in kernel facts"))
+        .to_string()
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    let out = run_ok(&mut Command::new("sha256sum"), data);
+    out.split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn cryptsetup_made_integrity_volumes_open_in_cryptblk() {
+    let Some(_) = tool("qemu-img") else { return };
+    let Some(_) = tool("qemu-io") else { return };
+    let Some(_) = tool("nbdinfo") else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, FIXTURE_KEY).unwrap();
+    let pattern: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    for name in [
+        "xts-plain64-hmac-sha256-512",
+        "xts-random-hmac-sha256-4096-legacy",
+        "gcm-random-aead-4096",
+        "chacha20-random-poly1305-512",
+    ] {
+        let img = dir.path().join(format!("{name}.img"));
+        let xz = fixtures().join(format!("{name}.img.xz"));
+        let out = Command::new("xz").arg("-dc").arg(&xz).output().unwrap();
+        assert!(out.status.success(), "xz -dc {}", xz.display());
+        std::fs::write(&img, &out.stdout).unwrap();
+        let facts = std::fs::read_to_string(fixtures().join(format!("{name}.kernel.txt"))).unwrap();
+
+        // luksDump: same text as cryptsetup's.
+        let ours = run_ok(cryptblk().arg("luksDump").arg(&img), b"");
+        if let Some(mut cs) = cryptsetup() {
+            let theirs = run_ok(cs.arg("luksDump").arg(&img), b"");
+            assert_eq!(ours, theirs, "{name}");
+        }
+        assert!(ours.contains("\tintegrity: "), "{name}: {ours}");
+
+        // Open: exposed size and pattern as the kernel showed them.
+        let sock = dir.path().join(format!("{name}.sock"));
+        let map = format!("cbint-{}", std::process::id() % 10000);
+        let served = open_nbd(&img, &key, &map, &sock);
+        assert_eq!(
+            nbd_size(&sock).to_string(),
+            kernel_fact(&facts, "exposed_bytes"),
+            "{name}: exposed size"
+        );
+        let scratch = dir.path().join("read.bin");
+        let data = nbd_head(&sock, pattern.len(), &scratch);
+        assert_eq!(data, pattern, "{name}: pattern the kernel wrote");
+        assert_eq!(sha256_hex(&data), kernel_fact(&facts, "pattern_sha256"));
+        // Never written by the kernel (no wipe): the tag check must fail, as in the kernel.
+        assert_eq!(kernel_fact(&facts, "unwritten_read"), "error");
+        assert!(
+            nbd_read_ok(&sock, 0, 4096),
+            "{name}: a written sector must read"
+        );
+        assert!(
+            !nbd_read_ok(&sock, 64 * 4096, 4096),
+            "{name}: an unwritten sector must not read back"
+        );
+        let status = run_ok(cryptblk().args(["status", &map]), b"");
+        assert!(status.contains("integrity:"), "{name}: {status}");
+        drop(served);
+    }
+}
+
+/// Rows of vectors.md §2B (cryptsetup tests/luks2-integrity-test): cipher, integrity,
+/// key bits, sector size, exposed 512-byte sectors, sha256 of the wiped exposed device.
+const VECTORS: &[(&str, &str, u32, u32, u64, &str)] = &[
+    (
+        "aes-xts-plain64",
+        "hmac-sha256",
+        256,
+        512,
+        52800,
+        "ee501705a084cd0ab6f4a28014bcf62b8bfa3434de00b82743c50b3abf06232c",
+    ),
+    (
+        "aes-xts-random",
+        "hmac-sha256",
+        256,
+        512,
+        50680,
+        "492c2d1cc9e222a850c399bfef4ed5a86bf5afc59e54f0f0c7ba8e2a64548323",
+    ),
+    (
+        "aes-xts-plain64",
+        "hmac-sha256",
+        256,
+        4096,
+        56560,
+        "358d6beceddf593aff6b22c31684e0df9c226330aff5812e060950215217d21b",
+    ),
+    (
+        "aes-xts-random",
+        "hmac-sha256",
+        256,
+        4096,
+        56048,
+        "8c0463f5ac09613674bdf40b0ff6f985edbc3de04e51fdc688873cb333ef3cda",
+    ),
+    (
+        "aes-gcm-random",
+        "aead",
+        128,
+        512,
+        53312,
+        "5f6f3f6be03c74d9aaaeaf40dd310c99a20e2786045f78a1fc6a0b189d231f57",
+    ),
+    (
+        "aes-gcm-random",
+        "aead",
+        256,
+        4096,
+        56560,
+        "358d6beceddf593aff6b22c31684e0df9c226330aff5812e060950215217d21b",
+    ),
+    (
+        "chacha20-random",
+        "poly1305",
+        256,
+        512,
+        53312,
+        "5f6f3f6be03c74d9aaaeaf40dd310c99a20e2786045f78a1fc6a0b189d231f57",
+    ),
+    (
+        "chacha20-random",
+        "poly1305",
+        256,
+        4096,
+        56560,
+        "358d6beceddf593aff6b22c31684e0df9c226330aff5812e060950215217d21b",
+    ),
+    (
+        "aes-cbc-essiv:sha256",
+        "hmac-sha256",
+        128,
+        512,
+        52800,
+        "ee501705a084cd0ab6f4a28014bcf62b8bfa3434de00b82743c50b3abf06232c",
+    ),
+    (
+        "aes-xts-plain64",
+        "hmac-sha512",
+        512,
+        4096,
+        55912,
+        "9873d864fccb866521e79c9f0f75ad0c578d6bd7620399bbf4779e698c6e92fd",
+    ),
+    (
+        "chacha20-plain64",
+        "poly1305",
+        256,
+        512,
+        54776,
+        "3f82eae753ff52a689ddc559c691bbdff838361bbe9a3ce8c7212e16e51b5dbe",
+    ),
+];
+
+fn format_like_vectors(
+    img: &Path,
+    key: &Path,
+    row: &(&str, &str, u32, u32, u64, &str),
+    wipe: bool,
+) {
+    let (cipher, integ, bits, sector, _, _) = *row;
+    std::fs::write(img, vec![0u8; 32 << 20]).unwrap();
+    let mut c = cryptblk();
+    c.args([
+        "luksFormat",
+        "--type",
+        "luks2",
+        "-q",
+        "-c",
+        cipher,
+        "--integrity",
+        integ,
+    ])
+    .args([
+        "--integrity-legacy-padding",
+        "--sector-size",
+        &sector.to_string(),
+    ])
+    .args(["-s", &bits.to_string()])
+    .args(FAST)
+    .arg("-d")
+    .arg(key)
+    .arg(img)
+    .args(["--offset", "8192"]);
+    if !wipe {
+        c.arg("--integrity-no-wipe");
+    }
+    run_ok(&mut c, b"");
+}
+
+#[test]
+fn cryptblk_formats_integrity_volumes_with_cryptsetups_sizes() {
+    let Some(_) = tool("nbdinfo") else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"vector key").unwrap();
+    for (i, row) in VECTORS.iter().enumerate() {
+        let what = format!("{} {} {} bits, {}-byte sectors", row.0, row.1, row.2, row.3);
+        let img = dir.path().join(format!("{i}.img"));
+        format_like_vectors(&img, &key, row, false);
+        // cryptsetup reads the header cryptblk wrote, and prints what cryptblk prints.
+        if let Some(mut cs) = cryptsetup() {
+            let theirs = run_ok(cs.arg("luksDump").arg(&img), b"");
+            let ours = run_ok(cryptblk().arg("luksDump").arg(&img), b"");
+            assert_eq!(ours, theirs, "{what}");
+        }
+        let sock = dir.path().join(format!("{i}.sock"));
+        let map = format!("cbvec-{}-{i}", std::process::id() % 10000);
+        let served = open_nbd(&img, &key, &map, &sock);
+        assert_eq!(nbd_size(&sock), row.4 * 512, "{what}: exposed size");
+        drop(served);
+    }
+}
+
+#[test]
+fn wiped_integrity_volume_reads_as_cryptsetups_zeros() {
+    let Some(_) = tool("nbdcopy") else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"vector key").unwrap();
+    // One row per cipher family keeps the wipe (28 MiB through crypt + integrity) short.
+    for (i, row) in VECTORS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| [0, 3, 5, 6].contains(i))
+    {
+        let what = format!("{} {} {}-byte sectors", row.0, row.1, row.3);
+        let img = dir.path().join(format!("w{i}.img"));
+        format_like_vectors(&img, &key, row, true);
+        let sock = dir.path().join(format!("w{i}.sock"));
+        let map = format!("cbwipe-{}-{i}", std::process::id() % 10000);
+        let served = open_nbd(&img, &key, &map, &sock);
+        let out = dir.path().join(format!("w{i}.out"));
+        run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
+        drop(served);
+        let data = std::fs::read(&out).unwrap();
+        assert_eq!(data.len() as u64, row.4 * 512, "{what}");
+        assert_eq!(
+            sha256_hex(&data),
+            row.5,
+            "{what}: sha256 after the initial wipe"
+        );
+    }
+}
+
+#[test]
+fn integrity_options_are_checked() {
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"k").unwrap();
+    let img = dir.path().join("x.img");
+    sparse_file(&img, 32 << 20);
+    for (args, msg) in [
+        (
+            &["--type", "luks1", "--integrity", "hmac-sha256"][..],
+            "only for LUKS2",
+        ),
+        (
+            &["-c", "aes-gcm-random", "--integrity", "hmac-sha256"][..],
+            "already authenticates",
+        ),
+        (
+            &["-c", "aes-xts-plain64", "--integrity", "aead"][..],
+            "AEAD cipher mode",
+        ),
+        (
+            &["-c", "aes-xts-plain64", "--integrity", "crc32c"][..],
+            "Unsupported integrity",
+        ),
+    ] {
+        let out = run(
+            cryptblk()
+                .args(["luksFormat", "-q"])
+                .args(args)
+                .args(FAST)
+                .arg("-d")
+                .arg(&key)
+                .arg(&img),
+            b"",
+        );
+        assert!(!out.status.success(), "{args:?} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}
