@@ -238,6 +238,8 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         ("type", "type"),
         ("cipher", "cipher"),
         ("keysize", "keysize"),
+        ("integrity", "integrity"),
+        ("integrity keysize", "integrity_keysize"),
         ("device", "device"),
         ("sector size", "sector_size"),
         ("offset", "offset"),
@@ -245,7 +247,7 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         if let Some(v) = field(key) {
             println!(
                 "  {label}:{}{v}",
-                " ".repeat(12usize.saturating_sub(label.len()))
+                " ".repeat(12usize.saturating_sub(label.len()).max(1))
             );
         }
     }
