@@ -288,7 +288,7 @@ pub fn open_aead_cipher(
         0
     };
     let tag_size = if opts.authenticated {
-        opts.tuple_size.checked_sub(stored_iv).unwrap_or(0)
+        opts.tuple_size.saturating_sub(stored_iv)
     } else {
         0
     };

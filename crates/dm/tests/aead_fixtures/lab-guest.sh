@@ -74,7 +74,17 @@ for img in ours-*.img; do
     if cryptsetup open --key-file pass.key "$dev" oaead; then
         sum=$(dd if=/dev/mapper/oaead bs=64k count=$(($(stat -c %s pattern2.bin) / 65536)) iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
         [ "$sum" = "$P2SUM" ] && res=OK || res=MISMATCH
-        echo "$img pattern2=$res" >> results.txt
+        # The kernel's own pattern after it must be untouched (tags of the neighbours).
+        p2len=$(stat -c %s pattern2.bin)
+        if dd if=/dev/mapper/oaead bs=$p2len skip=1 count=1 iflag=direct 2>/dev/null |
+            cmp -s - pattern.bin -i 0:$p2len -n $p2len 2>/dev/null ||
+           dd if=/dev/mapper/oaead bs=$p2len skip=1 count=1 iflag=direct 2>/dev/null |
+            cmp -s - "$(dd if=pattern.bin bs=$p2len skip=1 count=1 of=rest.bin 2>/dev/null; echo rest.bin)"; then
+            rest=OK
+        else
+            rest=MISMATCH
+        fi
+        echo "$img pattern2=$res kernel_pattern_after_it=$rest" >> results.txt
         cryptsetup close oaead
     else
         echo "$img open FAILED" >> results.txt

@@ -21,6 +21,12 @@
 //! data and tags to their home locations and flushes again. On open, committed sections
 //! are replayed with the kernel's commit-id rules, so a crash at any point leaves each
 //! block either old or new.
+//!
+//! Without `internal_hash` (a tag size but no hash: what LUKS2 `--integrity` loads under
+//! dm-crypt), tags are the caller's: [`BlockDevice::read_with_tags`] /
+//! [`BlockDevice::write_with_tags`] store and return them (journaled together with the data
+//! in `J` mode), nothing is verified here, and untagged writes store zero tags. Bitmap-mode
+//! recovery cannot recompute such tags and leaves them as written.
 
 pub mod hash;
 pub mod journal;
