@@ -321,7 +321,8 @@ fn open_integrity(
         vk,
         &a.device,
         name,
-        opts.integrity.integrity_no_journal,
+        // `--integrity-no-journal`, or the persistent LUKS2 flag cryptsetup stores for it.
+        opts.integrity.integrity_no_journal || h.config_flags().iter().any(|f| f == "no-journal"),
         &a.perf.table_flags(),
     )?;
     let l = &st.layout;
