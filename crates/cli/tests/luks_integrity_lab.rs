@@ -53,7 +53,16 @@ fn open_nbd(img: &Path, key: &Path, name: &str, sock: &Path) -> Served {
 }
 
 /// (name, cipher, integrity, key bits, sector size, extra luksFormat options)
-const VARIANTS: &[(&str, &str, &str, &str, &str, &[&str])] = &[
+type Variant = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+);
+
+const VARIANTS: &[Variant] = &[
     (
         "xts-plain64-hmac-sha256",
         "aes-xts-plain64",
