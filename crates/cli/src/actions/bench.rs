@@ -55,6 +55,7 @@ fn integrity_report(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> Act
     use cryptblk_bench::integrity::{self, IntegrityBenchOptions};
     let mut o = IntegrityBenchOptions {
         configs: a.configs.clone(),
+        workloads: a.workloads.clone(),
         ..IntegrityBenchOptions::default()
     };
     if let Some(r) = a.runtime {
