@@ -152,6 +152,51 @@ fn cryptsetup_made_integrity_volumes_open_in_cryptblk() {
             !nbd_read_ok(&sock, 64 * 4096, 4096),
             "{name}: an unwritten sector must not read back"
         );
+        // The tables cryptblk loaded are the kernel's (key and device names aside).
+        let st: serde_json::Value =
+            serde_json::from_str(&run_ok(cryptblk().args(["status", "--json", &map]), b""))
+                .unwrap();
+        // cryptblk's default performance flags (its inline pipeline) are no kernel facts.
+        let mut ours_crypt: Vec<String> = st["table"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .filter(|w| !w.ends_with("_workqueue"))
+            .map(str::to_string)
+            .collect();
+        let n_opts = ours_crypt.len() - 9;
+        ours_crypt[8] = n_opts.to_string();
+        let kernel_crypt = kernel_fact(&facts, "crypt");
+        let kernel_crypt: Vec<&str> = kernel_crypt.split_whitespace().collect();
+        assert_eq!(
+            ours_crypt.len(),
+            kernel_crypt.len(),
+            "{name}: {ours_crypt:?}"
+        );
+        for (i, (a, b)) in ours_crypt.iter().zip(&kernel_crypt).enumerate() {
+            if i != 4 && i != 6 {
+                assert_eq!(a, b, "{name}: crypt table field {i}");
+            }
+        }
+        let ours_int = st["info"]["lower"][0]["table"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let ours_int: Vec<&str> = ours_int.split_whitespace().collect();
+        let kernel_int = kernel_fact(&facts, "integrity");
+        let kernel_int: Vec<&str> = kernel_int.split_whitespace().collect();
+        for i in [0, 1, 2, 4, 5, 6] {
+            assert_eq!(
+                ours_int[i], kernel_int[i],
+                "{name}: integrity table field {i}"
+            );
+        }
+        for opt in &ours_int[8..] {
+            assert!(
+                kernel_int[8..].contains(opt),
+                "{name}: option {opt} not in the kernel's table"
+            );
+        }
         let status = run_ok(cryptblk().args(["status", &map]), b"");
         let kind = ours
             .lines()
