@@ -12,7 +12,7 @@ modprobe authenc 2>/dev/null; modprobe gcm 2>/dev/null; modprobe chacha20poly130
 LOSETUP=/usr/sbin/losetup
 W=/tmp/aeadfix; mkdir -p $W
 cp "$LAB_OUT"/pattern.bin "$LAB_OUT"/pattern2.bin "$LAB_OUT"/pass.key $W/
-cp "$LAB_OUT"/ours-*.img $W/ 2>/dev/null
+for f in "$LAB_OUT"/ours-*.img; do case $f in */ours-d-*) ;; *) cp "$f" $W/ ;; esac; done 2>/dev/null
 cd $W
 : > results.txt
 PLEN=$(stat -c %s pattern.bin)
@@ -89,6 +89,11 @@ for img in ours-*.img; do
     fi
     $LOSETUP -d "$dev"
 done
+# The dmsetup-made stacks (d-*), checked by their own script when cryptblk wrote copies.
+if ls "$LAB_OUT"/ours-d-*.img >/dev/null 2>&1 && [ -f "$LAB_OUT"/lab-guest-dmsetup.sh ]; then
+    (sh "$LAB_OUT"/lab-guest-dmsetup.sh)
+fi
+cd $W
 cp *.img *.dump *.vk *.tables *.format.log results.txt "$LAB_OUT"/ 2>/dev/null
 cat results.txt
 for f in *.tables; do echo "== $f"; cat "$f"; done

@@ -3,9 +3,11 @@
 #  1. cryptblk writes pattern2 (128 KiB, in two writes, the second FUA) at offset 0 of each
 #     kernel image through the kernel's own table lines (ignored test
 #     aead_kernel::write_images_for_kernel) and closes the stack;
-#  2. the lab guest (lab-guest.sh) opens each ours-NAME.img with `cryptsetup open` and
-#     compares pattern2 and the kernel's pattern after it; verdicts are appended to
-#     results.txt.
+#     (it also stages pattern files, the key file, the d-* tables and lab-guest-dmsetup.sh);
+#  2. the lab guest (lab-guest.sh) opens each ours-NAME.img with `cryptsetup open`, and
+#     each ours-d-NAME.img with its recorded dmsetup tables, and compares pattern2 and the
+#     kernel's pattern after it; verdicts are appended to results.txt.
+# The same check runs as the test aead_kernel::lab_kernel_reads_what_cryptblk_wrote.
 # usage: crates/dm/tests/aead_fixtures/roundtrip.sh [LAB_DIR]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -15,21 +17,13 @@ WORK=$(mktemp -d /tmp/cryptblk-aeadrt.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 (cd "${CRYPTBLK_WORKSPACE:-$ROOT}" && CRYPTBLK_FIXTURE_OUT=$WORK cargo test -q -p cryptblk-dm \
     --test aead_kernel -- --ignored write_images_for_kernel --exact)
-python3 - "$WORK" <<'PY'
-import hashlib, sys
-w = sys.argv[1]
-def pat(tag, n):
-    return b''.join(hashlib.sha256(b'cryptblk-aead-%s-%d' % (tag, i)).digest() for i in range(n))
-open(w + '/pattern.bin', 'wb').write(pat(b'pattern', 8192))
-open(w + '/pattern2.bin', 'wb').write(pat(b'pattern2', 4096))
-PY
-printf 'cryptblk-aead-fixture' > "$WORK/pass.key"
 LAB_SHARE=$WORK LAB_TIMEOUT=${LAB_TIMEOUT:-900} "$LAB/run-in-vm.sh" "$HERE/lab-guest.sh" > "$WORK/lab.log" 2>&1 ||
     { cat "$WORK/lab.log"; exit 1; }
 {
     echo "# cryptblk -> kernel ($(date -u +%Y-%m-%d), roundtrip.sh): cryptblk wrote pattern2 through"
     echo "# the kernel's tables, the kernel read it with cryptsetup open"
-    cat "$WORK/results.txt"
+    grep '^ours-' "$WORK/results.txt"
+    cat "$WORK/results-dmsetup-check.txt"
 } > "$WORK/rt.txt"
 grep -v '^ours-\|^# cryptblk -> kernel\|^# the kernel' "$HERE/results.txt" > "$WORK/kernel.txt" || true
 cat "$WORK/kernel.txt" "$WORK/rt.txt" > "$HERE/results.txt"

@@ -1,0 +1,84 @@
+#!/bin/sh
+# Runs inside the kernel lab with $LAB_OUT holding pattern.bin. Builds dm-crypt over
+# dm-integrity stacks with plain dmsetup tables (no LUKS) for table options cryptsetup does
+# not emit: a non-zero iv_offset, a truncated GCM tag, integrity:<n>:none, iv_large_sectors.
+# Each stack gets a zeroed 2 MiB file; the kernel's dm-integrity formats it on load (a
+# one-sector table first, then the provided size from its status), dm-crypt writes
+# pattern.bin at offset 0, both tables are recorded (d-NAME.tables) and the stack closed.
+# When $LAB_OUT holds cryptblk-written copies (ours-d-NAME.img, pattern2.bin written at
+# offset 0 through the recorded tables), it only loads the recorded tables over each copy
+# and compares instead (results-dmsetup-check.txt); lab-guest.sh calls it that way.
+# Made by make-dmsetup-fixtures.sh; the check runs in aead_kernel's lab test.
+set -u
+modprobe loop; modprobe dm-crypt; modprobe dm-integrity
+modprobe gcm 2>/dev/null; modprobe chacha20poly1305 2>/dev/null; modprobe xts 2>/dev/null
+LOSETUP=/usr/sbin/losetup
+W=/tmp/aeaddm; mkdir -p $W; cp "$LAB_OUT"/pattern.bin $W/; cd $W
+
+if ls "$LAB_OUT"/ours-d-*.img >/dev/null 2>&1; then
+    cp "$LAB_OUT"/pattern2.bin "$LAB_OUT"/d-*.tables $W/
+    : > check.txt
+    p2len=$(stat -c %s pattern2.bin)
+    dd if=pattern.bin of=rest.bin bs=$p2len skip=1 count=1 2>/dev/null
+    for img in "$LAB_OUT"/ours-d-*.img; do
+        b=$(basename "$img" .img); n=${b#ours-}
+        cp "$img" $W/; dev=$($LOSETUP -f --show "$W/$b.img")
+        int=$(sed -n 's/^dint: //p' $n.tables | sed "s# 7:0 # $dev #")
+        cry=$(sed -n 's/^dcrypt: //p' $n.tables | sed "s# 254:0 # /dev/mapper/dint #")
+        if [ -n "$int" ] && [ -n "$cry" ] && dmsetup create dint --table "$int" &&
+           dmsetup create dcrypt --table "$cry"; then
+            dd if=/dev/mapper/dcrypt bs=$p2len count=1 iflag=direct 2>/dev/null | cmp -s - pattern2.bin && r=OK || r=MISMATCH
+            dd if=/dev/mapper/dcrypt bs=$p2len skip=1 count=1 iflag=direct 2>/dev/null | cmp -s - rest.bin && k=OK || k=MISMATCH
+            echo "$b pattern2=$r kernel_pattern_after_it=$k" >> check.txt
+        else
+            echo "$b tables FAILED" >> check.txt
+        fi
+        dmsetup remove dcrypt 2>/dev/null; dmsetup remove dint 2>/dev/null; $LOSETUP -d $dev
+    done
+    cp check.txt "$LAB_OUT"/results-dmsetup-check.txt
+    cat check.txt
+    sync
+    exit 0
+fi
+: > results.txt
+PLEN=$(stat -c %s pattern.bin)
+K32=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
+K64=${K32}202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f
+
+# NAME TUPLE BLOCK_SIZE CIPHER KEY IV_OFFSET CRYPT_OPTS...
+stack() {
+    name=$1 tuple=$2 bs=$3 cipher=$4 key=$5 ivoff=$6; shift 6
+    truncate -s 2M "d-$name.img"
+    dev=$($LOSETUP -f --show "d-$name.img")
+    iopts=0; [ "$bs" != 512 ] && iopts="1 block_size:$bs"
+    dmsetup create dint --table "0 8 integrity $dev 0 $tuple J $iopts" || { echo "$name integrity FAILED" >> results.txt; $LOSETUP -d $dev; return; }
+    provided=$(dmsetup status dint | cut -d' ' -f5)
+    dmsetup remove dint
+    dmsetup create dint --table "0 $provided integrity $dev 0 $tuple J $iopts"
+    copts="$#"; for o in "$@"; do copts="$copts $o"; done
+    if ! dmsetup create dcrypt --table "0 $provided crypt $cipher $key $ivoff /dev/mapper/dint 0 $copts"; then
+        echo "$name crypt FAILED" >> results.txt; dmsetup remove dint; $LOSETUP -d $dev; return
+    fi
+    {
+        echo "# loop device: $dev $(cat /sys/block/$(basename $dev)/dev)"
+        echo "# dmsetup table --showkeys (integrity layer first, then crypt):"
+        dmsetup table --showkeys dint | sed 's/^/dint: /'
+        dmsetup table --showkeys dcrypt | sed 's/^/dcrypt: /'
+        echo "# dmsetup ls:"; dmsetup ls
+    } > "d-$name.tables"
+    dd if=pattern.bin of=/dev/mapper/dcrypt bs=64k oflag=direct conv=fsync 2>/dev/null || echo "$name write FAILED" >> results.txt
+    rd=$(dd if=/dev/mapper/dcrypt bs=64k count=$((PLEN / 65536)) iflag=direct 2>/dev/null | cmp - pattern.bin >/dev/null 2>&1 && echo OK || echo MISMATCH)
+    echo "$name kernel stack made readback=$rd" >> results.txt
+    dmsetup remove dcrypt; dmsetup remove dint; $LOSETUP -d $dev
+}
+
+stack chacha-plain64-ivoffset 16 512 'capi:rfc7539(chacha20,poly1305)-plain64' $K32 100 integrity:16:aead
+stack gcm-random-tag12 24 512 'capi:gcm(aes)-random' $K32 0 integrity:24:aead
+stack xts-random-none 16 512 'capi:xts(aes)-random' $K64 0 integrity:16:none
+stack chacha-plain64-4k-large 16 4096 'capi:rfc7539(chacha20,poly1305)-plain64' $K32 64 integrity:16:aead sector_size:4096 iv_large_sectors
+stack hmac-sha1-xts-plain64-ivoffset 20 512 'capi:authenc(hmac(sha1),xts(aes))-plain64' ${K64}${K32%????????????????????????} 8 integrity:20:aead
+cp d-*.img d-*.tables "$LAB_OUT"/ 2>/dev/null
+cp results.txt "$LAB_OUT"/results-dmsetup.txt
+cat results.txt
+for f in d-*.tables; do echo "== $f"; cat "$f"; done
+sync
