@@ -117,7 +117,7 @@ pub fn format_on(
                 volume_key: vk,
                 keyslot: volume::keyslot_params(opts)?,
                 integrity,
-                integrity_key_size: opts.integrity.integrity_key_size.map(|n| n as usize),
+                integrity_key_size: super::luks_integrity::integrity_key_bytes(opts)?,
                 ..FormatParams::default()
             };
             p.digest_hash = volume::hash_opt(opts)?;

@@ -88,6 +88,18 @@ pub fn encryption_key_bytes(opts: &Opts, cipher: &str) -> Result<usize, Failure>
     Ok(bits as usize / 8)
 }
 
+/// `--integrity-key-size` for luksFormat, which cryptsetup takes in bits (integritysetup
+/// takes bytes for the same option name).
+pub fn integrity_key_bytes(opts: &Opts) -> Result<Option<usize>, Failure> {
+    match opts.integrity.integrity_key_size {
+        None => Ok(None),
+        Some(bits) if bits > 0 && bits % 8 == 0 => Ok(Some(bits as usize / 8)),
+        Some(bits) => Err(Failure::usage(format!(
+            "Cannot use specified integrity key size ({bits} bits is no whole number of bytes)."
+        ))),
+    }
+}
+
 fn layout_of(h: &Luks2Header) -> Result<IntegrityLayout, Failure> {
     h.integrity_layout()?
         .ok_or_else(|| Failure::usage("LUKS2 segment has no integrity protection"))

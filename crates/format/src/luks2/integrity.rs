@@ -54,8 +54,8 @@ impl IntegrityAlgorithm {
             "poly1305" => ("poly1305", 0, 16),
             other => {
                 return Err(FormatError::Unsupported(format!(
-                    "Unsupported integrity algorithm {other} (supported: hmac-sha1, \
-                     hmac-sha256, hmac-sha512, cmac-aes, aead, poly1305)."
+                    "No known integrity specification pattern detected ('{other}'; cryptblk \
+                     supports hmac-sha1, hmac-sha256, hmac-sha512, cmac-aes, aead, poly1305)."
                 )))
             }
         };
@@ -78,7 +78,7 @@ impl IntegrityAlgorithm {
             None => Ok(self.default_key_size),
             Some(n) if self.is_authenc() && n > 0 && n <= 512 => Ok(n),
             Some(n) => Err(FormatError::InvalidParameter(format!(
-                "Invalid integrity key size {} bits for {}.",
+                "Cannot use specified integrity key size ({} bits for {}).",
                 n * 8,
                 self.kernel_name
             ))),
@@ -441,6 +441,11 @@ impl IntegrityLayout {
         }
         let mut opts: Vec<String> = flags.to_vec();
         opts.push(format!("integrity:{}:aead", self.tag_size));
+        // A MAC key of other than the digest size needs the kernel's explicit option
+        // (cryptsetup's --integrity-key-size; dm-crypt otherwise takes the digest size).
+        if let Some(k) = self.integrity.key_size {
+            opts.push(format!("integrity_key_size:{k}"));
+        }
         if self.sector_size != 512 {
             opts.push(format!("sector_size:{}", self.sector_size));
         }
