@@ -37,6 +37,26 @@ for spec in crc32 xxhash64 blake2b-256:32 blake2s-256:32 sha1; do
     integritysetup dump "$name.img" > "$name.dump"
     echo "$h kernel image made" >> hashes.txt
 done
+# cryptblk -> kernel: images that `cryptblk integrity format` made and cryptblk wrote the
+# pattern into (over NBD) must open in the kernel, show the pattern and pass every tag check.
+cp "$LAB_OUT"/hmac.key "$LAB_OUT"/ours-cli-* $W/ 2>/dev/null
+PSUM=$(sha256sum < pattern.bin | cut -d' ' -f1)
+for img in ours-cli-*.img; do
+    [ -e "$img" ] || continue
+    opts=$(sed "s#/KEY#$W/hmac.key#" "${img%.img}.opts")
+    dev=$($LOSETUP -f --show "$img")
+    if integritysetup open $opts "$dev" oint > err.txt 2>&1; then
+        sum=$(dd if=/dev/mapper/oint bs=64k count=4 2>/dev/null | sha256sum | cut -d' ' -f1)
+        if dd if=/dev/mapper/oint of=/dev/null bs=64k 2>/dev/null; then all=ok; else all=EIO; fi
+        mism=$(dmsetup status oint | cut -d' ' -f4)
+        [ "$sum" = "$PSUM" ] && res=OK || res=MISMATCH
+        echo "$img pattern=$res full_read=$all mismatches=$mism" >> hashes.txt
+        integritysetup close oint
+    else
+        echo "$img open FAILED: $(tr '\n' ' ' < err.txt)" >> hashes.txt
+    fi
+    $LOSETUP -d "$dev"
+done
 cp h-*.img h-*.dump hashes.txt "$LAB_OUT"/
 cat hashes.txt
 sync
