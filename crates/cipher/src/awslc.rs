@@ -8,8 +8,7 @@
 //! concurrently active caller) and only resets the IV per sector; CBC's `AES_KEY` schedules
 //! are read-only and shared by all threads.
 
-use crate::dmcipher::{Direction, IvRun, ModeEngine};
-use crate::iv::IV_LEN;
+use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
 use crate::spec::{BlockCipherName, ChainMode, CipherSpec};
 use crate::CipherError;
 use aws_lc_sys as sys;
@@ -135,7 +134,7 @@ impl ModeEngine for XtsEngine {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
+        sectors: Sectors<'_>,
         unit: usize,
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
@@ -144,16 +143,15 @@ impl ModeEngine for XtsEngine {
             Direction::Decrypt => &self.dec,
         };
         let ctx = pool.take()?;
-        let mut iv = [0u8; IV_LEN];
         let len = i32::try_from(unit).map_err(|_| CipherError::SectorSize(unit))?;
-        let mut result = Ok(());
-        for (i, sector) in buf.chunks_exact_mut(unit).enumerate() {
-            ivs.fill(i, &mut iv);
+        let result = sectors.each(unit, ivs, |iv, input, out| {
             let mut out_len = 0i32;
-            let p = sector.as_mut_ptr();
+            let o = out.as_mut_ptr();
+            let i = input.map_or(o as *const u8, |s| s.as_ptr());
             // SAFETY: ctx is keyed and exclusively ours; passing only the IV (no cipher, no
-            // key, enc = -1) starts a new data unit without a new key schedule. In-place
-            // operation is supported; the sector holds `len` bytes.
+            // key, enc = -1) starts a new data unit without a new key schedule. Input and
+            // output are either the same sector (in place, which EVP allows) or two distinct
+            // buffers of `len` bytes.
             let ok = unsafe {
                 sys::EVP_CipherInit_ex(
                     ctx.0,
@@ -163,13 +161,14 @@ impl ModeEngine for XtsEngine {
                     iv.as_ptr(),
                     -1,
                 ) == 1
-                    && sys::EVP_CipherUpdate(ctx.0, p, &mut out_len, p, len) == 1
+                    && sys::EVP_CipherUpdate(ctx.0, o, &mut out_len, i, len) == 1
             };
-            if !ok || out_len != len {
-                result = Err(backend_error("AES-256-XTS sector"));
-                break;
+            if ok && out_len == len {
+                Ok(())
+            } else {
+                Err(backend_error("AES-256-XTS sector"))
             }
-        }
+        });
         pool.put(ctx);
         result
     }
@@ -229,22 +228,22 @@ impl ModeEngine for CbcEngine {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
+        sectors: Sectors<'_>,
         unit: usize,
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
-        let mut iv = [0u8; IV_LEN];
         let (key, enc) = match dir {
             Direction::Encrypt => (&*self.enc.0, 1),
             Direction::Decrypt => (&*self.dec.0, 0),
         };
-        for (i, sector) in buf.chunks_exact_mut(unit).enumerate() {
-            ivs.fill(i, &mut iv);
-            let p = sector.as_mut_ptr();
-            // SAFETY: in-place CBC over whole blocks (sector sizes are multiples of 16); the
-            // schedule is read-only and iv is a private 16-byte buffer the call updates.
-            unsafe { sys::AES_cbc_encrypt(p, p, sector.len(), key, iv.as_mut_ptr(), enc) };
-        }
-        Ok(())
+        sectors.each(unit, ivs, |iv, input, out| {
+            let o = out.as_mut_ptr();
+            let i = input.map_or(o as *const u8, |s| s.as_ptr());
+            // SAFETY: CBC over whole blocks (sector sizes are multiples of 16), in place or
+            // between two distinct sector-sized buffers; the schedule is read-only and iv is
+            // a private 16-byte buffer the call updates.
+            unsafe { sys::AES_cbc_encrypt(i, o, out.len(), key, iv.as_mut_ptr(), enc) };
+            Ok(())
+        })
     }
 }

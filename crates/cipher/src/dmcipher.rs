@@ -39,15 +39,66 @@ impl<'a> IvRun<'a> {
     }
 }
 
+/// The data of one engine call: whole sectors transformed in place, or read from a source
+/// and written to a destination of the same length (one pass over memory instead of a copy
+/// followed by in-place work).
+pub(crate) struct Sectors<'a> {
+    src: Option<&'a [u8]>,
+    dst: &'a mut [u8],
+}
+
+impl<'a> Sectors<'a> {
+    /// Sectors transformed in place.
+    pub(crate) fn in_place(buf: &'a mut [u8]) -> Self {
+        Sectors {
+            src: None,
+            dst: buf,
+        }
+    }
+
+    /// Runs `f(iv, input, output)` for each `unit`-byte sector, with sector `i`'s IV from
+    /// `ivs`; `input` is `None` when the sector is transformed in place in `output`.
+    pub(crate) fn each(
+        self,
+        unit: usize,
+        ivs: &IvRun<'_>,
+        mut f: impl FnMut(&mut [u8; IV_LEN], Option<&[u8]>, &mut [u8]) -> Result<(), CipherError>,
+    ) -> Result<(), CipherError> {
+        let mut iv = [0u8; IV_LEN];
+        for (i, out) in self.dst.chunks_exact_mut(unit).enumerate() {
+            ivs.fill(i, &mut iv);
+            let input = self.src.map(|s| &s[i * unit..(i + 1) * unit]);
+            f(&mut iv, input, out)?;
+        }
+        Ok(())
+    }
+
+    /// Like [`Sectors::each`] for engines that only work in place: a copied sector is moved
+    /// to its destination first, while it is hot in cache.
+    pub(crate) fn each_in_place(
+        self,
+        unit: usize,
+        ivs: &IvRun<'_>,
+        mut f: impl FnMut(&mut [u8; IV_LEN], &mut [u8]) -> Result<(), CipherError>,
+    ) -> Result<(), CipherError> {
+        self.each(unit, ivs, |iv, input, out| {
+            if let Some(input) = input {
+                out.copy_from_slice(input);
+            }
+            f(iv, out)
+        })
+    }
+}
+
 /// A chaining mode over one key, processing whole encryption sectors.
 ///
-/// `buf` holds whole `unit`-byte sectors (checked by the caller); sector `i` uses the IV
-/// `ivs.fill(i)`. Engines work in place and allocate nothing per sector.
+/// `sectors` holds whole `unit`-byte sectors (checked by the caller); sector `i` uses the
+/// IV `ivs.fill(i)`. Engines allocate nothing per sector.
 pub(crate) trait ModeEngine: Send + Sync {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
+        sectors: Sectors<'_>,
         unit: usize,
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError>;
@@ -80,8 +131,14 @@ impl DmCipher {
         }
     }
 
-    fn run(&self, dir: Direction, sector: u64, buf: &mut [u8]) -> Result<(), CipherError> {
+    fn run(&self, dir: Direction, sector: u64, sectors: Sectors<'_>) -> Result<(), CipherError> {
         let ss = self.sector_size;
+        let buf = &sectors.dst;
+        if sectors.src.is_some_and(|s| s.len() != buf.len()) {
+            return Err(CipherError::Backend(
+                "source and destination lengths differ".into(),
+            ));
+        }
         if !buf.len().is_multiple_of(ss) {
             return Err(CipherError::Misaligned {
                 len: buf.len(),
@@ -112,7 +169,7 @@ impl DmCipher {
             first,
             step,
         };
-        self.engine.crypt(dir, buf, ss, &ivs)
+        self.engine.crypt(dir, sectors, ss, &ivs)
     }
 }
 
@@ -122,11 +179,27 @@ impl SectorCipher for DmCipher {
     }
 
     fn encrypt(&self, sector: u64, buf: &mut [u8]) -> Result<(), CipherError> {
-        self.run(Direction::Encrypt, sector, buf)
+        self.run(Direction::Encrypt, sector, Sectors::in_place(buf))
     }
 
     fn decrypt(&self, sector: u64, buf: &mut [u8]) -> Result<(), CipherError> {
-        self.run(Direction::Decrypt, sector, buf)
+        self.run(Direction::Decrypt, sector, Sectors::in_place(buf))
+    }
+
+    fn encrypt_to(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<(), CipherError> {
+        let sectors = Sectors {
+            src: Some(src),
+            dst,
+        };
+        self.run(Direction::Encrypt, sector, sectors)
+    }
+
+    fn decrypt_to(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<(), CipherError> {
+        let sectors = Sectors {
+            src: Some(src),
+            dst,
+        };
+        self.run(Direction::Decrypt, sector, sectors)
     }
 
     fn implementation(&self) -> &str {
@@ -141,10 +214,13 @@ impl ModeEngine for NullEngine {
     fn crypt(
         &self,
         _: Direction,
-        _: &mut [u8],
+        sectors: Sectors<'_>,
         _: usize,
         _: &IvRun<'_>,
     ) -> Result<(), CipherError> {
+        if let Some(src) = sectors.src {
+            sectors.dst.copy_from_slice(src);
+        }
         Ok(())
     }
 }

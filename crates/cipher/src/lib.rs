@@ -80,6 +80,16 @@ pub enum CipherError {
     Unsupported(String),
 }
 
+fn copy_same_len(src: &[u8], dst: &mut [u8]) -> Result<(), CipherError> {
+    if src.len() != dst.len() {
+        return Err(CipherError::Backend(
+            "source and destination lengths differ".into(),
+        ));
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
 /// Encryption of whole sectors with per-sector IVs, as dm-crypt does it.
 ///
 /// Invariants every implementation keeps:
@@ -97,6 +107,17 @@ pub trait SectorCipher: Send + Sync {
     fn encrypt(&self, sector: u64, buf: &mut [u8]) -> Result<(), CipherError>;
     /// Decrypts `buf` in place.
     fn decrypt(&self, sector: u64, buf: &mut [u8]) -> Result<(), CipherError>;
+    /// Encrypts `src` into `dst` (same length), leaving `src` unchanged. Lets a caller whose
+    /// data sits in one buffer and must land in another (a RAM disk) do one pass over memory.
+    fn encrypt_to(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<(), CipherError> {
+        copy_same_len(src, dst)?;
+        self.encrypt(sector, dst)
+    }
+    /// Decrypts `src` into `dst` (same length); see [`SectorCipher::encrypt_to`].
+    fn decrypt_to(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<(), CipherError> {
+        copy_same_len(src, dst)?;
+        self.decrypt(sector, dst)
+    }
     /// Name of the implementation in use (as listed by `cryptblk ciphers`).
     fn implementation(&self) -> &str;
 }

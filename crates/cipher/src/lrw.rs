@@ -8,8 +8,7 @@
 //! Incrementing I flips its trailing ones and the next zero, so `T` moves by
 //! `K2 * (2^(k+1) - 1)` for k trailing ones: a 128-entry table makes that one XOR per block.
 
-use crate::dmcipher::{Direction, IvRun, ModeEngine};
-use crate::iv::IV_LEN;
+use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
 use crate::rustcrypto::Block16;
 use crate::CipherError;
 use cipher::generic_array::GenericArray;
@@ -67,14 +66,12 @@ impl<C: Block16> ModeEngine for LrwEngine<C> {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
+        sectors: Sectors<'_>,
         unit: usize,
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
-        let mut iv = [0u8; IV_LEN];
-        for (i, sector) in buf.chunks_exact_mut(unit).enumerate() {
-            ivs.fill(i, &mut iv);
-            let mut index = u128::from_be_bytes(iv);
+        sectors.each_in_place(unit, ivs, |iv, sector| {
+            let mut index = u128::from_be_bytes(*iv);
             let mut t = gf_mul(self.k2, index);
             for block in sector.chunks_exact_mut(16) {
                 let tb = t.to_be_bytes();
@@ -90,8 +87,8 @@ impl<C: Block16> ModeEngine for LrwEngine<C> {
                 index = index.wrapping_add(1);
                 t ^= self.inc[k];
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -111,12 +108,12 @@ mod tests {
         let run = IvRun::for_test(&gen, index);
         match c {
             Ok(c) => LrwEngine::new(c, k2)
-                .crypt(Direction::Encrypt, &mut buf, 16, &run)
+                .crypt(Direction::Encrypt, Sectors::in_place(&mut buf), 16, &run)
                 .unwrap(),
             Err(_) => {
                 let c = aes::Aes256::new_from_slice(k1).unwrap();
                 LrwEngine::new(c, k2)
-                    .crypt(Direction::Encrypt, &mut buf, 16, &run)
+                    .crypt(Direction::Encrypt, Sectors::in_place(&mut buf), 16, &run)
                     .unwrap()
             }
         }

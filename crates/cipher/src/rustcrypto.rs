@@ -1,7 +1,7 @@
 //! The portable implementation: RustCrypto block ciphers under the `xts-mode` and `cbc`
 //! crates (ECB and LRW are a few lines over the block cipher itself).
 
-use crate::dmcipher::{Direction, IvRun, ModeEngine};
+use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
 use crate::iv::IV_LEN;
 use crate::lrw::LrwEngine;
 use crate::spec::{BlockCipherName, ChainMode, CipherSpec};
@@ -50,19 +50,17 @@ impl<C: Block16> ModeEngine for XtsEngine<C> {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
+        sectors: Sectors<'_>,
         unit: usize,
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
-        let mut iv = [0u8; IV_LEN];
-        for (i, sector) in buf.chunks_exact_mut(unit).enumerate() {
-            ivs.fill(i, &mut iv);
+        sectors.each_in_place(unit, ivs, |iv, sector| {
             match dir {
-                Direction::Encrypt => self.0.encrypt_sector(sector, iv),
-                Direction::Decrypt => self.0.decrypt_sector(sector, iv),
+                Direction::Encrypt => self.0.encrypt_sector(sector, *iv),
+                Direction::Decrypt => self.0.decrypt_sector(sector, *iv),
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -115,16 +113,14 @@ impl<C: Block16> ModeEngine for ParallelXtsEngine<C> {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
+        sectors: Sectors<'_>,
         unit: usize,
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
-        let mut iv = [0u8; IV_LEN];
-        for (i, sector) in buf.chunks_exact_mut(unit).enumerate() {
-            ivs.fill(i, &mut iv);
-            self.crypt_sector(dir, sector, &iv);
-        }
-        Ok(())
+        sectors.each_in_place(unit, ivs, |iv, sector| {
+            self.crypt_sector(dir, sector, iv);
+            Ok(())
+        })
     }
 }
 
@@ -134,15 +130,13 @@ impl<C: Block16> ModeEngine for CbcEngine<C> {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
+        sectors: Sectors<'_>,
         unit: usize,
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
-        let mut iv = [0u8; IV_LEN];
         let pad_err = || CipherError::Backend("CBC over a partial block".into());
-        for (i, sector) in buf.chunks_exact_mut(unit).enumerate() {
-            ivs.fill(i, &mut iv);
-            let iv = GenericArray::from_slice(&iv);
+        sectors.each_in_place(unit, ivs, |iv, sector| {
+            let iv = GenericArray::from_slice(&iv[..]);
             // Borrowing the cipher keeps the key schedule shared: no re-keying per sector.
             let len = sector.len();
             match dir {
@@ -157,8 +151,8 @@ impl<C: Block16> ModeEngine for CbcEngine<C> {
                         .map_err(|_| pad_err())?;
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -168,18 +162,20 @@ impl<C: Block16> ModeEngine for EcbEngine<C> {
     fn crypt(
         &self,
         dir: Direction,
-        buf: &mut [u8],
-        _: usize,
-        _: &IvRun<'_>,
+        sectors: Sectors<'_>,
+        unit: usize,
+        ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
-        for block in buf.chunks_exact_mut(16) {
-            let b = GenericArray::from_mut_slice(block);
-            match dir {
-                Direction::Encrypt => self.0.encrypt_block(b),
-                Direction::Decrypt => self.0.decrypt_block(b),
+        sectors.each_in_place(unit, ivs, |_, sector| {
+            for block in sector.chunks_exact_mut(16) {
+                let b = GenericArray::from_mut_slice(block);
+                match dir {
+                    Direction::Encrypt => self.0.encrypt_block(b),
+                    Direction::Decrypt => self.0.decrypt_block(b),
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -257,7 +253,12 @@ mod tests {
     fn run(engine: &dyn ModeEngine, dir: Direction, buf: &mut [u8], unit: usize, first: u64) {
         let gen = IvGenerator::Plain64;
         engine
-            .crypt(dir, buf, unit, &IvRun::for_test(&gen, first))
+            .crypt(
+                dir,
+                Sectors::in_place(buf),
+                unit,
+                &IvRun::for_test(&gen, first),
+            )
             .unwrap();
     }
 

@@ -313,3 +313,51 @@ fn shared_between_threads() {
         }
     }
 }
+
+/// `encrypt_to`/`decrypt_to` give exactly the bytes of the in-place calls, leave the source
+/// unchanged, and refuse buffers of different lengths, for every implementation and mode.
+#[test]
+fn copying_calls_equal_in_place_calls() {
+    let specs = [
+        ("aes-xts-plain64", 64),
+        ("aes-cbc-essiv:sha256", 32),
+        ("aes-lrw-benbi", 48),
+        ("aes-ecb", 32),
+        ("serpent-xts-plain64", 64),
+        ("twofish-cbc-plain64", 32),
+        ("cipher_null-ecb", 0),
+    ];
+    let mut checked = 0;
+    for imp in implementations() {
+        for (spec, key_len) in specs {
+            let key: Vec<u8> = (0..key_len).map(|i| (i * 7 + 1) as u8).collect();
+            for sector_size in [512usize, 4096] {
+                let o = SectorOptions {
+                    sector_size,
+                    implementation: Some(imp.name.clone()),
+                    ..Default::default()
+                };
+                let Ok(c) = open_cipher(spec, &key, &o) else {
+                    continue; // not every implementation has every cipher
+                };
+                let plain: Vec<u8> = (0..3 * 4096).map(|i| (i * 13 % 251) as u8).collect();
+                let mut in_place = plain.clone();
+                c.encrypt(8, &mut in_place).unwrap();
+                let mut copied = vec![0u8; plain.len()];
+                c.encrypt_to(8, &plain, &mut copied).unwrap();
+                assert_eq!(copied, in_place, "{spec} {} {sector_size}", imp.name);
+                let mut back = vec![0u8; plain.len()];
+                let cipher_text = copied.clone();
+                c.decrypt_to(8, &cipher_text, &mut back).unwrap();
+                assert_eq!(back, plain, "{spec} {} {sector_size}", imp.name);
+                assert_eq!(cipher_text, copied, "source must stay unchanged");
+                assert!(c.decrypt_to(8, &cipher_text[..512], &mut back).is_err());
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked >= 16,
+        "only {checked} cipher/implementation pairs opened"
+    );
+}

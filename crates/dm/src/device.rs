@@ -48,6 +48,32 @@ pub trait BlockDevice: Send + Sync {
         self.write_at(offset, buf, flags)
     }
 
+    /// Reads `buf.len()` bytes at `offset` and applies `t` to them (decryption, for
+    /// `crypt`). Devices that hold their data in memory override this to produce the
+    /// result in one pass over memory, where the default reads and then transforms.
+    fn read_transformed(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        t: &dyn CopyTransform,
+    ) -> io::Result<()> {
+        self.read_at(offset, buf)?;
+        t.in_place(0, buf)
+    }
+
+    /// Writes `t(buf)` at `offset` (encryption, for `crypt`), leaving `buf` undefined, like
+    /// [`BlockDevice::write_at_scratch`]; see [`BlockDevice::read_transformed`].
+    fn write_transformed(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        t: &dyn CopyTransform,
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        t.in_place(0, buf)?;
+        self.write_at_scratch(offset, buf, flags)
+    }
+
     /// Makes every acknowledged write durable.
     fn flush(&self) -> io::Result<()>;
 
@@ -98,6 +124,23 @@ pub trait BlockDevice: Send + Sync {
             done += n as u64;
         }
         Ok(())
+    }
+}
+
+/// A transformation of a request's data applied while it moves between a caller's buffer
+/// and a device (see [`BlockDevice::read_transformed`]).
+///
+/// `pos` is the byte position of the piece within the request. Devices call it on pieces
+/// that start and end at multiples of 4096 bytes within the request (or on the whole
+/// request), so transforms over encryption sectors of up to 4 KiB always see whole sectors.
+pub trait CopyTransform: Sync {
+    /// Transforms `buf`, the request's bytes from `pos` on, in place.
+    fn in_place(&self, pos: usize, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes the transform of `src` (the request's bytes from `pos` on) to `dst`, which
+    /// has the same length.
+    fn copy(&self, pos: usize, src: &[u8], dst: &mut [u8]) -> io::Result<()> {
+        dst.copy_from_slice(src);
+        self.in_place(pos, dst)
     }
 }
 

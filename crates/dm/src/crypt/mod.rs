@@ -15,6 +15,7 @@ mod aead;
 pub mod queued;
 mod split;
 mod stats;
+mod transform;
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -33,6 +34,7 @@ pub use aead::{CryptIntegrity, IntegrityKind};
 pub use queued::QueuedEngine;
 pub use split::SplitPolicy;
 pub use stats::{CryptStats, CryptStatsSnapshot};
+use transform::{SectorTransform, Way};
 
 /// The optional parameters of a crypt table line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -410,6 +412,14 @@ impl CryptTarget {
         Ok(())
     }
 
+    fn transform(&self, offset: u64, way: Way) -> SectorTransform<'_> {
+        SectorTransform {
+            cipher: &*self.cipher,
+            sector: offset / SECTOR_SIZE,
+            way,
+        }
+    }
+
     fn base(&self) -> u64 {
         self.params.offset_sectors * SECTOR_SIZE
     }
@@ -420,6 +430,10 @@ impl CryptTarget {
         }
         match &self.engine {
             Some(engine) if !self.params.flags.no_read_workqueue => engine.read(offset, buf),
+            _ if !self.split_policy().splits(buf.len()) => {
+                let t = self.transform(offset, Way::Decrypt);
+                self.dev.read_transformed(self.base() + offset, buf, &t)
+            }
             _ => {
                 self.dev.read_at(self.base() + offset, buf)?;
                 self.split_policy()
@@ -443,6 +457,11 @@ impl CryptTarget {
         let sector = offset / SECTOR_SIZE;
         let encrypt = |s: u64, b: &mut [u8]| self.cipher.encrypt(s, b);
         match data {
+            WriteData::Scratch(buf) if !self.split_policy().splits(buf.len()) => {
+                let t = self.transform(offset, Way::Encrypt);
+                self.dev
+                    .write_transformed(self.base() + offset, buf, &t, flags)
+            }
             WriteData::Scratch(buf) => {
                 self.split_policy().run(buf, sector, encrypt)?;
                 self.dev.write_at_scratch(self.base() + offset, buf, flags)

@@ -35,6 +35,11 @@ impl SplitPolicy {
         }
     }
 
+    /// Whether a request of `len` bytes is split.
+    pub(crate) fn splits(&self, len: usize) -> bool {
+        matches!(self, SplitPolicy::Above(n) if len >= *n && len >= 2 * PIECE_MIN)
+    }
+
     /// Runs `op(sector, piece)` over `buf` (starting at 512-byte `sector`), split per policy.
     pub(crate) fn run(
         &self,
@@ -43,9 +48,7 @@ impl SplitPolicy {
         op: impl Fn(u64, &mut [u8]) -> Result<(), CipherError> + Sync,
     ) -> io::Result<()> {
         match self {
-            SplitPolicy::Above(n) if buf.len() >= *n && buf.len() >= 2 * PIECE_MIN => {
-                run_split(buf, sector, &op).map_err(cipher_io)
-            }
+            _ if self.splits(buf.len()) => run_split(buf, sector, &op).map_err(cipher_io),
             _ => op(sector, buf).map_err(cipher_io),
         }
     }

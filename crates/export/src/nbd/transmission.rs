@@ -422,14 +422,17 @@ fn write_chunk(
     write_two(w, &header, data)
 }
 
-/// Writes a header and a payload, coalescing small payloads into one system call.
+/// Writes a header and a payload with one system call where the socket takes them whole.
 fn write_two(w: &mut impl Write, header: &[u8], data: &[u8]) -> io::Result<()> {
-    if data.len() <= 4096 {
-        let mut msg = Vec::with_capacity(header.len() + data.len());
-        msg.extend_from_slice(header);
-        msg.extend_from_slice(data);
-        return w.write_all(&msg);
+    let mut parts = [io::IoSlice::new(header), io::IoSlice::new(data)];
+    let mut slices = &mut parts[..];
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
-    w.write_all(header)?;
-    w.write_all(data)
+    Ok(())
 }
