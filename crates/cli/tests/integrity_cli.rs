@@ -339,6 +339,9 @@ fn fio_job(sock: &Path, verify_only: bool) -> Command {
     fio
 }
 
+/// (image, open arguments, what the kernel wrote at offset 0 if anything)
+type Case<'a> = (PathBuf, Vec<&'a str>, Option<Vec<u8>>);
+
 fn open_nbd(img: &Path, name: &str, sock: &Path, args: &[&str]) -> Served {
     run_ok(
         cryptblk()
@@ -388,7 +391,7 @@ fn kernel_and_cryptblk_devices_serve_over_nbd_with_fio_verify() {
     let tail = tail_over_head[(256 << 10) - 8192..].to_vec();
     tail_over_head[..8192].copy_from_slice(&tail);
     // (image, open arguments, what the kernel wrote at 0)
-    let cases: Vec<(PathBuf, Vec<&str>, Option<Vec<u8>>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             dm_fixture("h-xxhash64", dir.path()),
             vec!["--integrity", "xxhash64"],
@@ -496,7 +499,7 @@ fn status_reports_fields_and_counts_mismatches() {
     // the same rounded figure).
     let journal = v["journal_size"].as_u64().unwrap();
     assert!(
-        journal > 0 && journal <= 262144 && journal % 512 == 0,
+        journal > 0 && journal <= 262144 && journal.is_multiple_of(512),
         "{v}"
     );
     assert_eq!(v["journal_watermark"], 50);
