@@ -618,3 +618,86 @@ fn cryptblk_superblocks_match_the_kernels() {
         assert_eq!(ours, kernel, "{name}");
     }
 }
+
+/// `--dump-volume-key` and key management on a cryptsetup-made integrity volume: the key
+/// cryptsetup prints, and a keyslot cryptblk adds that cryptsetup opens (the keyslot stores
+/// encryption + integrity key and is encrypted with aes-xts-plain64, as cryptsetup does for
+/// integrity segments).
+#[test]
+fn volume_key_and_new_keyslot_on_cryptsetup_integrity_volume() {
+    let Some(mut cs) = cryptsetup() else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, FIXTURE_KEY).unwrap();
+    let new_key = dir.path().join("new");
+    std::fs::write(&new_key, b"a second passphrase").unwrap();
+    let img = dir.path().join("v.img");
+    let out = Command::new("xz")
+        .arg("-dc")
+        .arg(fixtures().join("xts-random-hmac-sha256-4096-legacy.img.xz"))
+        .output()
+        .unwrap();
+    std::fs::write(&img, &out.stdout).unwrap();
+    let vk_args = |c: &mut Command| {
+        c.args(["luksDump", "--dump-volume-key", "-q", "--key-file"])
+            .arg(&key)
+            .arg(&img);
+    };
+    let mut ours = cryptblk();
+    vk_args(&mut ours);
+    let mut theirs = cryptsetup().unwrap();
+    vk_args(&mut theirs);
+    let ours = run_ok(&mut ours, b"");
+    assert_eq!(ours, run_ok(&mut theirs, b""));
+    assert!(ours.contains("MK bits:       \t512\n"), "{ours}");
+
+    // A second keyslot (the fixture's keyslots area holds only one: use a fresh volume).
+    let img2 = dir.path().join("v2.img");
+    sparse_file(&img2, 32 << 20);
+    run_ok(
+        cryptblk()
+            .args([
+                "luksFormat",
+                "--type",
+                "luks2",
+                "-q",
+                "-c",
+                "aes-xts-random",
+            ])
+            .args([
+                "--integrity",
+                "hmac-sha512",
+                "-s",
+                "256",
+                "--integrity-no-wipe",
+            ])
+            .args(FAST)
+            .arg("-d")
+            .arg(&key)
+            .arg(&img2),
+        b"",
+    );
+    run_ok(
+        cryptblk()
+            .args(["luksAddKey", "-q", "--key-file"])
+            .arg(&key)
+            .args(FAST)
+            .arg(&img2)
+            .arg(&new_key),
+        b"",
+    );
+    run_ok(
+        cs.args(["open", "--test-passphrase", "--key-file"])
+            .arg(&new_key)
+            .arg(&img2),
+        b"",
+    );
+    let dump = run_ok(cryptblk().arg("luksDump").arg(&img2), b"");
+    assert_eq!(
+        dump,
+        run_ok(cryptsetup().unwrap().arg("luksDump").arg(&img2), b"")
+    );
+    let slot1 = dump.split("  1: luks2").nth(1).expect("keyslot 1");
+    assert!(slot1.contains("\tKey:        768 bits\n"), "{dump}");
+    assert!(slot1.contains("\tCipher:     aes-xts-plain64\n"), "{dump}");
+}
