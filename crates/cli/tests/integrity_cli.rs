@@ -542,6 +542,27 @@ fn status_reports_fields_and_counts_mismatches() {
         text.contains(&format!("  journal size: {journal} bytes\n")),
         "{text}"
     );
+    drop(_s);
+
+    // Recovery mode (-R): no tag checks, read-only; the corrupted block reads.
+    let _r = open_nbd(&img, "t-int-rec", &sock, &["--integrity-recovery-mode"]);
+    run_ok(
+        Command::new("nbdcopy")
+            .arg(uri(&sock))
+            .arg(dir.path().join("y.bin")),
+        b"",
+    );
+    let v: serde_json::Value = serde_json::from_str(
+        run_ok(
+            cryptblk().args(["integrity", "status", "--json", "t-int-rec"]),
+            b"",
+        )
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(v["journal_mode"], "recovery", "{v}");
+    assert_eq!(v["recovery"], true);
+    assert_eq!(v["mode"], "readonly");
 }
 
 #[test]
@@ -649,4 +670,85 @@ fn bad_input_names_the_problem_with_integritysetups_exit_code() {
             String::from_utf8_lossy(&theirs.stderr)
         );
     }
+}
+
+/// `veritysetup dump` as field -> value (`Salt:` etc., tabs and spaces trimmed).
+fn verity_dump_fields(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn verity_status_and_close_on_a_veritysetup_tree() {
+    let (Some(mut vs), Some(_)) = (tool("veritysetup"), tool("nbdcopy")) else {
+        return;
+    };
+    let dir = tempdir();
+    let data = dir.path().join("data.img");
+    let want = write_pattern(&data, 4 << 20, 9);
+    let hash = dir.path().join("data.hash");
+    let out = run_ok(vs.arg("format").arg(&data).arg(&hash), b"");
+    let root = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Root hash:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let dump = verity_dump_fields(&run_ok(
+        Command::new("veritysetup").arg("dump").arg(&hash),
+        b"",
+    ));
+    let sock = dir.path().join("v.sock");
+    run_ok(
+        cryptblk()
+            .args(["verity", "open"])
+            .arg(&data)
+            .arg("t-ver-st")
+            .arg(&hash)
+            .arg(&root)
+            .arg("--nbd")
+            .arg(&sock),
+        b"",
+    );
+    let served = Served("t-ver-st".into());
+    let copy = dir.path().join("copy.bin");
+    run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&copy), b"");
+    assert!(std::fs::read(&copy).unwrap() == want, "verity read differs");
+    let v: serde_json::Value = serde_json::from_str(
+        run_ok(
+            cryptblk().args(["verity", "status", "--json", "t-ver-st"]),
+            b"",
+        )
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(v["type"], "VERITY");
+    assert_eq!(v["status"], "verified");
+    assert_eq!(v["root_hash"], root);
+    assert_eq!(v["salt"], dump["Salt"], "{v}");
+    assert_eq!(v["hash_name"], dump["Hash algorithm"]);
+    assert_eq!(v["hash_type"].to_string(), dump["Hash type"]);
+    assert_eq!(v["data_block"].to_string(), dump["Data block size"]);
+    assert_eq!(v["hash_block"].to_string(), dump["Hash block size"]);
+    assert_eq!(
+        v["size"].as_u64().unwrap() / 8,
+        dump["Data blocks"].parse::<u64>().unwrap(),
+        "size in sectors vs data blocks"
+    );
+    assert_eq!(v["mode"], "readonly");
+    let text = run_ok(cryptblk().args(["verity", "status", "t-ver-st"]), b"");
+    assert!(
+        text.starts_with("/dev/mapper/t-ver-st is active.\n"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("  root hash:   {root}\n")), "{text}");
+    // close ends the daemon: status then reports the device as inactive (exit 4).
+    run_ok(cryptblk().args(["verity", "close", "t-ver-st"]), b"");
+    std::mem::forget(served);
+    let out = run(cryptblk().args(["verity", "status", "t-ver-st"]), b"");
+    assert_eq!(out.status.code(), Some(4));
 }
