@@ -55,7 +55,23 @@ fn cipher_and_key_bytes(opts: &Opts) -> Result<(String, usize), Failure> {
 }
 
 /// Formats `dev` (a header device) and returns the volume key and data offset in bytes.
+/// Refuses `--integrity`: only `luksFormat` also formats the data device's integrity layer.
 pub fn format_on(
+    opts: &Opts,
+    dev: &dyn HeaderIo,
+    passphrase: &[u8],
+) -> Result<(SecretBytes, u64), Failure> {
+    if opts.integrity.integrity.is_some() {
+        return Err(Failure::usage(
+            "Integrity option cannot be used with this action (only luksFormat formats the \
+             integrity layer).",
+        ));
+    }
+    format_header(opts, dev, passphrase)
+}
+
+/// [`format_on`] for `luksFormat`, which may write an integrity-protected segment.
+fn format_header(
     opts: &Opts,
     dev: &dyn HeaderIo,
     passphrase: &[u8],
@@ -151,7 +167,7 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         std::fs::File::create(header)?;
     }
     let f = volume::open_file(header, true)?;
-    let (vk, _) = format_on(opts, &f, pass.as_bytes())?;
+    let (vk, _) = format_header(opts, &f, pass.as_bytes())?;
     if opts.integrity.integrity.is_some() {
         let h = Luks2Header::read(&f)?;
         super::luks_integrity::format_data(opts, &h, &vk, device)?;
