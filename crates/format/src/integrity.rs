@@ -30,8 +30,16 @@ const FLAG_NAMES: [(u32, &str); 5] = [
     (0x8, "fix_padding"),
     (0x10, "fix_hmac"),
 ];
-/// `recalculating` flag bit.
+/// A journal MAC is in use.
+pub const FLAG_HAVE_JOURNAL_MAC: u32 = 0x1;
+/// Tags are being recalculated; `recalc_sector` says how far.
 pub const FLAG_RECALCULATING: u32 = 0x2;
+/// Bitmap mode left dirty bits.
+pub const FLAG_DIRTY_BITMAP: u32 = 0x4;
+/// Metadata runs padded to 4 KiB instead of the legacy 128 KiB.
+pub const FLAG_FIXED_PADDING: u32 = 0x8;
+/// HMACs cover the superblock salt and sector numbers (`fix_hmac`).
+pub const FLAG_FIXED_HMAC: u32 = 0x10;
 
 /// A decoded dm-integrity superblock.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -116,6 +124,28 @@ impl IntegritySuperblock {
         b[32..40].copy_from_slice(&self.recalc_sector.to_le_bytes());
         b[48..64].copy_from_slice(&self.salt);
         b
+    }
+
+    /// Whether `b` starts with the superblock magic (a device the kernel would format
+    /// rather than open).
+    pub fn has_magic(b: &[u8]) -> bool {
+        b.starts_with(INTEGRITY_MAGIC)
+    }
+
+    /// Sets `version` from the features in use, as the kernel does before each write:
+    /// the lowest version that can describe them.
+    pub fn set_version(&mut self, bitmap_mode: bool, meta_dev: bool) {
+        self.version = if self.flags & FLAG_FIXED_HMAC != 0 {
+            5
+        } else if self.flags & FLAG_FIXED_PADDING != 0 {
+            4
+        } else if bitmap_mode || self.flags & FLAG_DIRTY_BITMAP != 0 {
+            3
+        } else if meta_dev || self.flags & FLAG_RECALCULATING != 0 {
+            2
+        } else {
+            1
+        };
     }
 
     /// Reads the superblock at sector `start` of `io`.

@@ -320,7 +320,7 @@ impl IntegrityTarget {
         mdev.read_at(cfg.start * SECTOR_SIZE, &mut sb_area)
             .map_err(|e| io_err("Error reading superblock", e))?;
         let mut should_write_sb = false;
-        let mut sb = match Superblock::parse(&sb_area).map_err(|e| e.to_string())? {
+        let mut sb = match superblock::parse(&sb_area).map_err(|e| e.to_string())? {
             Some(sb) => sb,
             None => {
                 if cfg.mode != IntegrityMode::Recovery && sb_area.iter().any(|&b| b != 0) {
@@ -563,7 +563,7 @@ impl IntegrityTarget {
             .set_version(self.cfg.mode == IntegrityMode::Bitmap, self.meta.is_some());
         self.mdev().write_at(
             self.cfg.start * SECTOR_SIZE,
-            &st.sb.to_bytes(),
+            &superblock::encode(&st.sb),
             WriteFlags { fua: true },
         )?;
         self.mdev().flush()
