@@ -1,5 +1,5 @@
 //! Cross-check of the authenticated sector ciphers against pyca/cryptography (an
-//! independent AES-GCM, ChaCha20-Poly1305, HMAC, AES-XTS and AES-CBC): sectors sealed by
+//! independent AES-GCM, AES-CCM, ChaCha20-Poly1305, HMAC, AES-XTS and AES-CBC): sectors sealed by
 //! cryptblk are opened by a small Python model of dm-crypt's AEAD layout (tuple = tag ||
 //! stored IV; associated data = le64 sector || IV; authenc = HMAC(auth key, AD ||
 //! ciphertext) truncated; ESSIV salt = H(enc key || auth key)), and the reverse direction
@@ -13,13 +13,13 @@ use std::process::Command;
 
 const MODEL: &str = r#"
 import sys, hmac, hashlib
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESCCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 spec, key, ss, tuple_size, sector, ct, meta, plain = sys.argv[1:]
 key, ct, meta, plain = (bytes.fromhex(x) for x in (key, ct, meta, plain))
 ss, tuple_size, sector = int(ss), int(tuple_size), int(sector)
 alg, ivmode = spec[len('capi:'):].rsplit('-', 1)
-ivlen = 12 if alg in ('gcm(aes)', 'rfc7539(chacha20,poly1305)') else 16
+ivlen = {'gcm(aes)': 12, 'rfc7539(chacha20,poly1305)': 12, 'rfc4309(ccm(aes))': 8}.get(alg, 16)
 stored = ivlen if ivmode == 'random' else 0
 taglen = tuple_size - stored
 out = b''
@@ -32,6 +32,9 @@ for k in range(len(ct) // ss):
         iv = s.to_bytes(8, 'little') + bytes(ivlen - 8)
     if alg == 'gcm(aes)':
         p = AESGCM(key).decrypt(iv, c + tag, s.to_bytes(8, 'little') + iv)
+    elif alg == 'rfc4309(ccm(aes))':
+        # RFC 4309: nonce = 3-byte salt (key tail) || IV; the trailing IV is not in the AAD.
+        p = AESCCM(key[:-3], tag_length=16).decrypt(key[-3:] + iv, c + tag, s.to_bytes(8, 'little'))
     elif alg == 'rfc7539(chacha20,poly1305)':
         p = ChaCha20Poly1305(key).decrypt(iv, c + tag, s.to_bytes(8, 'little') + iv)
     else:
@@ -73,7 +76,9 @@ fn pyca_opens_what_cryptblk_sealed() {
     if !python_ok() {
         return;
     }
-    let cases: [(&str, usize, usize, usize); 7] = [
+    let cases: [(&str, usize, usize, usize); 9] = [
+        ("capi:rfc4309(ccm(aes))-random", 19, 24, 512),
+        ("capi:rfc4309(ccm(aes))-random", 35, 24, 4096),
         ("capi:gcm(aes)-random", 32, 28, 512),
         ("capi:gcm(aes)-random", 16, 28, 4096),
         ("capi:rfc7539(chacha20,poly1305)-random", 32, 28, 512),
@@ -95,6 +100,7 @@ fn pyca_opens_what_cryptblk_sealed() {
             iv_large_sectors: false,
             tuple_size: tuple,
             authenticated: true,
+            integrity_key_size: None,
         };
         let c = open_aead_cipher(spec, &key, &opts).unwrap_or_else(|e| panic!("{spec}: {e}"));
         let plain: Vec<u8> = (0..2 * ss).map(|i| (i % 251) as u8).collect();

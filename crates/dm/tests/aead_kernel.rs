@@ -42,12 +42,15 @@ const FIXTURES: [(&str, usize, bool); 9] = [
 
 /// Stacks made with plain dmsetup tables in the lab (lab-guest-dmsetup.sh) for options
 /// cryptsetup does not emit: (fixture, authenticated). Each holds pattern (256 KiB) at 0.
-const DMSETUP_FIXTURES: [(&str, bool); 5] = [
+const DMSETUP_FIXTURES: [(&str, bool); 8] = [
     ("d-chacha-plain64-ivoffset", true),
     ("d-gcm-random-tag12", true),
     ("d-xts-random-none", false),
     ("d-chacha-plain64-4k-large", true),
     ("d-hmac-sha1-xts-plain64-ivoffset", true),
+    ("d-hmac-sha256-xts-plain64-keysize33", true),
+    ("d-ccm-random", true),
+    ("d-aegis128-random", true),
 ];
 
 fn fixtures() -> PathBuf {
@@ -221,7 +224,8 @@ fn kernel_tables_read_kernel_images() {
 fn dmsetup_tables_read_kernel_stacks() {
     // iv_offset (in the IV, not in the associated data), a truncated 12-byte GCM tag,
     // integrity:16:none (stored random IVs, nothing authenticated), iv_large_sectors with
-    // 4096-byte sectors, HMAC-SHA1 (20-byte tag) over XTS.
+    // 4096-byte sectors, HMAC-SHA1 (20-byte tag) over XTS, a 33-byte HMAC key
+    // (integrity_key_size:33), AES-CCM (rfc4309) and AEGIS-128 as cryptsetup names them.
     let dir = common::temp_dir("aead-dmsetup");
     let want = pattern("pattern", 256 << 10);
     for (name, authenticated) in DMSETUP_FIXTURES {
@@ -233,6 +237,16 @@ fn dmsetup_tables_read_kernel_stacks() {
         m.read_at(0, &mut got)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(got == want, "{name}: pattern differs");
+        let (_, crypt) = kernel_tables(name);
+        assert_eq!(
+            m.table(true).trim().split(' ').skip(3).collect::<Vec<_>>(),
+            crypt
+                .replacen(" 254:0 ", " kaead_dif ", 1)
+                .split(' ')
+                .skip(3)
+                .collect::<Vec<_>>(),
+            "{name}: crypt table"
+        );
         let bs = m.logical_block_size() as u64;
         let mut last = vec![0u8; bs as usize];
         let r = m.read_at(m.size() - bs, &mut last);
@@ -252,7 +266,11 @@ fn dmsetup_tables_read_kernel_stacks() {
 #[test]
 fn flipped_data_tag_or_iv_bits_fail_with_eilseq() {
     let dir = common::temp_dir("aead-flip");
-    for (name, _, _) in FIXTURES {
+    let authenticated = FIXTURES
+        .iter()
+        .map(|f| f.0)
+        .chain(DMSETUP_FIXTURES.iter().filter(|f| f.1).map(|f| f.0));
+    for name in authenticated {
         let img = unpack(name, &dir);
         // Where logical sector 8 (a whole block in both sector sizes) keeps data and tag.
         let reg = Registry::new();
@@ -272,10 +290,8 @@ fn flipped_data_tag_or_iv_bits_fail_with_eilseq() {
                 .as_any()
                 .downcast_ref::<CryptTarget>()
                 .unwrap();
-            (
-                c.flags().sector_size as usize,
-                !name.contains("plain64") && !name.contains("essiv"),
-            )
+            // Random IVs are the stored ones (last bytes of the tuple).
+            (c.flags().sector_size as usize, name.contains("random"))
         });
         close(&reg);
         let pristine = std::fs::read(&img).unwrap();

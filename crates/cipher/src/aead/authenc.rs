@@ -4,7 +4,7 @@
 //! (`integrity:<n>:none`) only the cipher runs.
 //!
 //! The table key is `enc key || auth key`, the auth key as long as H's digest (dm-crypt's
-//! `key_mac_size`).
+//! `key_mac_size`) or `integrity_key_size:<bytes>` when the table gives it.
 
 use super::{AeadPrimitive, EssivInput};
 use crate::hash::HashAlgorithm;
@@ -100,10 +100,21 @@ pub(crate) struct Authenc {
 }
 
 impl Authenc {
-    /// Splits the table key and keys both parts; `None` if the sizes do not fit.
-    pub(crate) fn new(mac: Option<HashAlgorithm>, mode: Mode, key: &[u8]) -> Option<Self> {
+    /// Splits the table key (the auth key is `auth_key_len` bytes, by default the digest
+    /// size) and keys both parts; `None` if the sizes do not fit.
+    pub(crate) fn new(
+        mac: Option<HashAlgorithm>,
+        mode: Mode,
+        key: &[u8],
+        auth_key_len: Option<usize>,
+    ) -> Option<Self> {
         let mac_len = mac.map_or(0, HashAlgorithm::output_len);
-        let enc_len = key.len().checked_sub(mac_len)?;
+        let auth_len = if mac.is_some() {
+            auth_key_len.unwrap_or(mac_len)
+        } else {
+            0
+        };
+        let enc_len = key.len().checked_sub(auth_len)?;
         let (ek, ak) = key.split_at(enc_len);
         let enc = match (mode, ek.len()) {
             (Mode::Xts, 32 | 48 | 64) => {

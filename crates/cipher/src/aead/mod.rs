@@ -9,7 +9,7 @@
 //!   relative to the start of the mapping, without `iv_offset`) followed by the IV.
 //! - With 4096-byte sectors, one tuple and one AEAD operation cover the whole sector.
 //! - `authenc(hmac(H),mode(cipher))` takes the table key as `enc key || auth key`, the auth
-//!   key being as long as H's digest; the tag is HMAC(auth key, AD || ciphertext),
+//!   key being as long as H's digest unless the table sets `integrity_key_size:<bytes>`; the tag is HMAC(auth key, AD || ciphertext),
 //!   truncated to the tag size. The kernel hands the crypto API an rtattr-framed blob built
 //!   from those two parts, which is an in-kernel detail: the table carries the plain
 //!   concatenation.
@@ -20,10 +20,13 @@
 //!   authenticates nothing.
 //!
 //! AES-GCM and ChaCha20-Poly1305 run on AWS-LC; authenc on RustCrypto (HMAC, AES-XTS,
-//! AES-CBC with an explicit IV, which the IV-deriving [`crate::SectorCipher`] cannot take).
+//! AES-CBC with an explicit IV, which the IV-deriving [`crate::SectorCipher`] cannot take);
+//! `rfc4309(ccm(aes))` on RustCrypto's `ccm`; `aegis128` is written here (see [`aegis`]).
 
+mod aegis;
 mod authenc;
 mod awslc_aead;
+mod ccm;
 
 use crate::hash::HashAlgorithm;
 use crate::CipherError;
@@ -56,6 +59,9 @@ pub struct AeadOptions {
     pub tuple_size: usize,
     /// `aead` (true) or `none` (false: the tuple only stores IVs).
     pub authenticated: bool,
+    /// HMAC key length for `authenc` (the table's `integrity_key_size:<bytes>`); `None` =
+    /// the digest size, the kernel's default.
+    pub integrity_key_size: Option<usize>,
 }
 
 /// Encryption of whole sectors with a per-sector authentication tag and (for random IVs) a
@@ -184,6 +190,8 @@ impl IvSource {
 enum Algorithm {
     Gcm,
     ChaCha20Poly1305,
+    Ccm,
+    Aegis128,
     Authenc {
         mac: Option<HashAlgorithm>,
         mode: authenc::Mode,
@@ -208,6 +216,10 @@ fn parse_spec(spec: &str, authenticated: bool) -> Result<(Algorithm, String), Ci
         Algorithm::Gcm
     } else if alg == "rfc7539(chacha20,poly1305)" {
         Algorithm::ChaCha20Poly1305
+    } else if alg == "rfc4309(ccm(aes))" {
+        Algorithm::Ccm
+    } else if alg == "aegis128" {
+        Algorithm::Aegis128
     } else if let Some(args) = inner(alg, "authenc(") {
         // authenc(hmac(<hash>),<mode>(aes))
         let (mac, enc) = args.split_once("),").ok_or_else(unknown)?;
@@ -258,9 +270,11 @@ pub fn open_aead_cipher(
         Algorithm::ChaCha20Poly1305 => {
             Box::new(awslc_aead::AwsLcAead::chacha20_poly1305(key).ok_or_else(key_error)?)
         }
-        Algorithm::Authenc { mac, mode } => {
-            Box::new(authenc::Authenc::new(mac, mode, key).ok_or_else(key_error)?)
-        }
+        Algorithm::Ccm => Box::new(ccm::Rfc4309Ccm::new(key).ok_or_else(key_error)?),
+        Algorithm::Aegis128 => Box::new(aegis::Aegis128::new(key).ok_or_else(key_error)?),
+        Algorithm::Authenc { mac, mode } => Box::new(
+            authenc::Authenc::new(mac, mode, key, opts.integrity_key_size).ok_or_else(key_error)?,
+        ),
     };
     let iv_size = prim.iv_size();
     let iv = match ivmode.split_once(':') {
@@ -459,6 +473,7 @@ mod tests {
             iv_large_sectors: false,
             tuple_size: tuple,
             authenticated: true,
+            integrity_key_size: None,
         }
     }
 

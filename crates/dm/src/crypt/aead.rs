@@ -123,6 +123,7 @@ pub(super) fn new_target(
         iv_large_sectors: params.flags.iv_large_sectors,
         tuple_size: integrity.tuple_size as usize,
         authenticated: integrity.kind == IntegrityKind::Aead,
+        integrity_key_size: params.flags.integrity_key_size.map(|n| n as usize),
     };
     let aead = open_aead_cipher(&params.cipher_spec, params.key.as_bytes(), &opts)?;
     // The kernel's integrity-profile checks of the device below.

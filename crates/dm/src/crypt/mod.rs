@@ -56,6 +56,9 @@ pub struct CryptFlags {
     /// Per-sector metadata from the device below (`integrity:<bytes>:<type>`): authenticated
     /// encryption over dm-integrity.
     pub integrity: Option<CryptIntegrity>,
+    /// HMAC key bytes of an `authenc` cipher when they differ from the digest size
+    /// (`integrity_key_size:<bytes>`, cryptsetup's `--integrity-key-size`).
+    pub integrity_key_size: Option<u32>,
 }
 
 impl Default for CryptFlags {
@@ -69,6 +72,7 @@ impl Default for CryptFlags {
             sector_size: SECTOR_SIZE as u32,
             iv_large_sectors: false,
             integrity: None,
+            integrity_key_size: None,
         }
     }
 }
@@ -106,6 +110,15 @@ impl CryptFlags {
                     }
                     f.sector_size = n;
                 }
+                s if s.starts_with("integrity_key_size:") => {
+                    let v = &s["integrity_key_size:".len()..];
+                    let n: u32 = v
+                        .parse()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| format!("invalid integrity_key_size '{v}'"))?;
+                    f.integrity_key_size = Some(n);
+                }
                 s if s.starts_with("integrity:") => f.integrity = Some(CryptIntegrity::parse(s)?),
                 other => return Err(format!("invalid feature argument '{other}'")),
             }
@@ -136,6 +149,11 @@ impl CryptFlags {
         }
         if let Some(i) = &self.integrity {
             v.push(i.to_string());
+        }
+        // Seen right after integrity:<n>:aead in the kernel's table (6.12); its place
+        // relative to sector_size is not verified.
+        if let Some(n) = self.integrity_key_size {
+            v.push(format!("integrity_key_size:{n}"));
         }
         if self.sector_size != SECTOR_SIZE as u32 {
             v.push(format!("sector_size:{}", self.sector_size));

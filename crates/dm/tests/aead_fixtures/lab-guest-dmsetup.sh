@@ -11,7 +11,7 @@
 # Made by make-dmsetup-fixtures.sh; the check runs in aead_kernel's lab test.
 set -u
 modprobe loop; modprobe dm-crypt; modprobe dm-integrity
-modprobe gcm 2>/dev/null; modprobe chacha20poly1305 2>/dev/null; modprobe xts 2>/dev/null
+for m in gcm chacha20poly1305 xts ccm aegis128 authenc; do modprobe $m 2>/dev/null; done
 LOSETUP=/usr/sbin/losetup
 W=/tmp/aeaddm; mkdir -p $W; cp "$LAB_OUT"/pattern.bin $W/; cd $W
 
@@ -46,7 +46,7 @@ K32=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
 K64=${K32}202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f
 
 # NAME TUPLE BLOCK_SIZE CIPHER KEY IV_OFFSET CRYPT_OPTS...
-stack() {
+stack_make() {
     name=$1 tuple=$2 bs=$3 cipher=$4 key=$5 ivoff=$6; shift 6
     truncate -s 2M "d-$name.img"
     dev=$($LOSETUP -f --show "d-$name.img")
@@ -72,12 +72,40 @@ stack() {
     dmsetup remove dcrypt; dmsetup remove dint; $LOSETUP -d $dev
 }
 
+# With arguments, only the named stacks are made (and the LUKS2 name probes when "probe").
+ONLY="$*"
+want() { [ -z "$ONLY" ] || case " $ONLY " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+stack() { want "$1" && stack_make "$@"; return 0; }
+
 stack chacha-plain64-ivoffset 16 512 'capi:rfc7539(chacha20,poly1305)-plain64' $K32 100 integrity:16:aead
 stack gcm-random-tag12 24 512 'capi:gcm(aes)-random' $K32 0 integrity:24:aead
 stack xts-random-none 16 512 'capi:xts(aes)-random' $K64 0 integrity:16:none
 stack chacha-plain64-4k-large 16 4096 'capi:rfc7539(chacha20,poly1305)-plain64' $K32 64 integrity:16:aead sector_size:4096 iv_large_sectors
 stack hmac-sha1-xts-plain64-ivoffset 20 512 'capi:authenc(hmac(sha1),xts(aes))-plain64' ${K64}${K32%????????????????????????} 8 integrity:20:aead
-cp d-*.img d-*.tables "$LAB_OUT"/ 2>/dev/null
+K33=${K32}20
+stack hmac-sha256-xts-plain64-keysize33 32 512 'capi:authenc(hmac(sha256),xts(aes))-plain64' ${K64}${K33} 0 integrity:32:aead integrity_key_size:33
+stack ccm-random 24 512 'capi:rfc4309(ccm(aes))-random' ${K32%????????????????????????????????}202122 0 integrity:24:aead
+stack aegis128-random 32 512 'capi:aegis128-random' ${K32%????????????????????????????????} 0 integrity:32:aead
+
+# Which kernel names cryptsetup uses for the LUKS2 AEAD ciphers not in lab-guest.sh.
+if want probe; then
+    printf 'p' > pk
+    for c in "aes-ccm-random aead 152" "aegis128-random aead 128" "aes-xts-plain64 hmac-sha256 512"; do
+        set -- $c
+        truncate -s 4M probe.img; rm -f probe.img; truncate -s 4M probe.img
+        ks=""; [ "$1" = aes-xts-plain64 ] && ks="--integrity-key-size 33"
+        if cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+                --luks2-metadata-size 16k --luks2-keyslots-size 1m --integrity-no-wipe --sector-size 512 \
+                --key-file pk -c $1 --integrity $2 -s $3 $ks probe.img > probe.log 2>&1 &&
+           cryptsetup open --disable-keyring --key-file pk probe.img kprobe >> probe.log 2>&1; then
+            echo "## $c $ks" >> d-luks-probe.txt; dmsetup table --showkeys >> d-luks-probe.txt
+            cryptsetup close kprobe
+        else
+            echo "## $c $ks FAILED: $(cat probe.log)" >> d-luks-probe.txt
+        fi
+    done
+fi
+cp d-*.img d-*.tables d-luks-probe.txt "$LAB_OUT"/ 2>/dev/null
 cp results.txt "$LAB_OUT"/results-dmsetup.txt
 cat results.txt
 for f in d-*.tables; do echo "== $f"; cat "$f"; done
