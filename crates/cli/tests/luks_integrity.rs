@@ -303,6 +303,46 @@ const VECTORS: &[(&str, &str, u32, u32, u64, &str)] = &[
         54776,
         "3f82eae753ff52a689ddc559c691bbdff838361bbe9a3ce8c7212e16e51b5dbe",
     ),
+    (
+        "aes-ccm-random",
+        "aead",
+        152,
+        512,
+        53848,
+        "288e5e9bc5be6c0bd2a74abbb72c7944da83198b5e3041dcf159e7ae250dafa8",
+    ),
+    (
+        "aegis128-random",
+        "aead",
+        128,
+        512,
+        52800,
+        "ee501705a084cd0ab6f4a28014bcf62b8bfa3434de00b82743c50b3abf06232c",
+    ),
+    (
+        "aes-xts-plain64",
+        "hmac-sha1",
+        512,
+        4096,
+        56496,
+        "7370c66a92708fb71b186931468be6aa9b26f4f88373b00b1c57360b9ee1304e",
+    ),
+    (
+        "aes-xts-random",
+        "hmac-sha1",
+        512,
+        4096,
+        56048,
+        "8c0463f5ac09613674bdf40b0ff6f985edbc3de04e51fdc688873cb333ef3cda",
+    ),
+    (
+        "aes-cbc-essiv:sha256",
+        "hmac-sha512",
+        256,
+        4096,
+        55912,
+        "9873d864fccb866521e79c9f0f75ad0c578d6bd7620399bbf4779e698c6e92fd",
+    ),
 ];
 
 fn format_like_vectors(
