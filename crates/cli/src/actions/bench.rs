@@ -53,6 +53,11 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
 /// stdout, or JSON), written to --markdown / --json-file when given.
 fn integrity_report(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> ActionResult {
     use cryptblk_bench::integrity::{self, IntegrityBenchOptions};
+    if a.transports.iter().any(|t| t != "inproc") || a.peers || a.live.is_some() {
+        return Err(Failure::usage(
+            "--integrity-report runs in process only (no --transport other than inproc, --peers or --live)",
+        ));
+    }
     let mut o = IntegrityBenchOptions {
         configs: a.configs.clone(),
         workloads: a.workloads.clone(),
