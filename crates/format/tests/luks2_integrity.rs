@@ -216,3 +216,79 @@ fn unsupported_integrity_combinations_are_refused() {
         assert!(!e.to_string().is_empty(), "{cipher} {integ}");
     }
 }
+
+/// Kernel-made images (crates/dm/tests/aead_fixtures, cryptsetup 2.6.1 + kernel 6.12, opened
+/// with `--disable-keyring` so `dmsetup table --showkeys` printed the key): the crypt line
+/// cryptblk builds from the header and the passphrase is the kernel's, byte for byte (key
+/// included), and the integrity line has the kernel's size, offset, tag size, mode and
+/// options.
+#[test]
+fn table_lines_equal_the_kernels_for_kernel_made_images() {
+    use cryptblk_format::integrity::IntegritySuperblock;
+    use cryptblk_format::luks2::UnlockPurpose;
+    let fixtures = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../dm/tests/aead_fixtures"
+    ));
+    let dir = Scratch::new("luks2-integrity-kernel");
+    let mut checked = 0;
+    for name in [
+        "gcm-random",
+        "gcm-random-4k",
+        "chacha20-random-poly1305",
+        "chacha20-plain64-poly1305",
+        "xts-plain64-hmac-sha256",
+        "xts-random-hmac-sha256",
+        "xts-random-hmac-sha256-4k",
+        "cbc-essiv-hmac-sha512",
+    ] {
+        let tables = std::fs::read_to_string(fixtures.join(format!("{name}.tables"))).unwrap();
+        let line = |prefix: &str| {
+            tables
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .unwrap_or_else(|| panic!("{name}: no '{prefix}' line"))
+                .to_string()
+        };
+        let (kernel_int, kernel_crypt) = (line("kaead_dif: "), line("kaead: "));
+        let img = dir.path(&format!("{name}.img"));
+        let out = std::process::Command::new("xz")
+            .arg("-dc")
+            .arg(fixtures.join(format!("{name}.img.xz")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: xz");
+        std::fs::write(&img, &out.stdout).unwrap();
+        let f = open_rw(&img);
+        let h = Luks2Header::read(&f).unwrap();
+        let vk = h
+            .unlock(&f, b"cryptblk-aead-fixture", None, UnlockPurpose::Activate)
+            .unwrap()
+            .key;
+        let l = h.integrity_layout().unwrap().expect("integrity segment");
+        let sb = IntegritySuperblock::read(&f, l.superblock_offset / 512).unwrap();
+        let ours_crypt = l
+            .crypt_table_line(&vk, "254:0", sb.provided_data_sectors, &[])
+            .unwrap();
+        if kernel_crypt.contains(":logon:") {
+            // Key in the kernel keyring: compare everything but the key field.
+            let o: Vec<&str> = ours_crypt.split_whitespace().collect();
+            let k: Vec<&str> = kernel_crypt.split_whitespace().collect();
+            assert_eq!(o.len(), k.len(), "{name}");
+            for i in (0..o.len()).filter(|&i| i != 4) {
+                assert_eq!(o[i], k[i], "{name}: crypt field {i}");
+            }
+        } else {
+            assert_eq!(ours_crypt, kernel_crypt, "{name}");
+        }
+        let ours_int = l.integrity_table_line("7:0", &sb, false).unwrap();
+        let o: Vec<&str> = ours_int.split_whitespace().collect();
+        let k: Vec<&str> = kernel_int.split_whitespace().collect();
+        assert_eq!(o[..7], k[..7], "{name}: {ours_int} vs {kernel_int}");
+        for opt in &o[8..] {
+            assert!(k[8..].contains(opt), "{name}: {opt} not in {kernel_int}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}

@@ -578,7 +578,8 @@ impl Luks2Header {
         let seg = self.default_segment()?;
         if let Some(i) = &seg.integrity {
             return Err(FormatError::Unsupported(format!(
-                "segment {} uses integrity '{i}' (dm-integrity is not supported here)",
+                "segment {} uses integrity '{i}': it is no single sector cipher (activate it \
+                 through Luks2Header::integrity_layout)",
                 seg.id
             )));
         }
@@ -611,7 +612,8 @@ impl Luks2Header {
         let seg = self.default_segment()?;
         if seg.integrity.is_some() {
             return Err(FormatError::Unsupported(
-                "segments with integrity are not supported".into(),
+                "a segment with integrity needs two tables (see Luks2Header::integrity_layout)"
+                    .into(),
             ));
         }
         let avail = device_size.checked_sub(seg.offset).ok_or_else(|| {
