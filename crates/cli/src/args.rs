@@ -209,6 +209,12 @@ pub struct IntegrityOpts {
     /// Recovery mode: read-only, tags not checked.
     #[arg(short = 'R', long, global = true)]
     pub integrity_recovery_mode: bool,
+    /// Bitmap mode: 512-byte sectors per bitmap bit.
+    #[arg(long, global = true)]
+    pub bitmap_sectors_per_bit: Option<u64>,
+    /// Bitmap mode: bitmap flush interval in milliseconds.
+    #[arg(long, global = true)]
+    pub bitmap_flush_time: Option<u32>,
     /// Format without `fix_padding` (the layout before kernel 5.4).
     #[arg(long, global = true)]
     pub integrity_legacy_padding: bool,

@@ -405,7 +405,17 @@ fn kernel_and_cryptblk_devices_serve_over_nbd_with_fio_verify() {
         (own.clone(), keyed.to_vec(), None),
         (
             own.clone(),
-            [&keyed[..], &["--integrity-bitmap-mode"]].concat(),
+            [
+                &keyed[..],
+                &[
+                    "--integrity-bitmap-mode",
+                    "--bitmap-sectors-per-bit",
+                    "65536",
+                    "--bitmap-flush-time",
+                    "500",
+                ],
+            ]
+            .concat(),
             None,
         ),
         (

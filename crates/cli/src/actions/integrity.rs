@@ -349,6 +349,19 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
             o.journal_commit_time.unwrap_or(10000)
         ));
     }
+    if letter == 'B' {
+        if let Some(n) = o.bitmap_sectors_per_bit {
+            if n == 0 || !n.is_power_of_two() {
+                return Err(Failure::usage(format!(
+                    "Invalid --bitmap-sectors-per-bit {n} (a power of two)."
+                )));
+            }
+            params.push(format!("sectors_per_bit:{n}"));
+        }
+        if let Some(ms) = o.bitmap_flush_time {
+            params.push(format!("bitmap_flush_interval:{ms}"));
+        }
+    }
     if sb.flags & FLAG_FIXED_PADDING != 0 {
         params.push("fix_padding".into());
     }
