@@ -10,6 +10,10 @@
 //!
 //! The direction's pipeline is chosen per request from the flags, so a table reload that
 //! flips flags (what `cryptsetup refresh --perf-no_*_workqueue` does) switches models.
+//!
+//! With `integrity:<bytes>:aead|none` (LUKS2 `--integrity`) the target runs authenticated
+//! encryption over a device that stores per-sector metadata (see the `aead` submodule);
+//! those requests always run inline.
 
 mod aead;
 pub mod queued;
@@ -206,7 +210,7 @@ pub struct CryptTarget {
     params: CryptParams,
     cipher: Arc<dyn SectorCipher>,
     /// The authenticated cipher when the table has `integrity:<n>:<type>`; I/O then goes
-    /// through [`aead`] (inline only) and `cipher` merely describes it.
+    /// through the `aead` submodule (inline only) and `cipher` merely describes it.
     aead: Option<Arc<dyn cryptblk_cipher::aead::AeadSectorCipher>>,
     dev: Arc<dyn BlockDevice>,
     len: u64,

@@ -51,6 +51,8 @@ stack_make() {
     truncate -s 2M "d-$name.img"
     dev=$($LOSETUP -f --show "d-$name.img")
     iopts=0; [ "$bs" != 512 ] && iopts="1 block_size:$bs"
+    # A journal large enough that a few journaled blocks stay below the watermark.
+    [ -n "${LIVE:-}" ] && iopts="1 journal_sectors:1024"
     dmsetup create dint --table "0 8 integrity $dev 0 $tuple J $iopts" || { echo "$name integrity FAILED" >> results.txt; $LOSETUP -d $dev; return; }
     provided=$(dmsetup status dint | cut -d' ' -f5)
     dmsetup remove dint
@@ -67,6 +69,17 @@ stack_make() {
         echo "# dmsetup ls:"; dmsetup ls
     } > "d-$name.tables"
     dd if=pattern.bin of=/dev/mapper/dcrypt bs=64k oflag=direct conv=fsync 2>/dev/null || echo "$name write FAILED" >> results.txt
+    if [ -n "${LIVE:-}" ]; then
+        # Then the pattern's last 8 KiB over its first 8 KiB, flushed: too little for the
+        # journal watermark, so it stays committed in the journal only. A copy of the file
+        # taken now needs a journal replay (with dm-crypt's tags in the journal entries).
+        # (512-byte writes: the kernel may write larger ones straight home.)
+        dd if=pattern.bin bs=8192 skip=$((PLEN / 8192 - 1)) count=1 2>/dev/null > tail.bin
+        # conv=fsync: the closing flush commits the journal section holding them.
+        dd if=tail.bin of=/dev/mapper/dcrypt bs=512 oflag=direct conv=fsync 2>/dev/null
+        sync; cp "d-$name.img" "d-$name-live.img"
+        cp "d-$name.tables" "d-$name-live.tables"
+    fi
     rd=$(dd if=/dev/mapper/dcrypt bs=64k count=$((PLEN / 65536)) iflag=direct 2>/dev/null | cmp - pattern.bin >/dev/null 2>&1 && echo OK || echo MISMATCH)
     echo "$name kernel stack made readback=$rd" >> results.txt
     dmsetup remove dcrypt; dmsetup remove dint; $LOSETUP -d $dev
@@ -86,6 +99,8 @@ K33=${K32}20
 stack hmac-sha256-xts-plain64-keysize33 32 512 'capi:authenc(hmac(sha256),xts(aes))-plain64' ${K64}${K33} 0 integrity:32:aead integrity_key_size:33
 stack ccm-random 24 512 'capi:rfc4309(ccm(aes))-random' ${K32%????????????????????????????????}202122 0 integrity:24:aead
 stack aegis128-random 32 512 'capi:aegis128-random' ${K32%????????????????????????????????} 0 integrity:32:aead
+
+want gcm-random-live && { LIVE=1 stack_make gcm-random-journal 28 512 'capi:gcm(aes)-random' $K32 0 integrity:28:aead; rm -f d-gcm-random-journal.img d-gcm-random-journal.tables; }
 
 # Which kernel names cryptsetup uses for the LUKS2 AEAD ciphers not in lab-guest.sh.
 if want probe; then
