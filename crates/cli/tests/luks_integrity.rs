@@ -343,6 +343,30 @@ const VECTORS: &[(&str, &str, u32, u32, u64, &str)] = &[
         55912,
         "9873d864fccb866521e79c9f0f75ad0c578d6bd7620399bbf4779e698c6e92fd",
     ),
+    (
+        "aes-ccm-random",
+        "aead",
+        280,
+        4096,
+        56496,
+        "7370c66a92708fb71b186931468be6aa9b26f4f88373b00b1c57360b9ee1304e",
+    ),
+    (
+        "aegis128-random",
+        "aead",
+        128,
+        4096,
+        56560,
+        "358d6beceddf593aff6b22c31684e0df9c226330aff5812e060950215217d21b",
+    ),
+    (
+        "aes-xts-essiv:sha256",
+        "hmac-sha512",
+        512,
+        4096,
+        55912,
+        "9873d864fccb866521e79c9f0f75ad0c578d6bd7620399bbf4779e698c6e92fd",
+    ),
 ];
 
 fn format_like_vectors(
@@ -405,13 +429,14 @@ fn cryptblk_formats_integrity_volumes_with_cryptsetups_sizes() {
     }
 }
 
-#[test]
-fn wiped_integrity_volume_reads_as_cryptsetups_zeros() {
+/// Formats (with the initial wipe) every row with `sector` bytes per sector, opens it and
+/// checks the exposed device's sha256 against cryptsetup's.
+fn check_wiped_rows(sector: u32) {
     let Some(_) = tool("nbdcopy") else { return };
     let dir = tempdir();
     let key = dir.path().join("key");
     std::fs::write(&key, b"vector key").unwrap();
-    for (i, row) in VECTORS.iter().enumerate() {
+    for (i, row) in VECTORS.iter().enumerate().filter(|(_, r)| r.3 == sector) {
         let what = format!("{} {} {}-byte sectors", row.0, row.1, row.3);
         let img = dir.path().join(format!("w{i}.img"));
         format_like_vectors(&img, &key, row, true);
@@ -429,6 +454,16 @@ fn wiped_integrity_volume_reads_as_cryptsetups_zeros() {
             "{what}: sha256 after the initial wipe"
         );
     }
+}
+
+#[test]
+fn wiped_integrity_volumes_read_as_cryptsetups_zeros_512() {
+    check_wiped_rows(512);
+}
+
+#[test]
+fn wiped_integrity_volumes_read_as_cryptsetups_zeros_4096() {
+    check_wiped_rows(4096);
 }
 
 #[test]
@@ -520,60 +555,89 @@ fn integrity_no_journal_opens_direct_mode() {
 
 #[test]
 fn integrity_key_size_in_bits_like_cryptsetup() {
-    let Some(_) = tool("nbdinfo") else { return };
+    let Some(_) = tool("nbdcopy") else { return };
     let dir = tempdir();
     let key = dir.path().join("key");
     std::fs::write(&key, b"vector key").unwrap();
-    let img = dir.path().join("k.img");
-    std::fs::write(&img, vec![0u8; 32 << 20]).unwrap();
-    // vectors.md 2B: aes-xts-plain64, -s 512, hmac-sha256 with a 264-bit integrity key,
-    // 512-byte sectors => 52800 exposed sectors.
-    run_ok(
-        cryptblk()
-            .args([
-                "luksFormat",
-                "--type",
-                "luks2",
-                "-q",
-                "-c",
-                "aes-xts-plain64",
-            ])
-            .args(["--integrity", "hmac-sha256", "--integrity-key-size", "264"])
-            .args([
-                "--integrity-legacy-padding",
-                "--sector-size",
-                "512",
-                "-s",
-                "512",
-            ])
-            .args(FAST)
-            .arg("-d")
-            .arg(&key)
-            .arg(&img)
-            .args(["--offset", "8192", "--integrity-no-wipe"]),
-        b"",
-    );
-    let dump = run_ok(cryptblk().arg("luksDump").arg(&img), b"");
-    assert!(
-        dump.contains("\tintegrity key size: 264 [bits]\n"),
-        "{dump}"
-    );
-    assert!(dump.contains("\tKey:        776 bits\n"), "{dump}");
-    // cryptsetup 2.6 reads the keyslot (it predates the key_size field, so no dump compare).
-    if let Some(mut cs) = cryptsetup() {
+    // vectors.md 2B rows with --integrity-key-size (aes-xts-plain64, -s 512, 512-byte
+    // sectors): hmac-sha256 with a 264-bit key, hmac-sha512 with a 792-bit key.
+    for (i, (integ, ikey, sectors, sum)) in [
+        (
+            "hmac-sha256",
+            264,
+            52800u64,
+            "ee501705a084cd0ab6f4a28014bcf62b8bfa3434de00b82743c50b3abf06232c",
+        ),
+        (
+            "hmac-sha512",
+            792,
+            48640,
+            "9040d276d8bfab30bbc4bf389e152e08c13ac6fa84d49d11c1bee6e1638fd8f1",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let img = dir.path().join(format!("k{i}.img"));
+        std::fs::write(&img, vec![0u8; 32 << 20]).unwrap();
         run_ok(
-            cs.args(["open", "--test-passphrase", "--key-file"])
+            cryptblk()
+                .args([
+                    "luksFormat",
+                    "--type",
+                    "luks2",
+                    "-q",
+                    "-c",
+                    "aes-xts-plain64",
+                ])
+                .args([
+                    "--integrity",
+                    integ,
+                    "--integrity-key-size",
+                    &ikey.to_string(),
+                ])
+                .args([
+                    "--integrity-legacy-padding",
+                    "--sector-size",
+                    "512",
+                    "-s",
+                    "512",
+                ])
+                .args(FAST)
+                .arg("-d")
                 .arg(&key)
-                .arg(&img),
+                .arg(&img)
+                .args(["--offset", "8192"]),
             b"",
         );
+        let dump = run_ok(cryptblk().arg("luksDump").arg(&img), b"");
+        assert!(
+            dump.contains(&format!("\tintegrity key size: {ikey} [bits]\n")),
+            "{dump}"
+        );
+        assert!(
+            dump.contains(&format!("\tKey:        {} bits\n", 512 + ikey)),
+            "{dump}"
+        );
+        // cryptsetup 2.6 opens the keyslot (it predates the key_size field: no dump compare).
+        if let Some(mut cs) = cryptsetup() {
+            run_ok(
+                cs.args(["open", "--test-passphrase", "--key-file"])
+                    .arg(&key)
+                    .arg(&img),
+                b"",
+            );
+        }
+        let sock = dir.path().join(format!("k{i}.sock"));
+        let map = format!("cbkey-{}-{i}", std::process::id() % 10000);
+        let served = open_nbd(&img, &key, &map, &sock);
+        let out = dir.path().join(format!("k{i}.out"));
+        run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
+        drop(served);
+        let data = std::fs::read(&out).unwrap();
+        assert_eq!(data.len() as u64, sectors * 512, "{integ}");
+        assert_eq!(sha256_hex(&data), sum, "{integ}: sha256 after the wipe");
     }
-    // The superblock cryptblk formatted provides the vectors' size.
-    let raw = std::fs::read(&img).unwrap();
-    let sb = &raw[8192 * 512..8192 * 512 + 64];
-    assert_eq!(&sb[..8], b"integrt\0");
-    let provided = u64::from_le_bytes(sb[16..24].try_into().unwrap());
-    assert_eq!(provided, 52800);
 }
 
 /// cryptblk formats the dm-integrity superblock (and journal geometry) as cryptsetup + the
