@@ -21,7 +21,7 @@ LAB_SHARE=$WORK LAB_TIMEOUT=${LAB_TIMEOUT:-900} "$LAB/run-in-vm.sh" "$HERE/lab-g
     { cat "$WORK/lab.log"; exit 1; }
 {
     echo "# cryptblk -> kernel ($(date -u +%Y-%m-%d), roundtrip.sh): cryptblk wrote pattern2 through"
-    echo "# the kernel's tables, the kernel read it with cryptsetup open"
+    echo "# the kernel's tables, the kernel read it (cryptsetup open; d-*: the recorded dmsetup tables)"
     grep '^ours-' "$WORK/results.txt"
     cat "$WORK/results-dmsetup-check.txt"
 } > "$WORK/rt.txt"
