@@ -434,10 +434,11 @@ impl CryptTarget {
         Ok(())
     }
 
-    fn transform(&self, offset: u64, way: Way) -> SectorTransform<'_> {
+    /// The cipher applied to a request starting at 512-byte `sector`.
+    fn transform(&self, sector: u64, way: Way) -> SectorTransform<'_> {
         SectorTransform {
             cipher: &*self.cipher,
-            sector: offset / SECTOR_SIZE,
+            sector,
             way,
         }
     }
@@ -452,15 +453,13 @@ impl CryptTarget {
         }
         match &self.engine {
             Some(engine) if !self.params.flags.no_read_workqueue => engine.read(offset, buf),
-            _ if !self.split_policy().splits(buf.len()) => {
-                let t = self.transform(offset, Way::Decrypt);
-                self.dev.read_transformed(self.base() + offset, buf, &t)
-            }
-            _ => {
-                self.dev.read_at(self.base() + offset, buf)?;
-                self.split_policy()
-                    .run(buf, offset / SECTOR_SIZE, |s, b| self.cipher.decrypt(s, b))
-            }
+            _ => self
+                .split_policy()
+                .run(buf, offset / SECTOR_SIZE, |s, piece| {
+                    let t = self.transform(s, Way::Decrypt);
+                    self.dev
+                        .read_transformed(self.base() + s * SECTOR_SIZE, piece, &t)
+                }),
         }
     }
 
@@ -477,17 +476,15 @@ impl CryptTarget {
             }
         }
         let sector = offset / SECTOR_SIZE;
-        let encrypt = |s: u64, b: &mut [u8]| self.cipher.encrypt(s, b);
+        // Encrypts straight into the device where it can (see `transform`), piece by piece
+        // across cores where the split policy says so.
+        let encrypt_into_device = |s: u64, piece: &mut [u8]| {
+            let t = self.transform(s, Way::Encrypt);
+            self.dev
+                .write_transformed(self.base() + s * SECTOR_SIZE, piece, &t, flags)
+        };
         match data {
-            WriteData::Scratch(buf) if !self.split_policy().splits(buf.len()) => {
-                let t = self.transform(offset, Way::Encrypt);
-                self.dev
-                    .write_transformed(self.base() + offset, buf, &t, flags)
-            }
-            WriteData::Scratch(buf) => {
-                self.split_policy().run(buf, sector, encrypt)?;
-                self.dev.write_at_scratch(self.base() + offset, buf, flags)
-            }
+            WriteData::Scratch(buf) => self.split_policy().run(buf, sector, encrypt_into_device),
             WriteData::Borrowed(buf) => WRITE_BUF.with(|cell| match cell.try_borrow_mut() {
                 Ok(mut tl) => {
                     if tl.len() < buf.len() {
@@ -495,15 +492,13 @@ impl CryptTarget {
                     }
                     let out = &mut tl[..buf.len()];
                     out.copy_from_slice(buf);
-                    self.split_policy().run(out, sector, encrypt)?;
-                    self.dev.write_at_scratch(self.base() + offset, out, flags)
+                    self.split_policy().run(out, sector, encrypt_into_device)
                 }
                 Err(_) => {
                     // Re-entered through a stacked crypt target on this thread.
                     let mut out = buf.to_vec();
-                    self.split_policy().run(&mut out, sector, encrypt)?;
-                    self.dev
-                        .write_at_scratch(self.base() + offset, &mut out, flags)
+                    self.split_policy()
+                        .run(&mut out, sector, encrypt_into_device)
                 }
             }),
         }

@@ -10,9 +10,6 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
-use cryptblk_cipher::CipherError;
-
-use super::cipher_io;
 use crate::SECTOR_SIZE;
 
 /// When an inline request's crypto is divided among several threads.
@@ -45,11 +42,11 @@ impl SplitPolicy {
         &self,
         buf: &mut [u8],
         sector: u64,
-        op: impl Fn(u64, &mut [u8]) -> Result<(), CipherError> + Sync,
+        op: impl Fn(u64, &mut [u8]) -> io::Result<()> + Sync,
     ) -> io::Result<()> {
         match self {
-            _ if self.splits(buf.len()) => run_split(buf, sector, &op).map_err(cipher_io),
-            _ => op(sector, buf).map_err(cipher_io),
+            _ if self.splits(buf.len()) => run_split(buf, sector, &op),
+            _ => op(sector, buf),
         }
     }
 }
@@ -57,8 +54,8 @@ impl SplitPolicy {
 /// Smallest piece: whole 4 KiB blocks hold whole encryption sectors of any size.
 const PIECE_MIN: usize = 4096;
 
-/// Encrypts or decrypts one piece starting at a 512-byte sector.
-type SectorOp<'a> = dyn Fn(u64, &mut [u8]) -> Result<(), CipherError> + Sync + 'a;
+/// One piece's work (device I/O and crypto), starting at a 512-byte sector.
+type SectorOp<'a> = dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync + 'a;
 
 /// One split request, living on the caller's stack while helpers may reference it.
 struct Task<'a> {
@@ -70,7 +67,7 @@ struct Task<'a> {
     sector: u64,
     next: AtomicUsize,
     finished: AtomicUsize,
-    error: Mutex<Option<CipherError>>,
+    error: Mutex<Option<io::Error>>,
 }
 
 impl Task<'_> {
@@ -167,7 +164,7 @@ fn helper_loop() {
     }
 }
 
-fn run_split(buf: &mut [u8], sector: u64, op: &SectorOp<'_>) -> Result<(), CipherError> {
+fn run_split(buf: &mut [u8], sector: u64, op: &SectorOp<'_>) -> io::Result<()> {
     let p = pool();
     if p.helpers == 0 {
         return op(sector, buf);
