@@ -19,7 +19,8 @@ spec, key, ss, tuple_size, sector, ct, meta, plain = sys.argv[1:]
 key, ct, meta, plain = (bytes.fromhex(x) for x in (key, ct, meta, plain))
 ss, tuple_size, sector = int(ss), int(tuple_size), int(sector)
 alg, ivmode = spec[len('capi:'):].rsplit('-', 1)
-ivlen = {'gcm(aes)': 12, 'rfc7539(chacha20,poly1305)': 12, 'rfc4309(ccm(aes))': 8}.get(alg, 16)
+ivlen = {'gcm(aes)': 12, 'rfc7539(chacha20,poly1305)': 12, 'rfc4309(ccm(aes))': 8,
+         'rfc4106(gcm(aes))': 8}.get(alg, 16)
 stored = ivlen if ivmode == 'random' else 0
 taglen = tuple_size - stored
 out = b''
@@ -32,6 +33,9 @@ for k in range(len(ct) // ss):
         iv = s.to_bytes(8, 'little') + bytes(ivlen - 8)
     if alg == 'gcm(aes)':
         p = AESGCM(key).decrypt(iv, c + tag, s.to_bytes(8, 'little') + iv)
+    elif alg == 'rfc4106(gcm(aes))':
+        # RFC 4106: nonce = 4-byte salt (key tail) || IV; the trailing IV is not in the AAD.
+        p = AESGCM(key[:-4]).decrypt(key[-4:] + iv, c + tag, s.to_bytes(8, 'little'))
     elif alg == 'rfc4309(ccm(aes))':
         # RFC 4309: nonce = 3-byte salt (key tail) || IV; the trailing IV is not in the AAD.
         p = AESCCM(key[:-3], tag_length=16).decrypt(key[-3:] + iv, c + tag, s.to_bytes(8, 'little'))
@@ -76,7 +80,8 @@ fn pyca_opens_what_cryptblk_sealed() {
     if !python_ok() {
         return;
     }
-    let cases: [(&str, usize, usize, usize); 9] = [
+    let cases: [(&str, usize, usize, usize); 10] = [
+        ("capi:rfc4106(gcm(aes))-random", 36, 24, 512),
         ("capi:rfc4309(ccm(aes))-random", 19, 24, 512),
         ("capi:rfc4309(ccm(aes))-random", 35, 24, 4096),
         ("capi:gcm(aes)-random", 32, 28, 512),

@@ -47,7 +47,7 @@ const FIXTURES: [(&str, usize, bool); 9] = [
 
 /// Stacks made with plain dmsetup tables in the lab (lab-guest-dmsetup.sh) for options
 /// cryptsetup does not emit: (fixture, authenticated). Each holds pattern (256 KiB) at 0.
-const DMSETUP_FIXTURES: [(&str, bool); 8] = [
+const DMSETUP_FIXTURES: [(&str, bool); 9] = [
     ("d-chacha-plain64-ivoffset", true),
     ("d-gcm-random-tag12", true),
     ("d-xts-random-none", false),
@@ -56,6 +56,7 @@ const DMSETUP_FIXTURES: [(&str, bool); 8] = [
     ("d-hmac-sha256-xts-plain64-keysize33", true),
     ("d-ccm-random", true),
     ("d-aegis128-random", true),
+    ("d-gcm-rfc4106-random", true),
 ];
 
 fn fixtures() -> PathBuf {
@@ -230,7 +231,8 @@ fn dmsetup_tables_read_kernel_stacks() {
     // iv_offset (in the IV, not in the associated data), a truncated 12-byte GCM tag,
     // integrity:16:none (stored random IVs, nothing authenticated), iv_large_sectors with
     // 4096-byte sectors, HMAC-SHA1 (20-byte tag) over XTS, a 33-byte HMAC key
-    // (integrity_key_size:33), AES-CCM (rfc4309) and AEGIS-128 as cryptsetup names them.
+    // (integrity_key_size:33), AES-CCM (rfc4309) and AEGIS-128 as cryptsetup names them,
+    // and AES-GCM in its RFC 4106 form.
     let dir = common::temp_dir("aead-dmsetup");
     let want = pattern("pattern", 256 << 10);
     for (name, authenticated) in DMSETUP_FIXTURES {

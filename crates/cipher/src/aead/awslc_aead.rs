@@ -1,5 +1,7 @@
-//! AES-GCM (`gcm(aes)`) and ChaCha20-Poly1305 (`rfc7539(chacha20,poly1305)`) through
-//! AWS-LC's `EVP_AEAD` interface with detached tags.
+//! AES-GCM (`gcm(aes)`), its RFC 4106 form (`rfc4106(gcm(aes))`: the last 4 key bytes are
+//! a salt that, with the 8-byte IV, makes the 12-byte nonce; the trailing IV of dm-crypt's
+//! associated data is not authenticated again) and ChaCha20-Poly1305
+//! (`rfc7539(chacha20,poly1305)`) through AWS-LC's `EVP_AEAD` interface with detached tags.
 
 use super::AeadPrimitive;
 use crate::CipherError;
@@ -9,11 +11,14 @@ use aws_lc_sys as sys;
 pub(crate) struct AwsLcAead {
     ctx: *mut sys::EVP_AEAD_CTX,
     kind: Kind,
+    /// RFC 4106 nonce salt.
+    salt: [u8; 4],
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Gcm,
+    Rfc4106,
     ChaCha,
 }
 
@@ -46,6 +51,31 @@ impl AwsLcAead {
         Self::new(aead, key, Kind::Gcm)
     }
 
+    /// `rfc4106(gcm(aes))`: an AES key (16, 24 or 32 bytes) followed by a 4-byte salt.
+    pub(crate) fn rfc4106(key: &[u8]) -> Option<Self> {
+        let (k, salt) = key.split_at(key.len().checked_sub(4)?);
+        let mut g = Self::gcm(k)?;
+        g.kind = Kind::Rfc4106;
+        g.salt.copy_from_slice(salt);
+        Some(g)
+    }
+
+    /// The nonce and associated data the underlying AEAD sees.
+    fn shape<'a>(
+        &self,
+        iv: &'a [u8],
+        ad: &'a [u8],
+        nonce: &'a mut [u8; 12],
+    ) -> (&'a [u8], &'a [u8]) {
+        if self.kind == Kind::Rfc4106 {
+            nonce[..4].copy_from_slice(&self.salt);
+            nonce[4..].copy_from_slice(iv);
+            (&nonce[..], &ad[..ad.len() - iv.len()])
+        } else {
+            (iv, ad)
+        }
+    }
+
     /// ChaCha20-Poly1305 (RFC 7539) with a 32-byte key.
     pub(crate) fn chacha20_poly1305(key: &[u8]) -> Option<Self> {
         if key.len() != 32 {
@@ -61,7 +91,11 @@ impl AwsLcAead {
         // the full one for both algorithms, so truncation happens here, not in AWS-LC.
         // SAFETY: key points to key.len() readable bytes; a null result is handled.
         let ctx = unsafe { sys::EVP_AEAD_CTX_new(aead, key.as_ptr(), key.len(), 16) };
-        (!ctx.is_null()).then_some(AwsLcAead { ctx, kind })
+        (!ctx.is_null()).then_some(AwsLcAead {
+            ctx,
+            kind,
+            salt: [0; 4],
+        })
     }
 
     fn full_tag(&self, iv: &[u8], ad: &[u8], data: &mut [u8]) -> Result<[u8; 16], CipherError> {
@@ -95,7 +129,11 @@ impl AwsLcAead {
 
 impl AeadPrimitive for AwsLcAead {
     fn iv_size(&self) -> usize {
-        12
+        if self.kind == Kind::Rfc4106 {
+            8
+        } else {
+            12
+        }
     }
 
     fn max_tag_size(&self) -> usize {
@@ -106,6 +144,8 @@ impl AeadPrimitive for AwsLcAead {
         match self.kind {
             // The kernel's GCM authsizes.
             Kind::Gcm => matches!(n, 4 | 8 | 12..=16),
+            // RFC 4106 allows 8, 12 and 16.
+            Kind::Rfc4106 => matches!(n, 8 | 12 | 16),
             Kind::ChaCha => n == 16,
         }
     }
@@ -117,12 +157,16 @@ impl AeadPrimitive for AwsLcAead {
         data: &mut [u8],
         tag: &mut [u8],
     ) -> Result<(), CipherError> {
+        let mut nonce = [0u8; 12];
+        let (iv, ad) = self.shape(iv, ad, &mut nonce);
         let full = self.full_tag(iv, ad, data)?;
         tag.copy_from_slice(&full[..tag.len()]);
         Ok(())
     }
 
     fn open(&self, iv: &[u8], ad: &[u8], data: &mut [u8], tag: &[u8]) -> Result<bool, CipherError> {
+        let mut nonce = [0u8; 12];
+        let (iv, ad) = self.shape(iv, ad, &mut nonce);
         if tag.len() == 16 {
             // SAFETY: in and out alias exactly; pointers cover their lengths.
             let ok = unsafe {

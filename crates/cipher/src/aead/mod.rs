@@ -21,7 +21,8 @@
 //!
 //! AES-GCM and ChaCha20-Poly1305 run on AWS-LC; authenc on RustCrypto (HMAC, AES-XTS,
 //! AES-CBC with an explicit IV, which the IV-deriving [`crate::SectorCipher`] cannot take);
-//! `rfc4309(ccm(aes))` on RustCrypto's `ccm`; `aegis128` is written here (see [`aegis`]).
+//! `rfc4309(ccm(aes))` on RustCrypto's `ccm`; `rfc4106(gcm(aes))` on AWS-LC; `aegis128` is
+//! written here (see the `aegis` submodule).
 
 mod aegis;
 mod authenc;
@@ -189,6 +190,7 @@ impl IvSource {
 /// The kernel algorithm a `capi:` name stands for.
 enum Algorithm {
     Gcm,
+    Rfc4106,
     ChaCha20Poly1305,
     Ccm,
     Aegis128,
@@ -214,6 +216,8 @@ fn parse_spec(spec: &str, authenticated: bool) -> Result<(Algorithm, String), Ci
     };
     let algorithm = if alg == "gcm(aes)" {
         Algorithm::Gcm
+    } else if alg == "rfc4106(gcm(aes))" {
+        Algorithm::Rfc4106
     } else if alg == "rfc7539(chacha20,poly1305)" {
         Algorithm::ChaCha20Poly1305
     } else if alg == "rfc4309(ccm(aes))" {
@@ -267,6 +271,7 @@ pub fn open_aead_cipher(
     };
     let prim: Box<dyn AeadPrimitive> = match algorithm {
         Algorithm::Gcm => Box::new(awslc_aead::AwsLcAead::gcm(key).ok_or_else(key_error)?),
+        Algorithm::Rfc4106 => Box::new(awslc_aead::AwsLcAead::rfc4106(key).ok_or_else(key_error)?),
         Algorithm::ChaCha20Poly1305 => {
             Box::new(awslc_aead::AwsLcAead::chacha20_poly1305(key).ok_or_else(key_error)?)
         }

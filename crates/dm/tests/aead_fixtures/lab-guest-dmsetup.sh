@@ -98,6 +98,7 @@ stack hmac-sha1-xts-plain64-ivoffset 20 512 'capi:authenc(hmac(sha1),xts(aes))-p
 K33=${K32}20
 stack hmac-sha256-xts-plain64-keysize33 32 512 'capi:authenc(hmac(sha256),xts(aes))-plain64' ${K64}${K33} 0 integrity:32:aead integrity_key_size:33
 stack ccm-random 24 512 'capi:rfc4309(ccm(aes))-random' ${K32%????????????????????????????????}202122 0 integrity:24:aead
+stack gcm-rfc4106-random 24 512 'capi:rfc4106(gcm(aes))-random' ${K32}a0a1a2a3 0 integrity:24:aead
 stack aegis128-random 32 512 'capi:aegis128-random' ${K32%????????????????????????????????} 0 integrity:32:aead
 
 want gcm-random-live && { LIVE=1 stack_make gcm-random-journal 28 512 'capi:gcm(aes)-random' $K32 0 integrity:28:aead; rm -f d-gcm-random-journal.img d-gcm-random-journal.tables; }
