@@ -342,24 +342,28 @@ fn open_integrity(
         &a.perf.table_flags(),
     )?;
     let l = &st.layout;
+    let mut info = json!({
+        "type": vol.type_name(),
+        "uuid": vol.uuid(),
+        "cipher": seg.cipher,
+        "keysize": format!("{} bits", l.encryption_key_size * 8),
+        "integrity": l.integrity.kind,
+        "integrity_tag_size": format!("{} bytes", l.tag_size),
+        "device": a.device.display().to_string(),
+        "sector_size": seg.sector_size,
+        "offset": "0 sectors",
+        "lower": [{ "name": st.lower_name, "table": st.lower_table }],
+    });
+    // As cryptsetup's status: an integrity key size only for keyed MACs.
+    if l.integrity_key_size > 0 {
+        info["integrity_keysize"] = json!(format!("{} bits", l.integrity_key_size * 8));
+    }
     let spec = ServeSpec {
         name: name.to_string(),
         table: st.table.clone(),
         export: super::serving::export_spec(&a.export)?,
         readonly: opts.readonly,
-        info: json!({
-            "type": vol.type_name(),
-            "uuid": vol.uuid(),
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", l.encryption_key_size * 8),
-            "integrity": l.integrity.kind,
-            "integrity_keysize": format!("{} bits", l.integrity_key_size * 8),
-            "integrity_tag_size": format!("{} bytes", l.tag_size),
-            "device": a.device.display().to_string(),
-            "sector_size": seg.sector_size,
-            "offset": "0 sectors",
-            "lower": [{ "name": st.lower_name, "table": st.lower_table }],
-        }),
+        info,
     };
     super::serving::start(spec, &a.export, opts.json)
 }

@@ -100,8 +100,8 @@ pub fn integrity_key_bytes(opts: &Opts) -> Result<Option<usize>, Failure> {
     }
 }
 
-fn layout_of(h: &Luks2Header) -> Result<IntegrityLayout, Failure> {
-    h.integrity_layout()?
+fn layout_of(h: &Luks2Header, vk_size: usize) -> Result<IntegrityLayout, Failure> {
+    h.integrity_layout_for_key(vk_size)?
         .ok_or_else(|| Failure::usage("LUKS2 segment has no integrity protection"))
 }
 
@@ -113,7 +113,7 @@ pub fn format_data(
     vk: &SecretBytes,
     data_dev: &Path,
 ) -> Result<(), Failure> {
-    let layout = layout_of(h)?;
+    let layout = layout_of(h, vk.len())?;
     let path = volume::table_path(data_dev)?;
     let path_s = path.display().to_string();
     {
@@ -189,7 +189,7 @@ pub fn stack(
     direct: bool,
     flags: &[String],
 ) -> Result<IntegrityStack, Failure> {
-    let layout = layout_of(h)?;
+    let layout = layout_of(h, vk.len())?;
     let path = volume::table_path(data_dev)?;
     let f = volume::open_file(data_dev, false)?;
     let sb = IntegritySuperblock::read(&f, layout.superblock_offset / 512).map_err(|e| {

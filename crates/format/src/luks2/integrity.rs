@@ -489,6 +489,18 @@ impl Luks2Header {
     /// The data layout of the default segment when it is integrity protected (`None` for
     /// plain dm-crypt segments).
     pub fn integrity_layout(&self) -> Result<Option<IntegrityLayout>> {
+        if self.segment_integrity().is_none() {
+            return Ok(None);
+        }
+        let vk_size = self
+            .volume_key_size()
+            .ok_or_else(|| FormatError::Corrupt("no keyslot tells the volume key size".into()))?;
+        self.integrity_layout_for_key(vk_size)
+    }
+
+    /// [`Luks2Header::integrity_layout`] for a volume key of `vk_size` bytes known from
+    /// elsewhere (`--volume-key-file` on a header without keyslots).
+    pub fn integrity_layout_for_key(&self, vk_size: usize) -> Result<Option<IntegrityLayout>> {
         self.check_requirements()?;
         let seg = self.default_segment()?;
         let Some(integrity) = self.segment_integrity() else {
@@ -500,9 +512,6 @@ impl Luks2Header {
                 integrity.journal_encryption, integrity.journal_integrity
             )));
         }
-        let vk_size = self
-            .volume_key_size()
-            .ok_or_else(|| FormatError::Corrupt("no keyslot tells the volume key size".into()))?;
         IntegrityLayout::new(
             integrity,
             &seg.encryption,
