@@ -196,8 +196,14 @@ fn kernel_tables_read_kernel_images() {
         m.read_at(0, &mut got)
             .unwrap_or_else(|e| panic!("{name}: reading the kernel's pattern: {e}"));
         assert!(got == pattern("pattern", plen), "{name}: pattern differs");
-        // The table reads back as the kernel printed it.
-        let (_, crypt) = kernel_tables(name);
+        // Both tables read back as the kernel printed them (devices aside).
+        let (int, crypt) = kernel_tables(name);
+        let ours = reg.get("kaead_dif").unwrap().table(true);
+        assert_eq!(
+            ours.trim().split(' ').skip(4).collect::<Vec<_>>(),
+            int.split(' ').skip(4).collect::<Vec<_>>(),
+            "{name}: integrity table"
+        );
         assert_eq!(
             m.table(true).trim().split(' ').skip(3).collect::<Vec<_>>(),
             crypt
@@ -244,7 +250,7 @@ fn dmsetup_tables_read_kernel_stacks() {
         m.read_at(0, &mut got)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(got == want, "{name}: pattern differs");
-        let (_, crypt) = kernel_tables(name);
+        let (int, crypt) = kernel_tables(name);
         assert_eq!(
             m.table(true).trim().split(' ').skip(3).collect::<Vec<_>>(),
             crypt
@@ -253,6 +259,13 @@ fn dmsetup_tables_read_kernel_stacks() {
                 .skip(3)
                 .collect::<Vec<_>>(),
             "{name}: crypt table"
+        );
+        // The integrity line prints as the kernel's (device aside).
+        let ours = reg.get("kaead_dif").unwrap().table(true);
+        assert_eq!(
+            ours.trim().split(' ').skip(4).collect::<Vec<_>>(),
+            int.split(' ').skip(4).collect::<Vec<_>>(),
+            "{name}: integrity table"
         );
         let bs = m.logical_block_size() as u64;
         let mut last = vec![0u8; bs as usize];

@@ -212,3 +212,59 @@ impl CryptTarget {
             .write_with_tags(self.base() + offset, buf, &tags, flags)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypt::CryptFlags;
+
+    #[test]
+    fn integrity_option_parses_and_prints_in_kernel_order() {
+        let opts: Vec<String> = [
+            "no_write_workqueue",
+            "sector_size:4096",
+            "integrity:28:aead",
+            "no_read_workqueue",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let f = CryptFlags::parse(&opts).unwrap();
+        assert_eq!(
+            f.integrity,
+            Some(CryptIntegrity {
+                tuple_size: 28,
+                kind: IntegrityKind::Aead
+            })
+        );
+        // The kernel's order: workqueue flags, integrity, sector_size.
+        assert_eq!(
+            f.format(),
+            [
+                "no_read_workqueue",
+                "no_write_workqueue",
+                "integrity:28:aead",
+                "sector_size:4096"
+            ]
+        );
+        let f = CryptFlags::parse(&["integrity:16:NONE".to_string()]).unwrap();
+        assert_eq!(f.integrity.unwrap().kind, IntegrityKind::None);
+        assert_eq!(f.format(), ["integrity:16:none"]);
+        for bad in [
+            "integrity:0:aead",
+            "integrity:481:aead",
+            "integrity:28:hmac",
+            "integrity:28",
+            "integrity:x:aead",
+            "integrity_key_size:0",
+        ] {
+            assert!(CryptFlags::parse(&[bad.to_string()]).is_err(), "{bad}");
+        }
+        let f = CryptFlags::parse(&[
+            "integrity_key_size:33".to_string(),
+            "integrity:32:aead".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(f.format(), ["integrity:32:aead", "integrity_key_size:33"]);
+    }
+}
