@@ -412,6 +412,13 @@ impl AeadSectorCipher for AeadCipher {
         let mut iv = [0u8; MAX_IV];
         let iv = &mut iv[..self.iv_size];
         let mut ad = [0u8; 8 + MAX_IV];
+        // Random IVs for the whole request from one call to the OS source.
+        let mut random = Vec::new();
+        if matches!(self.iv, IvSource::Random) {
+            random.resize(n * self.iv_size, 0);
+            getrandom::getrandom(&mut random)
+                .map_err(|e| CipherError::Backend(format!("random IV: {e}")))?;
+        }
         for (k, (data, tuple)) in buf
             .chunks_exact_mut(ss)
             .zip(meta.chunks_exact_mut(ts))
@@ -419,8 +426,7 @@ impl AeadSectorCipher for AeadCipher {
         {
             let s = sector + k as u64 * step;
             if matches!(self.iv, IvSource::Random) {
-                getrandom::getrandom(iv)
-                    .map_err(|e| CipherError::Backend(format!("random IV: {e}")))?;
+                iv.copy_from_slice(&random[k * self.iv_size..(k + 1) * self.iv_size]);
             } else {
                 self.iv.fill(self.iv_sector(s), iv);
             }
@@ -430,7 +436,6 @@ impl AeadSectorCipher for AeadCipher {
             rest[..self.stored_iv].copy_from_slice(&iv[..self.stored_iv]);
             rest[self.stored_iv..].fill(0);
         }
-        debug_assert_eq!(n, buf.len() / ss);
         Ok(())
     }
 
@@ -509,6 +514,23 @@ mod tests {
         .is_err());
         assert!(open_aead_cipher("aes-gcm-random", &[7; 32], &opts(28)).is_err());
         assert!(open_aead_cipher("capi:gcm(aes)-random", &[7; 31], &opts(28)).is_err());
+    }
+
+    #[test]
+    fn random_ivs_are_fresh_per_sector_and_per_write() {
+        let c = open_aead_cipher("capi:gcm(aes)-random", &[9; 32], &opts(28)).unwrap();
+        let mut a = vec![0u8; 2048];
+        let mut b = a.clone();
+        let (mut ma, mut mb) = (vec![0u8; 4 * 28], vec![0u8; 4 * 28]);
+        c.encrypt(0, &mut a, &mut ma).unwrap();
+        c.encrypt(0, &mut b, &mut mb).unwrap();
+        assert_ne!(a, b, "rewriting a sector must not reuse its IV");
+        let ivs: Vec<&[u8]> = ma.chunks(28).map(|t| &t[16..]).collect();
+        for i in 0..ivs.len() {
+            for j in i + 1..ivs.len() {
+                assert_ne!(ivs[i], ivs[j]);
+            }
+        }
     }
 
     #[test]
