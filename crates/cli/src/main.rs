@@ -4,6 +4,7 @@ mod actions;
 mod args;
 mod control;
 mod exit;
+mod progress;
 mod serve;
 
 use args::Action;

@@ -17,9 +17,8 @@ use crate::serve::ServeSpec;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::target::integrity::hash::{kernel_name, InternalHash};
 use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
-use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, WriteFlags};
+use cryptblk_dm::{BlockDevice, FileBacking, FileOptions};
 use cryptblk_format::integrity::IntegritySuperblock;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::Path;
@@ -31,7 +30,6 @@ const DEFAULT_INTEGRITY: &str = "crc32c";
 /// Longest key integritysetup reads from `--integrity-key-file`.
 const MAX_KEY_SIZE: u32 = 4096;
 /// Bytes written per wipe request (cryptsetup's DEFAULT_WIPE_BLOCK).
-const WIPE_CHUNK: usize = 1 << 20;
 /// Superblock flag `fix_padding`.
 const FLAG_FIXED_PADDING: u32 = 0x8;
 /// Superblock flag `fix_hmac`.
@@ -270,32 +268,9 @@ fn mmss(secs: f64) -> String {
 
 /// Writes zeros with valid tags over the whole device; returns the bytes written.
 fn wipe(t: &IntegrityTarget, show: bool) -> Result<u64, Failure> {
-    let total = t.size();
-    let pb = if show && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let pb = ProgressBar::new(total);
-        pb.set_style(
-            ProgressStyle::with_template(
-                "Wiping [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        pb
-    } else {
-        ProgressBar::hidden()
-    };
-    let zeros = vec![0u8; WIPE_CHUNK];
-    let mut off = 0u64;
-    while off < total {
-        let n = (total - off).min(WIPE_CHUNK as u64) as usize;
-        t.write_at(off, &zeros[..n], WriteFlags::default())
-            .map_err(|e| Failure::device(format!("Wipe failed at byte {off}: {e}")))?;
-        off += n as u64;
-        pb.set_position(off);
-    }
+    let total = crate::progress::zero_fill(t, "Wiping", show)?;
     t.close()
         .map_err(|e| Failure::device(format!("Flushing after the wipe failed: {e}")))?;
-    pb.finish_and_clear();
     Ok(total)
 }
 

@@ -17,15 +17,13 @@ use super::volume;
 use crate::args::Opts;
 use crate::exit::Failure;
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::{BlockDevice, Registry, WriteFlags};
+use cryptblk_dm::{BlockDevice, Registry};
 use cryptblk_format::integrity::IntegritySuperblock;
 use cryptblk_format::luks2::integrity::IntegrityLayout;
 use cryptblk_format::luks2::Luks2Header;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
 
 /// Bytes written per wipe request (cryptsetup's DEFAULT_WIPE_BLOCK).
-const WIPE_CHUNK: usize = 1 << 20;
 /// Sectors cryptsetup zeroes at the data offset before formatting.
 const CLEARED_SECTORS: u64 = 8;
 
@@ -150,33 +148,8 @@ pub fn format_data(
 
 /// Writes zeros over `dev` (the crypt layer), so every sector gets a valid tag.
 fn wipe(dev: &dyn BlockDevice, show: bool) -> Result<(), Failure> {
-    let total = dev.size();
-    let pb = if show && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let pb = ProgressBar::new(total);
-        pb.set_style(
-            ProgressStyle::with_template(
-                "Wiping device to initialize integrity checksum [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        pb
-    } else {
-        ProgressBar::hidden()
-    };
-    let zeros = vec![0u8; WIPE_CHUNK];
-    let mut off = 0u64;
-    while off < total {
-        let n = (total - off).min(WIPE_CHUNK as u64) as usize;
-        dev.write_at(off, &zeros[..n], WriteFlags::default())
-            .map_err(|e| Failure::device(format!("Wipe failed at byte {off}: {e}")))?;
-        off += n as u64;
-        pb.set_position(off);
-    }
-    dev.flush()
-        .map_err(|e| Failure::device(format!("Flushing after the wipe failed: {e}")))?;
-    pb.finish_and_clear();
-    Ok(())
+    crate::progress::zero_fill(dev, "Wiping device to initialize integrity checksum", show)
+        .map(drop)
 }
 
 /// The two tables that activate the volume as `name` over `data_dev`; `direct` =

@@ -8,7 +8,7 @@ use crate::exit::{ActionResult, Failure};
 use cryptblk_cipher::{SectorCipher, SectorOptions};
 use cryptblk_format::hdrio::MemIo;
 use cryptblk_format::luks2::UnlockPurpose;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
@@ -18,22 +18,7 @@ use std::path::Path;
 const CHUNK: usize = 4 << 20;
 
 fn progress(total: Option<u64>, what: &str) -> ProgressBar {
-    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        return ProgressBar::hidden();
-    }
-    let pb = match total {
-        Some(t) => ProgressBar::new(t),
-        None => ProgressBar::new_spinner(),
-    };
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
+    crate::progress::bar(total, what, true)
 }
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.
