@@ -10,66 +10,12 @@
 
 mod common;
 
+use common::{CrashDisk, MemDisk};
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::crypt::{CryptIntegrity, IntegrityKind};
 use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, CryptFlags, CryptParams, CryptTarget, Registry, WriteFlags};
-use std::io;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
-
-struct MemDisk(Mutex<Vec<u8>>);
-impl BlockDevice for MemDisk {
-    fn size(&self) -> u64 {
-        self.0.lock().unwrap().len() as u64
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
-        let d = self.0.lock().unwrap();
-        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
-        Ok(())
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], _f: WriteFlags) -> io::Result<()> {
-        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
-        self.0.lock().unwrap()[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
-        Ok(())
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Passes `budget` writes; the next is torn (its first half lands) and all later writes
-/// and flushes fail.
-struct CrashDisk {
-    inner: Arc<MemDisk>,
-    budget: AtomicI64,
-}
-impl BlockDevice for CrashDisk {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], f: WriteFlags) -> io::Result<()> {
-        let left = self.budget.fetch_sub(1, Ordering::SeqCst);
-        if left > 0 {
-            return self.inner.write_at(offset, buf, f);
-        }
-        if left == 0 && buf.len() >= 1024 {
-            let half = buf.len() / 1024 * 512;
-            self.inner.write_at(offset, &buf[..half], f)?;
-        }
-        Err(io::Error::from_raw_os_error(libc::EIO))
-    }
-    fn flush(&self) -> io::Result<()> {
-        if self.budget.load(Ordering::SeqCst) < 0 {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        Ok(())
-    }
-}
+use std::sync::Arc;
 
 const TUPLE: u32 = 28;
 const GCM_KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
@@ -85,7 +31,7 @@ fn ext_config(mode: IntegrityMode, bs: u32) -> IntegrityConfig {
 }
 
 fn new_disk() -> Arc<MemDisk> {
-    Arc::new(MemDisk(Mutex::new(vec![0u8; 2 << 20])))
+    MemDisk::new(2 << 20)
 }
 
 fn crypt_over(dev: Arc<dyn BlockDevice>, bs: u32) -> CryptTarget {
@@ -309,15 +255,12 @@ fn crash_check(mode: IntegrityMode, bs: u32) {
         drop(c);
         t.close().unwrap();
     }
-    let image = base.0.lock().unwrap().clone();
+    let image = base.image();
     let ops = workload();
     let mut budget = 0i64;
     loop {
-        let disk = Arc::new(MemDisk(Mutex::new(image.clone())));
-        let crash = Arc::new(CrashDisk {
-            inner: disk.clone(),
-            budget: AtomicI64::new(budget),
-        });
+        let disk = MemDisk::from_image(image.clone());
+        let crash = CrashDisk::new(disk.clone(), budget, true);
         // Generations each block may hold after the crash: the last flushed one, or later.
         let mut allowed: Vec<Vec<u8>> = vec![vec![0]; BLOCKS];
         let mut completed = true;

@@ -7,67 +7,12 @@
 //! flushed content or content written after that flush. No acknowledged, flushed write may
 //! be lost.
 
+mod common;
+
+use common::{CrashDisk, MemDisk};
 use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, WriteFlags};
-use std::io;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-struct MemDisk(Mutex<Vec<u8>>);
-impl BlockDevice for MemDisk {
-    fn size(&self) -> u64 {
-        self.0.lock().unwrap().len() as u64
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
-        let d = self.0.lock().unwrap();
-        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
-        Ok(())
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], _f: WriteFlags) -> io::Result<()> {
-        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
-        self.0.lock().unwrap()[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
-        Ok(())
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Passes the first `budget` writes through; the next one is dropped or torn (its first
-/// half of sectors lands), and every later write and flush fails like a dead disk.
-struct CrashDisk {
-    inner: Arc<MemDisk>,
-    budget: AtomicI64,
-    torn: bool,
-    writes: AtomicU64,
-}
-impl BlockDevice for CrashDisk {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], f: WriteFlags) -> io::Result<()> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        let left = self.budget.fetch_sub(1, Ordering::SeqCst);
-        if left > 0 {
-            return self.inner.write_at(offset, buf, f);
-        }
-        if left == 0 && self.torn && buf.len() > 512 {
-            let half = buf.len() / 512 / 2 * 512;
-            self.inner.write_at(offset, &buf[..half], f)?;
-        }
-        Err(io::Error::from_raw_os_error(libc::EIO))
-    }
-    fn flush(&self) -> io::Result<()> {
-        if self.budget.load(Ordering::SeqCst) < 0 {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        Ok(())
-    }
-}
+use std::sync::atomic::Ordering;
 
 const DISK: usize = 2 << 20;
 const BLOCKS: usize = 192;
@@ -141,7 +86,7 @@ fn run(bs: usize, torn: bool, mode: IntegrityMode) -> Outcome {
     };
     // Formatted, wiped, filled with a baseline and cleanly closed: the snapshot every
     // crash run starts from.
-    let base = Arc::new(MemDisk(Mutex::new(vec![0u8; DISK])));
+    let base = MemDisk::new(DISK as u64);
     IntegrityTarget::format(base.clone(), "base", None, c.clone(), true).unwrap();
     let t = IntegrityTarget::open(base.clone(), "base", None, c.clone(), None).unwrap();
     let baseline: Vec<Vec<u8>> = (0..BLOCKS).map(|k| block_content(7, k, bs)).collect();
@@ -149,7 +94,7 @@ fn run(bs: usize, torn: bool, mode: IntegrityMode) -> Outcome {
         .unwrap();
     t.close().unwrap();
     drop(t);
-    let snapshot = base.0.lock().unwrap().clone();
+    let snapshot = base.image();
     let ops = workload(bs);
 
     let mut total_writes = None;
@@ -160,14 +105,9 @@ fn run(bs: usize, torn: bool, mode: IntegrityMode) -> Outcome {
     };
     let mut n = 0i64;
     loop {
-        let inner = Arc::new(MemDisk(Mutex::new(snapshot.clone())));
+        let inner = MemDisk::from_image(snapshot.clone());
         let budget = if total_writes.is_none() { i64::MAX } else { n };
-        let disk = Arc::new(CrashDisk {
-            inner: inner.clone(),
-            budget: AtomicI64::new(budget),
-            torn,
-            writes: AtomicU64::new(0),
-        });
+        let disk = CrashDisk::new(inner.clone(), budget, torn);
         let mut model = Model {
             durable: baseline.clone(),
             since: vec![Vec::new(); BLOCKS],

@@ -4,6 +4,9 @@
 //! Set CRYPTBLK_SKIP_INTEGRITYSETUP=1 / CRYPTBLK_SKIP_PYTHON=1 to skip those parts
 //! explicitly when the tools are missing.
 
+mod common;
+
+use common::MemDisk;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::target::integrity::layout::Layout;
 use cryptblk_dm::target::integrity::superblock::FLAG_FIXED_PADDING;
@@ -12,40 +15,9 @@ use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, Registry, Target, Write
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const MIB32: u64 = 32 << 20;
-
-/// A plain in-memory disk, independent of the crate's own backings.
-struct MemDisk(Mutex<Vec<u8>>);
-impl MemDisk {
-    fn new(len: u64) -> Arc<MemDisk> {
-        Arc::new(MemDisk(Mutex::new(vec![0u8; len as usize])))
-    }
-    fn flip(&self, at: u64, mask: u8) {
-        self.0.lock().unwrap()[at as usize] ^= mask;
-    }
-}
-impl BlockDevice for MemDisk {
-    fn size(&self) -> u64 {
-        self.0.lock().unwrap().len() as u64
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
-        let d = self.0.lock().unwrap();
-        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
-        Ok(())
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], _f: WriteFlags) -> std::io::Result<()> {
-        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
-        let mut d = self.0.lock().unwrap();
-        d[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
-        Ok(())
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn cfg(mode: IntegrityMode, hash: &str, bs: u32) -> IntegrityConfig {
     IntegrityConfig {

@@ -68,3 +68,105 @@ pub fn errno(e: &std::io::Error) -> i32 {
 
 pub const KEY64: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
 202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f";
+
+/// A plain in-memory disk, independent of the crate's own backings (so tests of targets
+/// do not rest on the code they test).
+pub struct MemDisk(pub std::sync::Mutex<Vec<u8>>);
+
+impl MemDisk {
+    /// A zeroed disk of `len` bytes.
+    pub fn new(len: u64) -> std::sync::Arc<MemDisk> {
+        Self::from_image(vec![0u8; len as usize])
+    }
+
+    /// A disk holding `image`.
+    pub fn from_image(image: Vec<u8>) -> std::sync::Arc<MemDisk> {
+        std::sync::Arc::new(MemDisk(std::sync::Mutex::new(image)))
+    }
+
+    /// Flips the bits of `mask` in the byte at `at`.
+    pub fn flip(&self, at: u64, mask: u8) {
+        self.0.lock().unwrap()[at as usize] ^= mask;
+    }
+
+    /// A copy of the whole disk.
+    pub fn image(&self) -> Vec<u8> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl cryptblk_dm::BlockDevice for MemDisk {
+    fn size(&self) -> u64 {
+        self.0.lock().unwrap().len() as u64
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
+        let d = self.0.lock().unwrap();
+        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        _f: cryptblk_dm::WriteFlags,
+    ) -> std::io::Result<()> {
+        cryptblk_dm::device::check_range(self.size(), offset, buf.len() as u64)?;
+        self.0.lock().unwrap()[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Power cut after a number of writes: passes the first `budget` writes through; the next
+/// one is dropped or, if `torn`, half of its sectors land; every later write and flush
+/// fails like a dead disk.
+pub struct CrashDisk {
+    pub inner: std::sync::Arc<MemDisk>,
+    pub budget: std::sync::atomic::AtomicI64,
+    pub torn: bool,
+    /// Writes attempted so far (to know how many crash points a workload has).
+    pub writes: std::sync::atomic::AtomicU64,
+}
+
+impl CrashDisk {
+    /// A disk over `inner` that dies at write number `budget` (0-based).
+    pub fn new(inner: std::sync::Arc<MemDisk>, budget: i64, torn: bool) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(CrashDisk {
+            inner,
+            budget: std::sync::atomic::AtomicI64::new(budget),
+            torn,
+            writes: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+}
+
+impl cryptblk_dm::BlockDevice for CrashDisk {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], f: cryptblk_dm::WriteFlags) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let left = self.budget.fetch_sub(1, Ordering::SeqCst);
+        if left > 0 {
+            return self.inner.write_at(offset, buf, f);
+        }
+        if left == 0 && self.torn && buf.len() > 512 {
+            let half = buf.len() / 512 / 2 * 512;
+            self.inner.write_at(offset, &buf[..half], f)?;
+        }
+        Err(std::io::Error::from_raw_os_error(libc::EIO))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        if self.budget.load(std::sync::atomic::Ordering::SeqCst) < 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+}
