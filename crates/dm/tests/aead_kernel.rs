@@ -60,7 +60,7 @@ const DMSETUP_FIXTURES: [(&str, bool); 9] = [
 ];
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/aead_fixtures"))
+    common::fixture_dir("aead_fixtures")
 }
 
 /// SHA-256(`cryptblk-aead-<tag>-<i>`) for i = 0.. (what lab-guest.sh wrote).
@@ -75,16 +75,7 @@ fn pattern(tag: &str, len: usize) -> Vec<u8> {
 }
 
 fn unpack(name: &str, dir: &Path) -> PathBuf {
-    let src = fixtures().join(format!("{name}.img.xz"));
-    let dst = dir.join(format!("{name}.img"));
-    let out = Command::new("xz")
-        .arg("-dc")
-        .arg(&src)
-        .output()
-        .expect("xz must be installed");
-    assert!(out.status.success(), "xz -dc {}", src.display());
-    std::fs::write(&dst, out.stdout).unwrap();
-    dst
+    common::unpack_fixture("aead_fixtures", name, dir)
 }
 
 /// The volume key from NAME.vk (`MK dump:` hex lines).

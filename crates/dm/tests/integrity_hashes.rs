@@ -6,45 +6,26 @@
 //! data area is caught as `EILSEQ` and counted. cryptblk's own tags for the same blocks
 //! must equal the kernel's stored tags byte for byte.
 
+mod common;
+
 use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 const PATTERN_LEN: usize = 256 << 10;
 
 /// The pattern lab-hashes.sh wrote (xorshift64, seed 0x5eed), as in integrity_kernel.rs.
 fn pattern() -> Vec<u8> {
-    let mut x: u64 = 0x5eed;
-    let mut v = Vec::with_capacity(PATTERN_LEN);
-    while v.len() < PATTERN_LEN {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v
+    common::xorshift_pattern(0x5eed, PATTERN_LEN)
 }
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/integrity_fixtures"
-    ))
+    common::fixture_dir("integrity_fixtures")
 }
 
 fn unpack(name: &str, dir: &Path) -> PathBuf {
-    let src = fixtures().join(format!("{name}.img.xz"));
-    let out = Command::new("xz")
-        .arg("-dc")
-        .arg(&src)
-        .output()
-        .expect("xz must be installed");
-    assert!(out.status.success(), "xz -dc {}", src.display());
-    let dst = dir.join(format!("{name}.img"));
-    std::fs::write(&dst, out.stdout).unwrap();
-    dst
+    common::unpack_fixture("integrity_fixtures", name, dir)
 }
 
 /// A scratch directory for one test, removed when dropped.

@@ -9,12 +9,13 @@
 //! `write_images_for_kernel` (ignored; run by make-fixtures.sh) writes the images the
 //! kernel is then asked to open; its verdicts are recorded in integrity_fixtures/results.txt.
 
+mod common;
+
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, WriteFlags};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -22,40 +23,15 @@ const PATTERN_LEN: usize = 256 << 10;
 
 /// The pattern written through every mapping (xorshift64, seed 0x5eed).
 fn pattern() -> Vec<u8> {
-    let mut x: u64 = 0x5eed;
-    let mut v = Vec::with_capacity(PATTERN_LEN);
-    while v.len() < PATTERN_LEN {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v
+    common::xorshift_pattern(0x5eed, PATTERN_LEN)
 }
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/integrity_fixtures"
-    ))
+    common::fixture_dir("integrity_fixtures")
 }
 
 fn unpack(name: &str, dir: &Path) -> PathBuf {
-    let src = fixtures().join(format!("{name}.img.xz"));
-    let dst = dir.join(format!("{name}.img"));
-    let out = Command::new("xz")
-        .arg("-dc")
-        .arg(&src)
-        .output()
-        .expect("xz must be installed");
-    assert!(
-        out.status.success(),
-        "xz -dc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(&dst, out.stdout).unwrap();
-    dst
+    common::unpack_fixture("integrity_fixtures", name, dir)
 }
 
 fn open_file(p: &Path) -> Arc<dyn BlockDevice> {

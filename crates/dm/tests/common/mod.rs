@@ -170,3 +170,45 @@ impl cryptblk_dm::BlockDevice for CrashDisk {
         Ok(())
     }
 }
+
+/// Folder `tests/<set>` of committed fixtures (images made in the kernel lab, with the
+/// scripts that made them).
+pub fn fixture_dir(set: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(set)
+}
+
+/// Decompresses `tests/<set>/<name>.img.xz` to `<dir>/<name>.img` and returns its path.
+pub fn unpack_fixture(set: &str, name: &str, dir: &std::path::Path) -> PathBuf {
+    let src = fixture_dir(set).join(format!("{name}.img.xz"));
+    let dst = dir.join(format!("{name}.img"));
+    let out = std::process::Command::new("xz")
+        .arg("-dc")
+        .arg(&src)
+        .output()
+        .expect("xz must be installed");
+    assert!(
+        out.status.success(),
+        "xz -dc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&dst, out.stdout).unwrap();
+    dst
+}
+
+/// `len` bytes of xorshift64 output from `seed`, little endian: the pattern the lab
+/// scripts write through kernel mappings.
+pub fn xorshift_pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
