@@ -167,6 +167,19 @@ impl Journal {
         self.buf[t..t + tag.len()].copy_from_slice(tag);
     }
 
+    /// Appends the block held by entry `n` of section `i` to `out`, with its last bytes
+    /// restored (one copy out of the journal, no zero-fill).
+    pub fn append_block(&self, i: u32, n: u32, block_size: usize, out: &mut Vec<u8>) {
+        let d = self.data_off(i, n);
+        let at = out.len();
+        out.extend_from_slice(&self.buf[d..d + block_size]);
+        let e = self.entry_off(i, n);
+        for s in 0..self.sectors_per_block as usize {
+            let o = e + 8 + 8 * s;
+            out[at + s * 512 + 504..at + s * 512 + 512].copy_from_slice(&self.buf[o..o + 8]);
+        }
+    }
+
     /// The block held by entry `n` of section `i`, with its last bytes restored.
     pub fn block(&self, i: u32, n: u32, out: &mut [u8]) {
         let d = self.data_off(i, n);

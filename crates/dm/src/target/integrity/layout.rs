@@ -290,6 +290,21 @@ impl Layout {
             + (offset >> self.log2_sectors_per_block) * self.tag_size as u64
     }
 
+    /// The metadata run holding the tag of logical `sector`: its first byte on the
+    /// metadata device and its length in bytes (tags of one area are contiguous in it).
+    pub fn tag_run(&self, sector: u64) -> (u64, u64) {
+        if self.meta_dev {
+            let meta_bytes =
+                (self.provided_data_sectors >> self.log2_sectors_per_block) * self.tag_size as u64;
+            let sectors =
+                meta_bytes.div_ceil(512 << self.log2_buffer_sectors) << self.log2_buffer_sectors;
+            return ((self.start + self.initial_sectors) * 512, sectors * 512);
+        }
+        let (area, _) = self.area_offset(sector);
+        let first = self.tag_position(area << self.log2_interleave_sectors);
+        (first, self.metadata_run * 512)
+    }
+
     /// Logical sectors from `sector` to the end of its area (requests are split there
     /// because data and tags are contiguous only within an area).
     pub fn sectors_left_in_area(&self, sector: u64) -> u64 {

@@ -32,9 +32,11 @@ pub mod hash;
 pub mod journal;
 pub mod layout;
 pub mod superblock;
+mod tagcache;
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,6 +54,7 @@ use superblock::{
     Superblock, FLAG_DIRTY_BITMAP, FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_HAVE_JOURNAL_MAC,
     SUPERBLOCK_BYTES,
 };
+use tagcache::{TagCache, TagRun};
 
 /// dm-integrity operating mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,7 +258,7 @@ struct State {
     n_uncommitted: u32,
     /// Logical block sector -> (section, entry) of its newest journal copy not yet written
     /// to its home location.
-    pending: HashMap<u64, (u32, u32)>,
+    pending: U64Map<(u32, u32)>,
     /// Bitmap mode: one bit per `1 << bitmap_shift` sectors with writes not yet flushed
     /// (bit `n` = byte `n / 8`, bit `n % 8`, as the kernel's little-endian bitmaps).
     bitmap: Vec<u8>,
@@ -277,7 +280,37 @@ pub struct IntegrityTarget {
     failed: AtomicI32,
     /// log2 of the sectors covered by one bitmap bit.
     bitmap_shift: u32,
+    /// Cached tag buffers; locked only while `state` is held (lock order: state, then
+    /// tags), so the cache is coherent with every tag write.
+    tags: Mutex<TagCache>,
 }
+
+/// A hash map keyed by sector numbers or device offsets: the per-block maps of the write
+/// path hash one `u64` per 512-byte block, where SipHash's DoS resistance buys nothing.
+pub(crate) type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
+
+/// Multiplicative hash of one `u64` (Fibonacci hashing, high half folded into the low
+/// bits the table indexes with).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct U64Hasher(u64);
+
+impl Hasher for U64Hasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+}
+
+/// Most metadata the tag cache keeps (the kernel's dm-bufio keeps a share of RAM).
+const TAG_CACHE_BYTES: u64 = 16 << 20;
 
 fn invalid(msg: impl Into<String>) -> String {
     msg.into()
@@ -424,6 +457,7 @@ impl IntegrityTarget {
         }
 
         let journal = Journal::new(&layout);
+        let tag_cache = TagCache::new(layout.log2_buffer_sectors, TAG_CACHE_BYTES);
         let target = IntegrityTarget {
             dev: dev.clone(),
             meta: meta.clone(),
@@ -440,12 +474,13 @@ impl IntegrityTarget {
                 free_entry: 0,
                 uncommitted_section: 0,
                 n_uncommitted: 0,
-                pending: HashMap::new(),
+                pending: HashMap::default(),
                 bitmap: Vec::new(),
             }),
             mismatches: AtomicU64::new(0),
             failed: AtomicI32::new(0),
             bitmap_shift: log2_spbb,
+            tags: Mutex::new(tag_cache),
         };
         {
             let mut st = target.lock();
@@ -647,29 +682,76 @@ impl IntegrityTarget {
         };
         let end = (sector + count).min(self.layout.provided_data_sectors);
         let bs = self.cfg.block_size as usize;
+        let ts = self.layout.tag_size as usize;
         let salt = self.salt(&st.sb);
-        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        let mut data = Vec::new();
+        let mut tags = Vec::new();
+        let mut cache = self.lock_tags();
         let mut s = sector;
         while s < end {
             let n = self.layout.sectors_left_in_area(s).min(end - s).min(2048);
-            let mut data = vec![0u8; (n * 512) as usize];
+            data.resize((n * 512) as usize, 0);
             self.dev
                 .read_at(self.layout.data_sector(s) * SECTOR_SIZE, &mut data)?;
-            let mut tags = TagWriter::new(self.mdev().as_ref());
-            tags.preload(
-                self.layout.tag_position(s),
-                (data.len() / bs) as u64 * self.layout.tag_size as u64,
-            )?;
-            for (k, block) in data.chunks_exact(bs).enumerate() {
-                let bsec = s + (k * bs / 512) as u64;
-                hash.tag(salt.as_ref(), bsec, block, &mut tag);
-                tags.set(self.layout.tag_position(bsec), &tag)?;
-            }
-            tags.finish()?;
+            tags.resize(data.len() / bs * ts, 0);
+            hash.tags(salt.as_ref(), s, bs, &data, &mut tags);
+            self.store_tags(&mut cache, s, &tags)?;
             s += n;
         }
+        drop(cache);
         self.dev.flush()?;
         self.mdev().flush()
+    }
+
+    fn lock_tags(&self) -> std::sync::MutexGuard<'_, TagCache> {
+        self.tags.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The metadata run of logical `sector` (see [`TagCache`]).
+    fn tag_run(&self, sector: u64) -> TagRun {
+        self.layout.tag_run(sector)
+    }
+
+    /// Writes the tags of consecutive blocks from logical `sector` (all in one area)
+    /// through the cache and out to the metadata device.
+    fn store_tags(&self, cache: &mut TagCache, sector: u64, tags: &[u8]) -> io::Result<()> {
+        let mdev = self.mdev().as_ref();
+        let r = cache
+            .write(
+                mdev,
+                self.tag_run(sector),
+                self.layout.tag_position(sector),
+                tags,
+            )
+            .and_then(|()| cache.flush(mdev));
+        if r.is_err() {
+            cache.discard_dirty();
+        }
+        r
+    }
+
+    /// The tags of the whole blocks in `data` (the first at logical `sector`) into `out`:
+    /// the caller's (`given`, one per block), else the internal hash's, else zeros (an
+    /// untagged write to an external-tag device).
+    fn compute_tags(
+        &self,
+        salt: Option<&[u8; 16]>,
+        sector: u64,
+        data: &[u8],
+        given: Option<&[u8]>,
+        out: &mut Vec<u8>,
+    ) {
+        let bs = self.cfg.block_size as usize;
+        let ts = self.layout.tag_size as usize;
+        out.clear();
+        match (given, &self.hash) {
+            (Some(t), _) => out.extend_from_slice(t),
+            (None, Some(h)) => {
+                out.resize(data.len() / bs * ts, 0);
+                h.tags(salt, sector, bs, data, out);
+            }
+            (None, None) => out.resize(data.len() / bs * ts, 0),
+        }
     }
 
     /// Writes the in-memory bitmap to the start of the journal area and makes it durable.
@@ -824,6 +906,11 @@ impl IntegrityTarget {
 
     /// Copies the used entries of sections `start..start+count` (wrapping) to their home
     /// locations with their tags, then flushes (`do_journal_write`).
+    ///
+    /// Entries are sorted by home sector (stably, so the newest copy of a sector is the
+    /// last of its group and the only one written); contiguous blocks are assembled
+    /// straight from the journal into one buffer and go out as one write, and their tags
+    /// as one patch of the cached tag buffers.
     fn apply_sections(
         &self,
         st: &mut State,
@@ -831,13 +918,16 @@ impl IntegrityTarget {
         count: u32,
         from_replay: bool,
     ) -> io::Result<()> {
+        /// Largest data write assembled from the journal.
+        const MAX_RUN: usize = 1 << 20;
         let salt = self.salt(&st.sb);
         let bs = self.cfg.block_size as usize;
         let spb = self.layout.sectors_per_block as u64;
-        let mut blocks: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-        let mut tags = TagWriter::new(self.mdev().as_ref());
-        let mut block = vec![0u8; bs];
-        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        let ts = self.layout.tag_size as u64;
+        // (logical sector, section, entry) in journal order.
+        let mut list: Vec<(u64, u32, u32)> = Vec::new();
+        let mut block = Vec::new();
+        let mut tag = vec![0u8; ts as usize];
         for s in 0..count {
             let i = (start + s) % st.journal.sections;
             for e in 0..st.journal.section_entries {
@@ -854,43 +944,82 @@ impl IntegrityTarget {
                         st.journal.set_unused(i, e);
                         continue;
                     }
-                }
-                st.journal.block(i, e, &mut block);
-                if let (true, Some(hash)) = (from_replay, &self.hash) {
-                    hash.tag(salt.as_ref(), sector, &block, &mut tag);
-                    if tag[..] != *st.journal.entry_tag(i, e) {
-                        eprintln!(
-                            "device-mapper: integrity: {}: tag mismatch when replaying journal",
-                            self.dev_spec
-                        );
-                        self.mismatches.fetch_add(1, Ordering::Relaxed);
-                        self.fail(libc::EILSEQ);
+                    if let Some(hash) = &self.hash {
+                        block.clear();
+                        st.journal.append_block(i, e, bs, &mut block);
+                        hash.tag(salt.as_ref(), sector, &block, &mut tag);
+                        if tag[..] != *st.journal.entry_tag(i, e) {
+                            eprintln!(
+                                "device-mapper: integrity: {}: tag mismatch when replaying journal",
+                                self.dev_spec
+                            );
+                            self.mismatches.fetch_add(1, Ordering::Relaxed);
+                            self.fail(libc::EILSEQ);
+                        }
                     }
                 }
-                tags.set(self.layout.tag_position(sector), st.journal.entry_tag(i, e))?;
-                blocks.insert(self.layout.data_sector(sector), block.clone());
+                list.push((sector, i, e));
+                // Only the entry's sector field changes: its data, last bytes and tag
+                // stay readable below.
                 st.journal.set_unused(i, e);
             }
         }
-        // Contiguous runs of home sectors go out as single writes.
-        let mut run: Vec<u8> = Vec::new();
+        // Stable: copies of one sector stay in journal order, the newest last.
+        list.sort_by_key(|&(sector, _, _)| sector);
+
+        let st = &*st;
+        let mut run: Vec<u8> = Vec::with_capacity((list.len() * bs).min(MAX_RUN));
         let mut run_start = 0u64;
-        for (phys, data) in blocks {
-            if !run.is_empty() && run_start + (run.len() / 512) as u64 != phys {
+        let mut tags: Vec<u8> = Vec::new();
+        let mut tags_sector = 0u64;
+        let mut tags_end = 0u64;
+        let mdev = self.mdev().as_ref();
+        let mut cache = self.lock_tags();
+        let mut apply = |cache: &mut TagCache| -> io::Result<()> {
+            for (idx, &(sector, i, e)) in list.iter().enumerate() {
+                if list.get(idx + 1).is_some_and(|next| next.0 == sector) {
+                    continue; // a newer copy follows
+                }
+                let phys = self.layout.data_sector(sector);
+                if !run.is_empty()
+                    && (run_start + (run.len() / 512) as u64 != phys || run.len() >= MAX_RUN)
+                {
+                    self.dev
+                        .write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
+                    run.clear();
+                }
+                if run.is_empty() {
+                    run_start = phys;
+                }
+                st.journal.append_block(i, e, bs, &mut run);
+                let pos = self.layout.tag_position(sector);
+                if !tags.is_empty() && tags_end != pos {
+                    let at = tags_end - tags.len() as u64;
+                    cache.write(mdev, self.tag_run(tags_sector), at, &tags)?;
+                    tags.clear();
+                }
+                if tags.is_empty() {
+                    tags_sector = sector;
+                }
+                tags.extend_from_slice(st.journal.entry_tag(i, e));
+                tags_end = pos + ts;
+            }
+            if !run.is_empty() {
                 self.dev
                     .write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
-                run.clear();
             }
-            if run.is_empty() {
-                run_start = phys;
+            if !tags.is_empty() {
+                let at = tags_end - tags.len() as u64;
+                cache.write(mdev, self.tag_run(tags_sector), at, &tags)?;
             }
-            run.extend_from_slice(&data);
+            cache.flush(mdev)
+        };
+        let r = apply(&mut cache);
+        if r.is_err() {
+            cache.discard_dirty();
         }
-        if !run.is_empty() {
-            self.dev
-                .write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
-        }
-        tags.finish()?;
+        r?;
+        drop(cache);
         self.dev.flush()?;
         if self.meta.is_some() {
             self.mdev().flush()?;
@@ -938,16 +1067,17 @@ impl IntegrityTarget {
         given: Option<&[u8]>,
     ) -> io::Result<()> {
         let bs = self.cfg.block_size as usize;
+        let ts = self.layout.tag_size as usize;
         let salt = self.salt(&st.sb);
-        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        let mut tags = Vec::new();
+        self.compute_tags(salt.as_ref(), sector, data, given, &mut tags);
         for (k, block) in data.chunks_exact(bs).enumerate() {
             if st.free_entry == 0 && st.n_uncommitted == st.journal.sections {
                 self.commit(st)?;
             }
             let s = sector + (k * bs / 512) as u64;
             let (i, e) = (st.free_section, st.free_entry);
-            self.block_tag(salt.as_ref(), s, block, given, k, &mut tag);
-            st.journal.put(i, e, s, block, &tag);
+            st.journal.put(i, e, s, block, &tags[k * ts..(k + 1) * ts]);
             st.pending.insert(s, (i, e));
             st.free_entry += 1;
             if st.free_entry == st.journal.section_entries {
@@ -959,7 +1089,7 @@ impl IntegrityTarget {
         Ok(())
     }
 
-    /// Writes whole blocks and their tags in place (D mode, and wiping).
+    /// Writes whole blocks and their tags in place (D and B modes, and wiping).
     fn direct_write(
         &self,
         st: &State,
@@ -968,9 +1098,11 @@ impl IntegrityTarget {
         given: Option<&[u8]>,
     ) -> io::Result<()> {
         let bs = self.cfg.block_size as usize;
+        let ts = self.layout.tag_size as usize;
         let salt = self.salt(&st.sb);
         let mut done = 0usize;
-        let mut tag = vec![0u8; self.layout.tag_size as usize];
+        let mut tags = Vec::new();
+        let mut cache = self.lock_tags();
         while done < data.len() {
             let s = sector + (done / 512) as u64;
             let n = ((self.layout.sectors_left_in_area(s) * 512) as usize).min(data.len() - done);
@@ -980,18 +1112,9 @@ impl IntegrityTarget {
                 chunk,
                 WriteFlags::default(),
             )?;
-            let mut tags = TagWriter::new(self.mdev().as_ref());
-            tags.preload(
-                self.layout.tag_position(s),
-                (n / bs) as u64 * self.layout.tag_size as u64,
-            )?;
-            let first = done / bs;
-            for (k, block) in chunk.chunks_exact(bs).enumerate() {
-                let bsec = s + (k * bs / 512) as u64;
-                self.block_tag(salt.as_ref(), bsec, block, given, first + k, &mut tag);
-                tags.set(self.layout.tag_position(bsec), &tag)?;
-            }
-            tags.finish()?;
+            let g = given.map(|t| &t[done / bs * ts..(done + n) / bs * ts]);
+            self.compute_tags(salt.as_ref(), s, chunk, g, &mut tags);
+            self.store_tags(&mut cache, s, &tags)?;
             done += n;
         }
         Ok(())
@@ -1009,38 +1132,44 @@ impl IntegrityTarget {
         let bs = self.cfg.block_size as usize;
         let ts = self.layout.tag_size as usize;
         let salt = self.salt(&st.sb);
+        let verify = self.cfg.mode != IntegrityMode::Recovery && self.hash.is_some();
+        let mut stored = Vec::new();
+        let mut computed = Vec::new();
+        let mut cache = None;
         let mut done = 0usize;
-        let mut tag = vec![0u8; ts];
         while done < buf.len() {
             let s = sector + (done / 512) as u64;
             let n = ((self.layout.sectors_left_in_area(s) * 512) as usize).min(buf.len() - done);
             let chunk = &mut buf[done..done + n];
             self.dev
                 .read_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk)?;
-            let verify = self.cfg.mode != IntegrityMode::Recovery && self.hash.is_some();
             if verify || tags_out.is_some() {
                 let nblocks = n / bs;
-                let pos = self.layout.tag_position(s);
-                let first = pos / 512 * 512;
-                let end = (pos + (nblocks * ts) as u64).div_ceil(512) * 512;
-                let mut stored = vec![0u8; (end - first) as usize];
-                self.mdev().read_at(first, &mut stored)?;
-                let base = (pos - first) as usize;
-                if let Some(out) = tags_out.as_deref_mut() {
-                    let at = done / bs * ts;
-                    out[at..at + nblocks * ts].copy_from_slice(&stored[base..base + nblocks * ts]);
-                }
-                let hash = match (&self.hash, verify) {
-                    (Some(h), true) => h,
-                    _ => {
-                        done += n;
-                        continue;
+                let cache = cache.get_or_insert_with(|| self.lock_tags());
+                let at = done / bs * ts;
+                let tagbuf: &mut [u8] = match tags_out.as_deref_mut() {
+                    Some(out) => &mut out[at..at + nblocks * ts],
+                    None => {
+                        stored.resize(nblocks * ts, 0);
+                        &mut stored[..]
                     }
                 };
-                for (k, block) in chunk.chunks_exact(bs).enumerate() {
-                    let bsec = s + (k * bs / 512) as u64;
-                    hash.tag(salt.as_ref(), bsec, block, &mut tag);
-                    if tag[..] != stored[base + k * ts..base + (k + 1) * ts] {
+                cache.read(
+                    self.mdev().as_ref(),
+                    self.tag_run(s),
+                    self.layout.tag_position(s),
+                    tagbuf,
+                )?;
+                if let (Some(hash), true) = (&self.hash, verify) {
+                    computed.resize(nblocks * ts, 0);
+                    hash.tags(salt.as_ref(), s, bs, chunk, &mut computed);
+                    if computed[..] != tagbuf[..] {
+                        let k = (0..nblocks)
+                            .find(|&k| {
+                                computed[k * ts..(k + 1) * ts] != tagbuf[k * ts..(k + 1) * ts]
+                            })
+                            .unwrap_or(0);
+                        let bsec = s + (k * bs / 512) as u64;
                         self.mismatches.fetch_add(1, Ordering::Relaxed);
                         eprintln!(
                             "device-mapper: integrity: {}: Checksum failed at sector 0x{bsec:x}",
@@ -1095,25 +1224,6 @@ impl IntegrityTarget {
             st.journal.init_sections(0, free, next_seq(seq));
         }
         self.write_journal_sections(&st, 0, n)
-    }
-
-    /// Tag of one block: the caller's (`given`, block `k` of the request), else the
-    /// internal hash, else zeros (an untagged write to an external-tag device).
-    fn block_tag(
-        &self,
-        salt: Option<&[u8; 16]>,
-        sector: u64,
-        block: &[u8],
-        given: Option<&[u8]>,
-        k: usize,
-        out: &mut [u8],
-    ) {
-        let ts = out.len();
-        match (given, &self.hash) {
-            (Some(tags), _) => out.copy_from_slice(&tags[k * ts..(k + 1) * ts]),
-            (None, Some(h)) => h.tag(salt, sector, block, out),
-            (None, None) => out.fill(0),
-        }
     }
 
     /// Tagged I/O needs external tags and exactly one tag per block.
@@ -1363,78 +1473,5 @@ impl Target for IntegrityTarget {
 
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-/// Read-modify-write of tag bytes on the metadata device, one 512-byte sector at a time,
-/// written back in sorted runs by [`TagWriter::finish`].
-struct TagWriter<'a> {
-    dev: &'a dyn BlockDevice,
-    sectors: BTreeMap<u64, Vec<u8>>,
-}
-
-impl<'a> TagWriter<'a> {
-    fn new(dev: &'a dyn BlockDevice) -> Self {
-        TagWriter {
-            dev,
-            sectors: BTreeMap::new(),
-        }
-    }
-
-    /// Loads the sectors covering `pos..pos+len` with one read.
-    fn preload(&mut self, pos: u64, len: u64) -> io::Result<()> {
-        let first = pos / 512;
-        let end = (pos + len).div_ceil(512);
-        if end <= first {
-            return Ok(());
-        }
-        let mut buf = vec![0u8; ((end - first) * 512) as usize];
-        self.dev.read_at(first * 512, &mut buf)?;
-        for (k, s) in buf.chunks_exact(512).enumerate() {
-            self.sectors
-                .entry(first + k as u64)
-                .or_insert_with(|| s.to_vec());
-        }
-        Ok(())
-    }
-
-    fn set(&mut self, pos: u64, tag: &[u8]) -> io::Result<()> {
-        let mut done = 0usize;
-        while done < tag.len() {
-            let p = pos + done as u64;
-            let sector = p / 512;
-            if !self.sectors.contains_key(&sector) {
-                let mut b = vec![0u8; 512];
-                self.dev.read_at(sector * 512, &mut b)?;
-                self.sectors.insert(sector, b);
-            }
-            let s = self.sectors.get_mut(&sector).expect("loaded above");
-            let at = (p % 512) as usize;
-            let n = (512 - at).min(tag.len() - done);
-            s[at..at + n].copy_from_slice(&tag[done..done + n]);
-            done += n;
-        }
-        Ok(())
-    }
-
-    fn finish(self) -> io::Result<()> {
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u64;
-        for (sector, data) in self.sectors {
-            if !run.is_empty() && run_start + (run.len() / 512) as u64 != sector {
-                self.dev
-                    .write_at(run_start * 512, &run, WriteFlags::default())?;
-                run.clear();
-            }
-            if run.is_empty() {
-                run_start = sector;
-            }
-            run.extend_from_slice(&data);
-        }
-        if !run.is_empty() {
-            self.dev
-                .write_at(run_start * 512, &run, WriteFlags::default())?;
-        }
-        Ok(())
     }
 }
