@@ -22,19 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-fn uri(sock: &Path) -> String {
-    format!("nbd+unix:///?socket={}", sock.display())
-}
-
-/// Closes the mapping when dropped, so a failing test leaves no daemon behind.
-struct Served(String);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = run(cryptblk().args(["integrity", "close", &self.0]), b"");
-    }
-}
-
 /// `integritysetup dump` (or cryptblk's) as field -> value.
 fn dump_fields(text: &str) -> BTreeMap<String, String> {
     text.lines()
@@ -322,7 +309,7 @@ fn fio_job(sock: &Path, verify_only: bool) -> Command {
     fio.args([
         "--name=int",
         "--ioengine=nbd",
-        &format!("--uri={}", uri(sock)),
+        &format!("--uri={}", nbd_uri(sock)),
         "--rw=write",
         "--bs=4k",
         "--offset=1M",
@@ -353,7 +340,7 @@ fn open_nbd(img: &Path, name: &str, sock: &Path, args: &[&str]) -> Served {
             .arg(sock),
         b"",
     );
-    Served(name.to_string())
+    Served::integrity(name)
 }
 
 #[test]
@@ -431,7 +418,7 @@ fn kernel_and_cryptblk_devices_serve_over_nbd_with_fio_verify() {
             let _s = open_nbd(&img, &name, &sock, &args);
             if let Some(want) = &pattern {
                 let out = dir.path().join("out.bin");
-                run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
+                run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&out), b"");
                 let got = std::fs::read(&out).unwrap();
                 assert!(
                     got[..256 << 10] == want[..],
@@ -523,7 +510,7 @@ fn status_reports_fields_and_counts_mismatches() {
     // Reading the device hits the flipped block: the client sees an error, the counter one.
     let out = run(
         Command::new("nbdcopy")
-            .arg(uri(&sock))
+            .arg(nbd_uri(&sock))
             .arg(dir.path().join("x.bin")),
         b"",
     );
@@ -558,7 +545,7 @@ fn status_reports_fields_and_counts_mismatches() {
     let _r = open_nbd(&img, "t-int-rec", &sock, &["--integrity-recovery-mode"]);
     run_ok(
         Command::new("nbdcopy")
-            .arg(uri(&sock))
+            .arg(nbd_uri(&sock))
             .arg(dir.path().join("y.bin")),
         b"",
     );
@@ -724,9 +711,9 @@ fn verity_status_and_close_on_a_veritysetup_tree() {
             .arg(&sock),
         b"",
     );
-    let served = Served("t-ver-st".into());
+    let served = Served::integrity("t-ver-st");
     let copy = dir.path().join("copy.bin");
-    run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&copy), b"");
+    run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&copy), b"");
     assert!(std::fs::read(&copy).unwrap() == want, "verity read differs");
     let v: serde_json::Value = serde_json::from_str(
         run_ok(

@@ -19,36 +19,12 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/luks2-integrity")
 }
 
-fn uri(sock: &Path) -> String {
-    format!("nbd+unix:///?socket={}", sock.display())
-}
-
-/// Closes the mapping when dropped, so a failing test leaves no daemon behind.
-struct Served(String);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = run(cryptblk().args(["close", &self.0]), b"");
-    }
-}
-
-fn open_nbd(img: &Path, key: &Path, name: &str, sock: &Path) -> Served {
-    run_ok(
-        cryptblk()
-            .args(["open", "--key-file"])
-            .arg(key)
-            .arg(img)
-            .arg(name)
-            .arg("--nbd")
-            .arg(sock),
-        b"",
-    );
-    Served(name.to_string())
-}
-
 /// Exposed size in bytes, as an NBD client sees it.
 fn nbd_size(sock: &Path) -> u64 {
-    let out = run_ok(Command::new("nbdinfo").arg("--size").arg(uri(sock)), b"");
+    let out = run_ok(
+        Command::new("nbdinfo").arg("--size").arg(nbd_uri(sock)),
+        b"",
+    );
     out.trim().parse().unwrap()
 }
 
@@ -58,7 +34,7 @@ fn nbd_head(sock: &Path, len: usize, scratch: &Path) -> Vec<u8> {
     run_ok(
         Command::new("qemu-img")
             .args(["dd", "-f", "raw", "-O", "raw"])
-            .arg(format!("if={}", uri(sock)))
+            .arg(format!("if={}", nbd_uri(sock)))
             .arg(format!("of={}", scratch.display()))
             .arg(format!("bs={len}"))
             .arg("count=1"),
@@ -72,7 +48,7 @@ fn nbd_read_ok(sock: &Path, off: u64, len: usize) -> bool {
     let out = run(
         Command::new("qemu-io")
             .args(["-f", "raw", "-c", &format!("read {off} {len}")])
-            .arg(uri(sock)),
+            .arg(nbd_uri(sock)),
         b"",
     );
     let text = format!(
@@ -132,7 +108,7 @@ fn cryptsetup_made_integrity_volumes_open_in_cryptblk() {
         // Open: exposed size and pattern as the kernel showed them.
         let sock = dir.path().join(format!("{name}.sock"));
         let map = format!("cbint-{}", std::process::id() % 10000);
-        let served = open_nbd(&img, &key, &map, &sock);
+        let served = open_nbd(&img, &key, &map, &sock, &[]);
         assert_eq!(
             nbd_size(&sock).to_string(),
             kernel_fact(&facts, "exposed_bytes"),
@@ -423,7 +399,7 @@ fn cryptblk_formats_integrity_volumes_with_cryptsetups_sizes() {
         }
         let sock = dir.path().join(format!("{i}.sock"));
         let map = format!("cbvec-{}-{i}", std::process::id() % 10000);
-        let served = open_nbd(&img, &key, &map, &sock);
+        let served = open_nbd(&img, &key, &map, &sock, &[]);
         assert_eq!(nbd_size(&sock), row.4 * 512, "{what}: exposed size");
         drop(served);
     }
@@ -442,9 +418,9 @@ fn check_wiped_rows(sector: u32) {
         format_like_vectors(&img, &key, row, true);
         let sock = dir.path().join(format!("w{i}.sock"));
         let map = format!("cbwipe-{}-{i}", std::process::id() % 10000);
-        let served = open_nbd(&img, &key, &map, &sock);
+        let served = open_nbd(&img, &key, &map, &sock, &[]);
         let out = dir.path().join(format!("w{i}.out"));
-        run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
+        run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&out), b"");
         drop(served);
         let data = std::fs::read(&out).unwrap();
         assert_eq!(data.len() as u64, row.4 * 512, "{what}");
@@ -537,7 +513,7 @@ fn integrity_no_journal_opens_direct_mode() {
         c.args(["open", "--key-file"]).arg(&key).arg(&img).arg(&map);
         c.arg("--nbd").arg(&sock).args(extra);
         run_ok(&mut c, b"");
-        let served = Served(map.clone());
+        let served = Served::volume(map.clone());
         let st: serde_json::Value =
             serde_json::from_str(&run_ok(cryptblk().args(["status", "--json", &map]), b""))
                 .unwrap();
@@ -630,9 +606,9 @@ fn integrity_key_size_in_bits_like_cryptsetup() {
         }
         let sock = dir.path().join(format!("k{i}.sock"));
         let map = format!("cbkey-{}-{i}", std::process::id() % 10000);
-        let served = open_nbd(&img, &key, &map, &sock);
+        let served = open_nbd(&img, &key, &map, &sock, &[]);
         let out = dir.path().join(format!("k{i}.out"));
-        run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
+        run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&out), b"");
         drop(served);
         let data = std::fs::read(&out).unwrap();
         assert_eq!(data.len() as u64, sectors * 512, "{integ}");

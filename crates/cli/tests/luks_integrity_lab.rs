@@ -13,10 +13,6 @@ use std::process::Command;
 
 const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
-fn uri(sock: &Path) -> String {
-    format!("nbd+unix:///?socket={}", sock.display())
-}
-
 fn lab_dir() -> PathBuf {
     std::env::var_os("LAB_DIR")
         .map(PathBuf::from)
@@ -28,28 +24,6 @@ fn lab_dir() -> PathBuf {
 fn sha256_hex(path: &Path) -> String {
     let out = run_ok(Command::new("sha256sum").arg(path), b"");
     out.split_whitespace().next().unwrap().to_string()
-}
-
-struct Served(String);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = run(cryptblk().args(["close", &self.0]), b"");
-    }
-}
-
-fn open_nbd(img: &Path, key: &Path, name: &str, sock: &Path) -> Served {
-    run_ok(
-        cryptblk()
-            .args(["open", "--key-file"])
-            .arg(key)
-            .arg(img)
-            .arg(name)
-            .arg("--nbd")
-            .arg(sock),
-        b"",
-    );
-    Served(name.to_string())
 }
 
 /// (name, cipher, integrity, key bits, sector size, extra luksFormat options)
@@ -149,14 +123,17 @@ fn kernel_reads_cryptblk_integrity_volumes_and_back() {
         // Fill the whole exposed device through cryptblk (every tag written by cryptblk).
         let sock = work.path().join(format!("{i}.sock"));
         let map = format!("cblab-{}-{i}", std::process::id() % 10000);
-        let served = open_nbd(&img, &key, &map, &sock);
-        let size: u64 = run_ok(Command::new("nbdinfo").arg("--size").arg(uri(&sock)), b"")
-            .trim()
-            .parse()
-            .unwrap();
+        let served = open_nbd(&img, &key, &map, &sock, &[]);
+        let size: u64 = run_ok(
+            Command::new("nbdinfo").arg("--size").arg(nbd_uri(&sock)),
+            b"",
+        )
+        .trim()
+        .parse()
+        .unwrap();
         let data = work.path().join(format!("{i}.data"));
         write_pattern(&data, size as usize, 100 + i as u64);
-        run_ok(Command::new("nbdcopy").arg(&data).arg(uri(&sock)), b"");
+        run_ok(Command::new("nbdcopy").arg(&data).arg(nbd_uri(&sock)), b"");
         drop(served);
         std::fs::write(
             s.join(format!("{name}.expect")),
@@ -188,12 +165,12 @@ fn kernel_reads_cryptblk_integrity_volumes_and_back() {
         let img = s.join(format!("{name}.kernel.img"));
         let sock = work.path().join(format!("k{i}.sock"));
         let map = format!("cblabk-{}-{i}", std::process::id() % 10000);
-        let served = open_nbd(&img, &key, &map, &sock);
+        let served = open_nbd(&img, &key, &map, &sock, &[]);
         let head = work.path().join(format!("k{i}.head"));
         run_ok(
             Command::new("qemu-img")
                 .args(["dd", "-f", "raw", "-O", "raw"])
-                .arg(format!("if={}", uri(&sock)))
+                .arg(format!("if={}", nbd_uri(&sock)))
                 .arg(format!("of={}", head.display()))
                 .args(["bs=65536", "count=1"]),
             b"",

@@ -9,34 +9,6 @@ use std::time::{Duration, Instant};
 
 const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
-fn uri(sock: &Path) -> String {
-    format!("nbd+unix:///?socket={}", sock.display())
-}
-
-/// Closes the mapping when dropped, so a failing test does not leave a daemon behind.
-struct Served(&'static str);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = run(cryptblk().args(["close", self.0]), b"");
-    }
-}
-
-fn open_nbd(img: &Path, key: &Path, name: &'static str, sock: &Path, extra: &[&str]) -> Served {
-    run_ok(
-        cryptblk()
-            .args(["open", "--key-file"])
-            .arg(key)
-            .args(extra)
-            .arg(img)
-            .arg(name)
-            .arg("--nbd")
-            .arg(sock),
-        b"",
-    );
-    Served(name)
-}
-
 #[test]
 fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let Some(_) = tool("nbdcopy") else { return };
@@ -60,7 +32,10 @@ fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let sock = dir.path().join("nbd.sock");
     {
         let _s = open_nbd(&img, &key, "t-nbd-w", &sock, &[]);
-        run_ok(Command::new("nbdcopy").arg(&data_path).arg(uri(&sock)), b"");
+        run_ok(
+            Command::new("nbdcopy").arg(&data_path).arg(nbd_uri(&sock)),
+            b"",
+        );
     }
     // The daemon is gone; check the bytes on disk with cryptsetup's volume key.
     let vk = cryptsetup_volume_key(&img, &key, &[]).unwrap();
@@ -87,7 +62,7 @@ fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let out = dir.path().join("out.bin");
     {
         let _s = open_nbd(&img, &key, "t-nbd-r", &sock, &["--readonly"]);
-        run_ok(Command::new("nbdcopy").arg(uri(&sock)).arg(&out), b"");
+        run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&out), b"");
     }
     let back = std::fs::read(&out).unwrap();
     assert!(
@@ -121,14 +96,14 @@ fn qemu_img_converts_in_and_out() {
         Command::new("qemu-img")
             .args(["convert", "-n", "-f", "raw", "-O", "raw"])
             .arg(&src)
-            .arg(uri(&sock)),
+            .arg(nbd_uri(&sock)),
         b"",
     );
     let dst = dir.path().join("dst.raw");
     run_ok(
         Command::new("qemu-img")
             .args(["convert", "-f", "raw", "-O", "raw"])
-            .arg(uri(&sock))
+            .arg(nbd_uri(&sock))
             .arg(&dst),
         b"",
     );
@@ -146,7 +121,7 @@ fn qemu_img_converts_in_and_out() {
         "-c",
         "read -P 0xab 1M 64k",
     ])
-    .arg(uri(&sock));
+    .arg(nbd_uri(&sock));
     let out = run_ok(&mut io, b"");
     assert!(!out.contains("Pattern verification failed"), "{out}");
 }
@@ -178,7 +153,7 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
             .arg(&sock),
         b"",
     );
-    let _s = Served("t-flip");
+    let _s = Served::volume("t-flip");
 
     let mut fio = Command::new("fio");
     // fio leaves verify state files in its working directory.
@@ -186,7 +161,7 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
     fio.args([
         "--name=flip",
         "--ioengine=nbd",
-        &format!("--uri={}", uri(&sock)),
+        &format!("--uri={}", nbd_uri(&sock)),
         // Each job owns its half of the device, writes it at random and verifies as it goes
         // (verify_backlog), so reads and writes interleave across every flip.
         "--rw=randwrite",
@@ -278,7 +253,10 @@ fn sigterm_flushes_and_data_survives() {
     );
     let facts: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let pid = facts["pid"].as_i64().unwrap() as i32;
-    run_ok(Command::new("nbdcopy").arg(&data_path).arg(uri(&sock)), b"");
+    run_ok(
+        Command::new("nbdcopy").arg(&data_path).arg(nbd_uri(&sock)),
+        b"",
+    );
     // SAFETY: signalling a child process we started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let ctl = runtime_dir().join("t-term.ctl");
@@ -415,7 +393,7 @@ fn dm_reload_suspend_resume_under_fio_verify() {
             .arg(&sock),
         b"",
     );
-    let _s = Served("t-reload");
+    let _s = Served::volume("t-reload");
     // Keys are masked in `dm table`, as dmsetup masks them without --showkeys.
     let shown = run_ok(cryptblk().args(["dm", "table", "t-reload"]), b"");
     assert!(
@@ -429,7 +407,7 @@ fn dm_reload_suspend_resume_under_fio_verify() {
     fio.args([
         "--name=reload",
         "--ioengine=nbd",
-        &format!("--uri={}", uri(&sock)),
+        &format!("--uri={}", nbd_uri(&sock)),
         "--rw=randwrite",
         "--bs=16k",
         "--size=48M",
@@ -495,11 +473,14 @@ fn plain_volume_uses_cryptsetups_key_derivation_and_offsets() {
         b"blabla\n",
     );
     {
-        let _s = Served("t-plain");
+        let _s = Served::volume("t-plain");
         let st = run_ok(cryptblk().args(["status", "t-plain", "--json"]), b"");
         let v: serde_json::Value = serde_json::from_str(&st).unwrap();
         assert_eq!(v["size"].as_u64().unwrap(), (16 << 20) - 2048 * 512);
-        run_ok(Command::new("nbdcopy").arg(&data_path).arg(uri(&sock)), b"");
+        run_ok(
+            Command::new("nbdcopy").arg(&data_path).arg(nbd_uri(&sock)),
+            b"",
+        );
     }
     let vk = "ccadd99b16cd3d200c22d6db45d8b6630ef3d936767127347ec8a76ab992c2ea";
     let raw = std::fs::read(&img).unwrap();

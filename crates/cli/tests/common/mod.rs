@@ -192,3 +192,55 @@ pub fn spawn_captured(cmd: &mut Command) -> std::process::Child {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
 }
+
+/// The NBD URI of an export on Unix socket `sock`.
+pub fn nbd_uri(sock: &Path) -> String {
+    format!("nbd+unix:///?socket={}", sock.display())
+}
+
+/// A mapping served by a `cryptblk` daemon, closed when dropped so that a failing test
+/// leaves no daemon behind.
+pub struct Served {
+    close: &'static [&'static str],
+    name: String,
+}
+
+impl Served {
+    /// A mapping closed with `cryptblk close NAME`.
+    pub fn volume(name: impl Into<String>) -> Self {
+        Served {
+            close: &["close"],
+            name: name.into(),
+        }
+    }
+
+    /// A mapping closed with `cryptblk integrity close NAME`.
+    pub fn integrity(name: impl Into<String>) -> Self {
+        Served {
+            close: &["integrity", "close"],
+            name: name.into(),
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = run(cryptblk().args(self.close).arg(&self.name), b"");
+    }
+}
+
+/// `cryptblk open --key-file KEY EXTRA.. IMG NAME --nbd SOCK`, checked to succeed.
+pub fn open_nbd(img: &Path, key: &Path, name: &str, sock: &Path, extra: &[&str]) -> Served {
+    run_ok(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(key)
+            .args(extra)
+            .arg(img)
+            .arg(name)
+            .arg("--nbd")
+            .arg(sock),
+        b"",
+    );
+    Served::volume(name)
+}
