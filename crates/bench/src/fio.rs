@@ -28,6 +28,32 @@ pub enum FioTarget {
     },
 }
 
+/// How a fio job checks data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FioVerify {
+    /// No verification.
+    Off,
+    /// `--verify=crc32c` with a backlog, so mixed time-based jobs really read back and check
+    /// what they wrote (without a backlog fio's verify phase never runs for them).
+    Backlog,
+    /// `--verify=crc32c --do_verify=0`: writes carry fio's checksummed headers but are not
+    /// read back; reads check the header of every block they read (fio does that for
+    /// read-only jobs), so a later read job verifies what earlier write jobs wrote without
+    /// verification reads inflating the write figures.
+    Headers,
+}
+
+impl FioVerify {
+    /// `Backlog` when `on`, else `Off`.
+    pub fn backlog_if(on: bool) -> Self {
+        if on {
+            FioVerify::Backlog
+        } else {
+            FioVerify::Off
+        }
+    }
+}
+
 /// One fio invocation.
 #[derive(Clone, Debug)]
 pub struct FioJob<'a> {
@@ -41,9 +67,8 @@ pub struct FioJob<'a> {
     pub region: u64,
     /// Time-based runtime.
     pub runtime: Duration,
-    /// `--verify=crc32c` with a backlog, so mixed time-based jobs really read back and check
-    /// what they wrote (without a backlog fio's verify phase never runs for them).
-    pub verify: bool,
+    /// How fio checks the data (see [`FioVerify`]).
+    pub verify: FioVerify,
     /// Write bandwidth/latency logs averaged over this interval, with this path prefix.
     pub logs: Option<(PathBuf, Duration)>,
 }
@@ -94,15 +119,23 @@ impl FioJob<'_> {
                 a.push("--direct=1".into());
             }
         }
-        if self.verify {
-            a.push("--verify=crc32c".into());
-            a.push("--verify_fatal=1".into());
-            // Check each block soon after it is written: with time_based mixed jobs the
-            // backlog is what makes fio verify at all.
-            a.push(format!(
-                "--verify_backlog={}",
-                (1 << 20) / w.block_size.max(1) + 1
-            ));
+        match self.verify {
+            FioVerify::Off => {}
+            FioVerify::Backlog => {
+                a.push("--verify=crc32c".into());
+                a.push("--verify_fatal=1".into());
+                // Check each block soon after it is written: with time_based mixed jobs the
+                // backlog is what makes fio verify at all.
+                a.push(format!(
+                    "--verify_backlog={}",
+                    (1 << 20) / w.block_size.max(1) + 1
+                ));
+            }
+            FioVerify::Headers => {
+                a.push("--verify=crc32c".into());
+                a.push("--verify_fatal=1".into());
+                a.push("--do_verify=0".into());
+            }
         }
         if let Some((prefix, every)) = &self.logs {
             a.push(format!("--write_bw_log={}", prefix.display()));
@@ -164,16 +197,67 @@ pub fn run(fio: &Path, job: &FioJob<'_>, work_dir: &Path) -> Result<RunMetrics, 
         other => other,
     })?;
     m.verify = VerifyStats {
-        enabled: job.verify,
-        method: if job.verify {
-            "fio-crc32c".into()
-        } else {
-            String::new()
+        enabled: job.verify != FioVerify::Off,
+        method: match job.verify {
+            FioVerify::Off => String::new(),
+            FioVerify::Backlog => "fio-crc32c".into(),
+            FioVerify::Headers if job.workload.read_percent == 0 => "fio-crc32c-headers".into(),
+            FioVerify::Headers => "fio-crc32c-read".into(),
         },
         checked_reads: 0,
         errors: 0,
     };
     Ok(m)
+}
+
+/// Writes `[offset, offset + len)` of the NBD export at `uri` once, sequentially, with fio's
+/// crc32c verification headers every 4 KiB (1 MiB requests, not read back), so that later
+/// 4 KiB read jobs with [`FioVerify::Headers`] check every block they read.
+pub fn fill_with_headers(
+    fio: &Path,
+    uri: &str,
+    offset: u64,
+    len: u64,
+    work_dir: &Path,
+) -> Result<(), BenchError> {
+    let w = Workload {
+        name: "fill".into(),
+        description: String::new(),
+        pattern: crate::workload::AccessPattern::Sequential,
+        read_percent: 0,
+        block_size: 1 << 20,
+        jobs: 1,
+        iodepth: 4,
+    };
+    let job = FioJob {
+        target: FioTarget::Nbd { uri: uri.into() },
+        workload: &w,
+        offset,
+        region: len,
+        runtime: Duration::from_secs(1),
+        verify: FioVerify::Headers,
+        logs: None,
+    };
+    // One pass: without time_based a sequential job stops at the end of its size.
+    let mut args = job.args(&work_dir.join("fill.json"));
+    args.retain(|a| !a.starts_with("--time_based") && !a.starts_with("--runtime"));
+    args.push("--verify_interval=4096".into());
+    let out = Command::new(fio)
+        .args(&args)
+        .current_dir(work_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| BenchError::Tool(format!("cannot run {}: {e}", fio.display())))?;
+    if !out.status.success() {
+        return Err(BenchError::Fio(format!(
+            "filling {uri} with verification headers failed ({}): {}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stderr), 600)
+        )));
+    }
+    Ok(())
 }
 
 fn tail(s: &str, max: usize) -> String {
@@ -380,7 +464,7 @@ mod tests {
             offset: 256 << 20,
             region: 256 << 20,
             runtime: Duration::from_millis(1500),
-            verify: true,
+            verify: FioVerify::Backlog,
             logs: None,
         };
         let a = job.args(Path::new("/tmp/o.json"));
@@ -402,7 +486,7 @@ mod tests {
                 uri: "nbd+unix:///?socket=/s".into(),
             },
             workload: &all[4],
-            verify: false,
+            verify: FioVerify::Off,
             ..job
         };
         let a = job.args(Path::new("/tmp/o.json"));

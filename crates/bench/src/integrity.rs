@@ -15,21 +15,70 @@
 //! - `verity`: a `verity` target over a data RAM disk whose sha256 tree cryptblk built
 //!   (read workloads only, as the reference's dm-verity column).
 //!
-//! Every read is checked against the engine's pattern, so a configuration that returned
-//! wrong data fails instead of reporting a speed.
+//! Transports ([`select_transports`]): `inproc` (default) drives the mapping in process over
+//! `[0, region)`, every read checked against the engine's pattern; `nbd` serves the mapping
+//! with cryptblk's NBD server on a Unix socket and drives `[region, 2 * region)` with fio's
+//! `nbd` engine, as a block-device client would see it: that region is first written once
+//! with fio's crc32c headers, write jobs write headers too (not read back, so the write
+//! figures hold writes only) and read jobs check the header of every block they read. Either
+//! way a configuration that returned wrong data fails instead of reporting a speed.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::{BlockDevice, Mapping, Registry};
+use cryptblk_export::NbdServer;
 use cryptblk_format::hdrio::HeaderIo;
 use serde::Serialize;
 
 use crate::engine::{self, EngineRun};
+use crate::fio::{self, FioJob, FioTarget, FioVerify};
 use crate::pattern::GenerationMap;
+use crate::stack::serve_nbd;
 use crate::workload::{AccessPattern, Workload};
-use crate::BenchError;
+use crate::{BenchError, Transport};
+
+/// The transports the integrity report runs over.
+pub const TRANSPORTS: [Transport; 2] = [Transport::Inproc, Transport::Nbd];
+
+/// The transports named by `--transport` filters, in [`TRANSPORTS`] order; none named:
+/// `inproc` only. `loop` (FUSE + loop device) is refused: the report runs in process or
+/// over NBD.
+pub fn select_transports(names: &[String]) -> Result<Vec<Transport>, BenchError> {
+    if names.is_empty() {
+        return Ok(vec![Transport::Inproc]);
+    }
+    let mut out = Vec::new();
+    for n in names {
+        match TRANSPORTS.iter().find(|t| t.name() == n.as_str()) {
+            Some(t) => {
+                if !out.contains(t) {
+                    out.push(*t);
+                }
+            }
+            None => {
+                return Err(BenchError::UnknownName {
+                    what: "integrity report transport".into(),
+                    name: n.clone(),
+                    known: TRANSPORTS.map(Transport::name).join(", "),
+                })
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// What the NBD transport needs while a stack is built: fio (to write the verification
+/// headers of the NBD region) and a directory for sockets and fio output.
+pub struct NbdSetup<'a> {
+    /// The fio program.
+    pub fio: &'a Path,
+    /// Directory for the Unix sockets and fio's JSON.
+    pub dir: &'a Path,
+}
 
 /// What a configuration maps.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -226,11 +275,15 @@ pub struct IntegrityStack {
     pub tables: Vec<String>,
     names: Vec<String>,
     registry: Arc<Registry>,
+    nbd: Option<NbdServer>,
     _held: Vec<Arc<dyn BlockDevice>>,
 }
 
 impl Drop for IntegrityStack {
     fn drop(&mut self) {
+        if let Some(s) = self.nbd.take() {
+            let _ = s.stop();
+        }
         for n in self.names.iter().rev() {
             let _ = self.registry.remove(n);
         }
@@ -261,13 +314,16 @@ fn mask_keys(table: &str, key: Option<&SecretBytes>) -> String {
 
 impl IntegrityStack {
     /// Builds `config` over RAM disks of `size` bytes and prefills `[0, region)` with the
-    /// engine's generation-0 pattern. `Ok(None)` with a reason: the configuration cannot be
-    /// loaded by this build (the crypt+integrity AEAD table before crates/dm supports it).
+    /// engine's generation-0 pattern. With `nbd`, also serves the mapping over NBD and
+    /// writes `[region, 2 * region)` once with fio's verification headers (for verity: on
+    /// the data disk, before the tree is built). `Ok(Err(reason))`: the configuration cannot
+    /// be loaded by this build (the crypt+integrity AEAD table before crates/dm supports it).
     pub fn create(
         registry: &Arc<Registry>,
         config: &IntegrityBenchConfig,
         size: u64,
         region: u64,
+        nbd: Option<&NbdSetup<'_>>,
     ) -> Result<Result<Self, String>, BenchError> {
         let tag = format!("{}-{}", config.name, std::process::id());
         let ram = format!("ram:{size}#ibench-{tag}");
@@ -338,12 +394,21 @@ impl IntegrityStack {
                 }
             }
             IntegrityKind::Verity { once } => {
-                let data_spec = format!("ram:{region}#ibench-data-{tag}");
-                let hash_spec = format!("ram:{}#ibench-hash-{tag}", region / 64 + (4 << 20));
+                let data_len = if nbd.is_some() { 2 * region } else { region };
+                let data_spec = format!("ram:{data_len}#ibench-data-{tag}");
+                let hash_spec = format!("ram:{}#ibench-hash-{tag}", data_len / 64 + (4 << 20));
                 let data = registry.open_device(&data_spec).map_err(dm)?;
                 let hash = registry.open_device(&hash_spec).map_err(dm)?;
                 engine::prefill(data.as_ref(), 0, region)?;
-                let mut p = cryptblk_format::verity::VerityParams::defaults(region / 4096);
+                if let Some(n) = nbd {
+                    // fio's headers go on the data disk before the tree hashes it.
+                    let server = serve_nbd(data.clone(), n.dir, &format!("{}-data", config.name))?;
+                    let filled =
+                        fio::fill_with_headers(n.fio, &server.uri(), region, region, n.dir);
+                    let _ = server.stop();
+                    filled?;
+                }
+                let mut p = cryptblk_format::verity::VerityParams::defaults(data_len / 4096);
                 p.uuid = Some([7; 16]);
                 let done = cryptblk_format::verity::format(
                     &DeviceIo(data.clone()),
@@ -355,7 +420,7 @@ impl IntegrityStack {
                     .table_params(&data_spec, &hash_spec, &done.root_hash)
                     .map_err(|e| BenchError::Dm(format!("verity table: {e}")))?;
                 let opts = if *once { " 1 check_at_most_once" } else { "" };
-                let t = format!("0 {} verity {params}{opts}", region / 512);
+                let t = format!("0 {} verity {params}{opts}", data_len / 512);
                 held.push(data);
                 held.push(hash);
                 tables.push(t.clone());
@@ -363,17 +428,33 @@ impl IntegrityStack {
             }
         };
         names.push(name);
-        let stack = IntegrityStack {
+        let mut stack = IntegrityStack {
             config: config.clone(),
             mapping,
             generations: GenerationMap::new(region),
             tables,
             names,
             registry: registry.clone(),
+            nbd: None,
             _held: held,
         };
         if config.writable() {
             engine::prefill(stack.device().as_ref(), 0, region)?;
+        }
+        if let Some(n) = nbd {
+            if stack.mapping.size() < 2 * region {
+                return Err(BenchError::Options(format!(
+                    "{}: the mapping provides {} bytes, the NBD region needs {}",
+                    config.name,
+                    stack.mapping.size(),
+                    2 * region
+                )));
+            }
+            let server = serve_nbd(stack.device(), n.dir, &config.name)?;
+            if config.writable() {
+                fio::fill_with_headers(n.fio, &server.uri(), region, region, n.dir)?;
+            }
+            stack.nbd = Some(server);
         }
         Ok(Ok(stack))
     }
@@ -381,6 +462,11 @@ impl IntegrityStack {
     /// The device to drive.
     pub fn device(&self) -> Arc<dyn BlockDevice> {
         self.mapping.clone()
+    }
+
+    /// The NBD URI serving the mapping, when it was built for the NBD transport.
+    pub fn nbd_uri(&self) -> Option<String> {
+        self.nbd.as_ref().map(NbdServer::uri)
     }
 }
 
@@ -399,6 +485,12 @@ pub struct IntegrityBenchOptions {
     pub configs: Vec<String>,
     /// Workload filters (`--workload`; empty: all four).
     pub workloads: Vec<String>,
+    /// Transports, from [`select_transports`] (empty: inproc).
+    pub transports: Vec<Transport>,
+    /// The fio program of the NBD transport.
+    pub fio: PathBuf,
+    /// Directory for sockets and fio output (default: a temporary directory).
+    pub work_dir: Option<PathBuf>,
 }
 
 impl Default for IntegrityBenchOptions {
@@ -410,6 +502,9 @@ impl Default for IntegrityBenchOptions {
             region: 256 << 20,
             configs: Vec::new(),
             workloads: Vec::new(),
+            transports: vec![Transport::Inproc],
+            fio: PathBuf::from("fio"),
+            work_dir: None,
         }
     }
 }
@@ -417,6 +512,8 @@ impl Default for IntegrityBenchOptions {
 /// One cell: the median MB/s of a configuration under a workload.
 #[derive(Clone, Debug, Serialize)]
 pub struct IntegrityCell {
+    /// Transport name (`inproc`, `nbd`).
+    pub transport: String,
     /// Configuration name.
     pub config: String,
     /// Workload name.
@@ -446,6 +543,10 @@ pub struct IntegrityReport {
     pub repeats: u32,
     /// Region covered by the workloads, bytes.
     pub region: u64,
+    /// Transports, in table order, with what each one is.
+    pub transports: Vec<(String, String)>,
+    /// 1-minute load average at the start and at the end.
+    pub load_avg: (f64, f64),
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -458,7 +559,25 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Runs the experiment: per workload, `repeats` rounds over every configuration in order.
+/// What a transport is, for the report (fails when it cannot run here: a transport that
+/// was asked for never quietly disappears from the table).
+fn describe_transport(t: Transport, fio_bin: &Path) -> Result<String, BenchError> {
+    match t {
+        Transport::Inproc => Ok("in process: one thread calls the mapping directly, every read checked against the written pattern".into()),
+        _ => {
+            let v = fio::version(fio_bin).ok_or_else(|| {
+                BenchError::Tool(format!("the nbd transport needs fio ({} does not run)", fio_bin.display()))
+            })?;
+            if !fio::has_engine(fio_bin, "nbd") {
+                return Err(BenchError::Tool(format!("{v} has no nbd engine (fio --enghelp does not list it)")));
+            }
+            Ok(format!("{v} --ioengine=nbd (libnbd) against cryptblk's NbdServer on a Unix socket; fio crc32c headers written by the write jobs, checked on every read"))
+        }
+    }
+}
+
+/// Runs the experiment: per workload and transport, `repeats` rounds over every
+/// configuration in order.
 pub fn run(opts: &IntegrityBenchOptions) -> Result<IntegrityReport, BenchError> {
     if opts.region % 4096 != 0 || opts.region == 0 || opts.region > opts.device_size / 2 {
         return Err(BenchError::Options(format!(
@@ -466,16 +585,32 @@ pub fn run(opts: &IntegrityBenchOptions) -> Result<IntegrityReport, BenchError> 
             opts.region, opts.device_size
         )));
     }
+    let load_start = crate::runner::load_avg();
+    let mut transports = opts.transports.clone();
+    if transports.is_empty() {
+        transports.push(Transport::Inproc);
+    }
+    let mut described = Vec::new();
+    for t in &transports {
+        described.push((t.name().to_string(), describe_transport(*t, &opts.fio)?));
+    }
     let all = IntegrityBenchConfig::builtin();
     let mut chosen = crate::config::select("configuration", &all, |c| &c.name, &opts.configs)?;
     if !chosen.iter().any(|c| c.name == "plain") {
         chosen.insert(0, all[0].clone());
     }
+    let workloads = crate::config::select("workload", &workloads(), |w| &w.name, &opts.workloads)?;
+    let (_tmp, work) = crate::runner::work_dir_at(opts.work_dir.as_deref())?;
+    let setup = NbdSetup {
+        fio: &opts.fio,
+        dir: &work,
+    };
+    let nbd = transports.contains(&Transport::Nbd).then_some(&setup);
     let registry = Arc::new(Registry::new());
     let mut stacks = Vec::new();
     let mut skipped = Vec::new();
     for c in &chosen {
-        match IntegrityStack::create(&registry, c, opts.device_size, opts.region)? {
+        match IntegrityStack::create(&registry, c, opts.device_size, opts.region, nbd)? {
             Ok(s) => stacks.push(s),
             Err(why) => {
                 eprintln!("{}: skipped: {why}", c.name);
@@ -483,44 +618,69 @@ pub fn run(opts: &IntegrityBenchOptions) -> Result<IntegrityReport, BenchError> 
             }
         }
     }
-    let workloads = crate::config::select("workload", &workloads(), |w| &w.name, &opts.workloads)?;
     let mut cells = Vec::new();
     for w in &workloads {
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); stacks.len()];
-        for r in 0..opts.repeats.max(1) {
-            for (i, s) in stacks.iter().enumerate() {
-                if w.read_percent < 100 && !s.config.writable() {
+        for &t in &transports {
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); stacks.len()];
+            for r in 0..opts.repeats.max(1) {
+                for (i, s) in stacks.iter().enumerate() {
+                    if w.read_percent < 100 && !s.config.writable() {
+                        continue;
+                    }
+                    let what = |e: BenchError| {
+                        BenchError::Io(format!("{} {} {}: {e}", s.config.name, w.name, t.name()))
+                    };
+                    let m = match t {
+                        Transport::Inproc => engine::run(&EngineRun {
+                            device: s.device(),
+                            workload: w,
+                            region_offset: 0,
+                            region_len: opts.region,
+                            runtime: opts.runtime,
+                            generations: &s.generations,
+                            live: None,
+                            seed: 0x1a7e ^ (u64::from(r) << 16) ^ i as u64,
+                        })
+                        .map_err(what)?,
+                        _ => {
+                            let uri = s.nbd_uri().ok_or_else(|| {
+                                BenchError::Export(format!(
+                                    "{} is not served over NBD",
+                                    s.config.name
+                                ))
+                            })?;
+                            let job = FioJob {
+                                target: FioTarget::Nbd { uri },
+                                workload: w,
+                                offset: opts.region,
+                                region: opts.region,
+                                runtime: opts.runtime,
+                                verify: FioVerify::Headers,
+                                logs: None,
+                            };
+                            fio::run(&opts.fio, &job, &work).map_err(what)?
+                        }
+                    };
+                    let mb = if w.read_percent == 100 {
+                        m.read.mb_s
+                    } else {
+                        m.write.mb_s
+                    };
+                    samples[i].push(mb);
+                }
+            }
+            for (s, v) in stacks.iter().zip(samples) {
+                if v.is_empty() {
                     continue;
                 }
-                let m = engine::run(&EngineRun {
-                    device: s.device(),
-                    workload: w,
-                    region_offset: 0,
-                    region_len: opts.region,
-                    runtime: opts.runtime,
-                    generations: &s.generations,
-                    live: None,
-                    seed: 0x1a7e ^ (u64::from(r) << 16) ^ i as u64,
-                })
-                .map_err(|e| BenchError::Io(format!("{} {}: {e}", s.config.name, w.name)))?;
-                let mb = if w.read_percent == 100 {
-                    m.read.mb_s
-                } else {
-                    m.write.mb_s
-                };
-                samples[i].push(mb);
+                cells.push(IntegrityCell {
+                    transport: t.name().into(),
+                    config: s.config.name.clone(),
+                    workload: w.name.clone(),
+                    mb_s: median(&v),
+                    samples: v,
+                });
             }
-        }
-        for (s, v) in stacks.iter().zip(samples) {
-            if v.is_empty() {
-                continue;
-            }
-            cells.push(IntegrityCell {
-                config: s.config.name.clone(),
-                workload: w.name.clone(),
-                mb_s: median(&v),
-                samples: v,
-            });
         }
     }
     Ok(IntegrityReport {
@@ -535,6 +695,8 @@ pub fn run(opts: &IntegrityBenchOptions) -> Result<IntegrityReport, BenchError> 
         runtime_s: opts.runtime.as_secs_f64(),
         repeats: opts.repeats.max(1),
         region: opts.region,
+        transports: described,
+        load_avg: (load_start, crate::runner::load_avg()),
     })
 }
 
@@ -547,24 +709,24 @@ pub const AIMS: [(&str, &[&str], f64); 4] = [
 ];
 
 impl IntegrityReport {
-    /// Median MB/s of `config` under `workload`.
-    pub fn mb_s(&self, config: &str, workload: &str) -> Option<f64> {
+    /// Median MB/s of `config` under `workload` over `transport`.
+    pub fn mb_s(&self, transport: &str, config: &str, workload: &str) -> Option<f64> {
         self.cells
             .iter()
-            .find(|c| c.config == config && c.workload == workload)
+            .find(|c| c.transport == transport && c.config == config && c.workload == workload)
             .map(|c| c.mb_s)
     }
 
-    /// `config`'s figure over plain's for `workload`.
-    pub fn ratio(&self, config: &str, workload: &str) -> Option<f64> {
-        let p = self.mb_s("plain", workload)?;
-        let c = self.mb_s(config, workload)?;
+    /// `config`'s figure over plain's for `workload` on the same transport.
+    pub fn ratio(&self, transport: &str, config: &str, workload: &str) -> Option<f64> {
+        let p = self.mb_s(transport, "plain", workload)?;
+        let c = self.mb_s(transport, config, workload)?;
         (p > 0.0).then_some(c / p)
     }
 
-    /// The reference's table: one row per workload, per configuration its MB/s and (except
-    /// plain) its overhead against plain in percent.
-    pub fn render_markdown(&self) -> String {
+    /// The reference's table for one transport: one row per workload, per configuration
+    /// its MB/s and (except plain) its overhead against plain in percent.
+    pub fn render_table(&self, transport: &str) -> String {
         let mut head = String::from("| |");
         let mut rule = String::from("|---|");
         for c in &self.configs {
@@ -579,12 +741,12 @@ impl IntegrityReport {
         for w in &self.workloads {
             out.push_str(&format!("| {} MB/s |", w.name));
             for c in &self.configs {
-                match self.mb_s(&c.name, &w.name) {
+                match self.mb_s(transport, &c.name, &w.name) {
                     Some(v) => out.push_str(&format!(" {v:.1} |")),
                     None => out.push_str(" - |"),
                 }
                 if c.name != "plain" {
-                    match self.ratio(&c.name, &w.name) {
+                    match self.ratio(transport, &c.name, &w.name) {
                         Some(r) => out.push_str(&format!(" {:+.1}% |", (r - 1.0) * 100.0)),
                         None => out.push_str(" N/A |"),
                     }
@@ -595,20 +757,44 @@ impl IntegrityReport {
         out
     }
 
-    /// The aims next to the measured ratios.
+    /// One table per transport; with more than one, each under a heading naming it.
+    pub fn render_markdown(&self) -> String {
+        if let [(only, _)] = self.transports.as_slice() {
+            return self.render_table(only);
+        }
+        let mut out = String::new();
+        for (i, (t, what)) in self.transports.iter().enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            out.push_str(&format!("#### Transport `{t}` ({what})\n\n"));
+            out.push_str(&self.render_table(t));
+        }
+        out
+    }
+
+    /// The aims next to the measured ratios, one ratio and verdict column per transport.
     pub fn render_aims(&self) -> String {
-        let mut out = String::from(
-            "| aim | workload | measured ratio to plain | met |\n|---|---|---:|---|\n",
-        );
+        let mut out = String::from("| aim | workload |");
+        let mut rule = String::from("|---|---|");
+        for (t, _) in &self.transports {
+            out.push_str(&format!(" ratio to plain ({t}) | met ({t}) |"));
+            rule.push_str("---:|---|");
+        }
+        out.push('\n');
+        out.push_str(&rule);
+        out.push('\n');
         for (config, works, min) in AIMS {
             for w in works {
-                let (measured, met) = match self.ratio(config, w) {
-                    Some(r) => (format!("{r:.2}x"), if r >= min { "yes" } else { "**no**" }),
-                    None => ("not run".to_string(), "-"),
-                };
-                out.push_str(&format!(
-                    "| {config} >= {min}x plain | {w} | {measured} | {met} |\n"
-                ));
+                out.push_str(&format!("| {config} >= {min}x plain | {w} |"));
+                for (t, _) in &self.transports {
+                    let (measured, met) = match self.ratio(t, config, w) {
+                        Some(r) => (format!("{r:.2}x"), if r >= min { "yes" } else { "**no**" }),
+                        None => ("not run".to_string(), "-"),
+                    };
+                    out.push_str(&format!(" {measured} | {met} |"));
+                }
+                out.push('\n');
             }
         }
         out
@@ -623,7 +809,7 @@ mod tests {
     fn every_configuration_loads_and_reads_back_its_pattern() {
         let registry = Arc::new(Registry::new());
         for c in IntegrityBenchConfig::builtin() {
-            let s = match IntegrityStack::create(&registry, &c, 8 << 20, 1 << 20).unwrap() {
+            let s = match IntegrityStack::create(&registry, &c, 8 << 20, 1 << 20, None).unwrap() {
                 Ok(s) => s,
                 Err(why) => {
                     // Only the AEAD stack may be missing, and only with a loader message.
@@ -632,6 +818,7 @@ mod tests {
                     continue;
                 }
             };
+            assert!(s.nbd_uri().is_none());
             for w in workloads() {
                 if w.read_percent < 100 && !c.writable() {
                     continue;
@@ -653,32 +840,71 @@ mod tests {
     }
 
     #[test]
-    fn markdown_has_the_reference_shape() {
-        let w = workloads();
-        let cfgs = IntegrityBenchConfig::builtin();
-        let cell = |c: &str, w: &str, v: f64| IntegrityCell {
+    fn transports_are_selected_in_table_order() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(select_transports(&[]).unwrap(), vec![Transport::Inproc]);
+        assert_eq!(
+            select_transports(&names(&["nbd"])).unwrap(),
+            vec![Transport::Nbd]
+        );
+        assert_eq!(
+            select_transports(&names(&["nbd", "inproc", "nbd"])).unwrap(),
+            vec![Transport::Inproc, Transport::Nbd]
+        );
+        for bad in ["loop", "fuse", ""] {
+            match select_transports(&names(&[bad])) {
+                Err(BenchError::UnknownName { name, known, .. }) => {
+                    assert_eq!(name, bad);
+                    assert_eq!(known, "inproc, nbd");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    fn cell(t: &str, c: &str, w: &str, v: f64) -> IntegrityCell {
+        IntegrityCell {
+            transport: t.into(),
             config: c.into(),
             workload: w.into(),
             mb_s: v,
             samples: vec![v],
-        };
-        let r = IntegrityReport {
+        }
+    }
+
+    fn report(transports: &[&str], cells: Vec<IntegrityCell>) -> IntegrityReport {
+        let cfgs = IntegrityBenchConfig::builtin();
+        IntegrityReport {
             configs: vec![cfgs[0].clone(), cfgs[1].clone(), cfgs[6].clone()],
             tables: vec![],
             skipped: vec![],
-            workloads: w,
-            cells: vec![
-                cell("plain", "write", 100.0),
-                cell("int-crc32c-j", "write", 56.7),
-                cell("plain", "read", 200.0),
-                cell("verity", "read", 190.0),
-            ],
+            workloads: workloads(),
+            cells,
             runtime_s: 1.0,
             repeats: 1,
             region: 1 << 20,
-        };
+            transports: transports
+                .iter()
+                .map(|t| (t.to_string(), format!("{t} engine")))
+                .collect(),
+            load_avg: (0.0, 0.0),
+        }
+    }
+
+    #[test]
+    fn markdown_has_the_reference_shape() {
+        let r = report(
+            &["inproc"],
+            vec![
+                cell("inproc", "plain", "write", 100.0),
+                cell("inproc", "int-crc32c-j", "write", 56.7),
+                cell("inproc", "plain", "read", 200.0),
+                cell("inproc", "verity", "read", 190.0),
+            ],
+        );
         let md = r.render_markdown();
         assert!(md.starts_with("| | plain | integrity crc32c J | overhead | verity | overhead |"));
+        assert!(!md.contains("Transport"), "{md}");
         assert!(
             md.contains("| write MB/s | 100.0 | 56.7 | -43.3% | - | N/A |"),
             "{md}"
@@ -688,12 +914,70 @@ mod tests {
             "{md}"
         );
         let aims = r.render_aims();
+        assert!(aims.starts_with(
+            "| aim | workload | ratio to plain (inproc) | met (inproc) |\n|---|---|---:|---|\n"
+        ));
         assert!(
-            aims.contains("| int-crc32c-j >= 0.6x plain | write | 0.57x | **no** |"),
+            aims.contains("| int-crc32c-j >= 0.6x plain | write | 0.57x | **no** |\n"),
             "{aims}"
         );
         assert!(
-            aims.contains("| verity >= 0.9x plain | read | 0.95x | yes |"),
+            aims.contains("| verity >= 0.9x plain | read | 0.95x | yes |\n"),
+            "{aims}"
+        );
+        assert!(
+            aims.contains("| int-crc32c-b >= 0.85x plain | write | not run | - |\n"),
+            "{aims}"
+        );
+    }
+
+    #[test]
+    fn two_transports_give_two_tables_and_labelled_ratios() {
+        let r = report(
+            &["inproc", "nbd"],
+            vec![
+                cell("inproc", "plain", "write", 1000.0),
+                cell("inproc", "int-crc32c-j", "write", 100.0),
+                cell("nbd", "plain", "write", 50.0),
+                cell("nbd", "int-crc32c-j", "write", 40.0),
+                cell("nbd", "plain", "read", 60.0),
+                cell("nbd", "verity", "read", 57.0),
+            ],
+        );
+        let md = r.render_markdown();
+        let inproc = md
+            .find("#### Transport `inproc` (inproc engine)")
+            .expect(&md);
+        let nbd = md.find("#### Transport `nbd` (nbd engine)").expect(&md);
+        assert!(inproc < nbd, "{md}");
+        let (first, second) = md.split_at(nbd);
+        // Each table holds its own transport's figures only, ratios against its own plain.
+        assert!(
+            first.contains("| write MB/s | 1000.0 | 100.0 | -90.0% | - | N/A |"),
+            "{md}"
+        );
+        assert!(
+            first.contains("| read MB/s | - | - | N/A | - | N/A |"),
+            "{md}"
+        );
+        assert!(
+            second.contains("| write MB/s | 50.0 | 40.0 | -20.0% | - | N/A |"),
+            "{md}"
+        );
+        assert!(
+            second.contains("| read MB/s | 60.0 | - | N/A | 57.0 | -5.0% |"),
+            "{md}"
+        );
+        let aims = r.render_aims();
+        assert!(aims.starts_with("| aim | workload | ratio to plain (inproc) | met (inproc) | ratio to plain (nbd) | met (nbd) |\n|---|---|---:|---|---:|---|\n"), "{aims}");
+        assert!(
+            aims.contains(
+                "| int-crc32c-j >= 0.6x plain | write | 0.10x | **no** | 0.80x | yes |\n"
+            ),
+            "{aims}"
+        );
+        assert!(
+            aims.contains("| verity >= 0.9x plain | read | not run | - | 0.95x | yes |\n"),
             "{aims}"
         );
     }

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::config::INLINE_FLAGS;
 use crate::engine::{self, EngineRun, LiveCounters};
-use crate::fio::{self, FioJob, FioTarget};
+use crate::fio::{self, FioJob, FioTarget, FioVerify};
 use crate::metrics::{median, MB};
 use crate::stack::ConfigStack;
 use crate::workload::Workload;
@@ -265,7 +265,7 @@ pub fn run_fio_nbd(
         offset,
         region,
         runtime: duration,
-        verify: false,
+        verify: FioVerify::Off,
         logs: Some((prefix.clone(), INTERVAL)),
     };
     let start = Instant::now();

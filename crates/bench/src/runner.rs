@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::cipher_speed::{self, CipherSpeed};
 use crate::config::{self, select, Configuration, XTS_CIPHER, XTS_KEY_BYTES};
 use crate::engine::{self, EngineRun};
-use crate::fio::{self, FioJob, FioTarget};
+use crate::fio::{self, FioJob, FioTarget, FioVerify};
 use crate::live;
 use crate::metrics::{self, BoundFigures, RunMetrics};
 use crate::peers::{self, PeerImage, PeerKind, PeerServer};
@@ -83,7 +83,7 @@ fn host_info(fio_bin: &Path) -> HostInfo {
 }
 
 /// The 1-minute load average (0 if /proc/loadavg is unreadable).
-fn load_avg() -> f64 {
+pub(crate) fn load_avg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
@@ -176,7 +176,7 @@ fn fio_job<'a>(target: FioTarget, w: &'a Workload, opts: &BenchOptions) -> FioJo
         offset: opts.effective_region(),
         region: opts.effective_region(),
         runtime: opts.effective_runtime(),
-        verify: opts.effective_fio_verify(),
+        verify: FioVerify::backlog_if(opts.effective_fio_verify()),
         logs: None,
     }
 }
@@ -262,7 +262,7 @@ fn prefill_peer(p: &PeerServer, opts: &BenchOptions, work: &Path) -> Result<(), 
         iodepth: 4,
     };
     let mut job = fio_job(FioTarget::Nbd { uri: p.uri.clone() }, &w, opts);
-    job.verify = false;
+    job.verify = FioVerify::Off;
     // One sequential pass: without time_based, a sequential job stops at the end of its size.
     let out = work.join("prefill.json");
     let mut args = job.args(&out);
@@ -304,11 +304,18 @@ fn progress_bar(opts: &BenchOptions, total: u64) -> ProgressBar {
 }
 
 fn work_dir(opts: &BenchOptions) -> Result<(Option<tempfile::TempDir>, PathBuf), BenchError> {
-    match &opts.work_dir {
+    work_dir_at(opts.work_dir.as_deref())
+}
+
+/// `dir` (created), or a temporary directory removed when the returned guard drops.
+pub(crate) fn work_dir_at(
+    dir: Option<&Path>,
+) -> Result<(Option<tempfile::TempDir>, PathBuf), BenchError> {
+    match dir {
         Some(d) => {
             std::fs::create_dir_all(d)
                 .map_err(|e| BenchError::Io(format!("creating {}: {e}", d.display())))?;
-            Ok((None, d.clone()))
+            Ok((None, d.to_path_buf()))
         }
         None => {
             let t = tempfile::Builder::new()

@@ -115,11 +115,7 @@ impl ConfigStack {
     /// `dir`).
     pub fn nbd_uri(&mut self, dir: &Path) -> Result<String, BenchError> {
         if self.nbd.is_none() {
-            let sock = dir.join(format!("{}.sock", self.config.name));
-            let server = NbdServer::start(self.device(), NbdConfig::unix(&sock)).map_err(|e| {
-                BenchError::Export(format!("NBD server for {}: {e}", self.config.name))
-            })?;
-            self.nbd = Some(server);
+            self.nbd = Some(serve_nbd(self.device(), dir, &self.config.name)?);
         }
         Ok(self.nbd.as_ref().map(|s| s.uri()).unwrap_or_default())
     }
@@ -148,6 +144,18 @@ impl Drop for ConfigStack {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Serves `device` with cryptblk's [`NbdServer`] on the Unix socket `<dir>/<name>.sock`
+/// (every fio-over-NBD run of the benchmarks goes through this).
+pub fn serve_nbd(
+    device: Arc<dyn BlockDevice>,
+    dir: &Path,
+    name: &str,
+) -> Result<NbdServer, BenchError> {
+    let sock = dir.join(format!("{name}.sock"));
+    NbdServer::start(device, NbdConfig::unix(&sock))
+        .map_err(|e| BenchError::Export(format!("NBD server for {name}: {e}")))
 }
 
 /// A FUSE export of a device with a loop device attached to its file.

@@ -715,7 +715,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub device_size: Option<String>,
     /// Instead of the dm-crypt matrix: the dm-integrity/dm-verity overhead table (4 KiB
-    /// sequential/random write/read per configuration, overhead vs plain), in process.
+    /// sequential/random write/read per configuration, overhead vs plain); in process, or
+    /// with --transport nbd through the NBD export driven by fio (both: one table each).
     #[arg(long)]
     pub integrity_report: bool,
 }

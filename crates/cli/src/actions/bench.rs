@@ -53,14 +53,17 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
 /// stdout, or JSON), written to --markdown / --json-file when given.
 fn integrity_report(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> ActionResult {
     use cryptblk_bench::integrity::{self, IntegrityBenchOptions};
-    if a.transports.iter().any(|t| t != "inproc") || a.peers || a.live.is_some() {
+    if a.peers || a.live.is_some() {
         return Err(Failure::usage(
-            "--integrity-report runs in process only (no --transport other than inproc, --peers or --live)",
+            "--integrity-report takes neither --peers nor --live",
         ));
     }
+    let transports =
+        integrity::select_transports(&a.transports).map_err(|e| Failure::usage(e.to_string()))?;
     let mut o = IntegrityBenchOptions {
         configs: a.configs.clone(),
         workloads: a.workloads.clone(),
+        transports,
         ..IntegrityBenchOptions::default()
     };
     if let Some(r) = a.runtime {
@@ -82,6 +85,10 @@ fn integrity_report(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> Act
     let report = integrity::run(&o).map_err(|e| Failure::usage(e.to_string()))?;
     let mut md = report.render_markdown();
     md.push('\n');
+    md.push_str(&format!(
+        "load average {:.2} at the start, {:.2} at the end\n\n",
+        report.load_avg.0, report.load_avg.1
+    ));
     md.push_str(&report.render_aims());
     for (name, why) in &report.skipped {
         md.push_str(&format!("\n{name} skipped: {why}\n"));
