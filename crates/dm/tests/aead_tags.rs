@@ -218,7 +218,7 @@ struct Op {
 
 fn workload() -> Vec<Op> {
     let mut rng = common::Rng::new(42);
-    (1..=24)
+    (1..=80)
         .map(|g| Op {
             first: rng.below(28) as usize,
             n: 1 + rng.below(4) as usize,
@@ -325,6 +325,12 @@ fn crash_check(mode: IntegrityMode, bs: u32) {
         }
         budget += 1;
     }
+    // Every crash point above passed its checks, so nothing flushed was lost.
+    println!(
+        "crypt (gcm-random) over integrity {mode:?}, {bs}-byte sectors, torn cut: \
+         {} crash points, 0 flushed blocks lost, 0 tag failures",
+        budget + 1
+    );
     assert!(budget > 10, "the workload made only {budget} writes");
 }
 
