@@ -219,6 +219,24 @@ impl InternalHash {
                 }
                 k += 3;
             }
+            // One or two blocks left: run them through the three lanes anyway (repeating
+            // the last); a lane costs the same as three, since the CRC instruction's
+            // latency, not its issue rate, is the limit.
+            if k < n {
+                let last = n - 1;
+                let j = |d: usize| (k + d).min(last);
+                let b = |d: usize| &data[j(d) * block_size..(j(d) + 1) * block_size];
+                let s = |d: usize| (sector + j(d) as u64 * spb).to_le_bytes();
+                // SAFETY: SSE4.2 was detected at run time just above.
+                let c = unsafe { crc32c_x3(seed, [s(0), s(1), s(2)], [b(0), b(1), b(2)]) };
+                for (d, crc) in c.iter().enumerate().take(n - k) {
+                    put_tag(
+                        &(!crc).to_le_bytes(),
+                        &mut out[(k + d) * ts..(k + d + 1) * ts],
+                    );
+                }
+                k = n;
+            }
         }
         while k < n {
             self.tag(

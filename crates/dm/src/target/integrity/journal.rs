@@ -167,6 +167,28 @@ impl Journal {
         self.buf[t..t + tag.len()].copy_from_slice(tag);
     }
 
+    /// Byte range of the data of entry `n` of section `i` in [`Journal::buf`]: data of
+    /// consecutive entries of one section is contiguous.
+    pub fn data_range(&self, i: u32, n: u32) -> std::ops::Range<usize> {
+        let d = self.data_off(i, n);
+        d..d + self.sectors_per_block as usize * 512
+    }
+
+    /// Swaps the commit ids at the end of the data sectors of entry `n` of section `i`
+    /// with the displaced last bytes kept in the entry: after one call the data range
+    /// holds the block as written (and the entry the commit ids), a second call undoes
+    /// it. Lets a commit write blocks home straight from the journal buffer.
+    pub fn swap_last_bytes(&mut self, i: u32, n: u32) {
+        let d = self.data_off(i, n);
+        let e = self.entry_off(i, n);
+        for s in 0..self.sectors_per_block as usize {
+            let (a, b) = (d + s * 512 + 504, e + 8 + 8 * s);
+            // Entry sectors come before data sectors in a section: b < a.
+            let (lo, hi) = self.buf.split_at_mut(a);
+            lo[b..b + 8].swap_with_slice(&mut hi[..8]);
+        }
+    }
+
     /// Appends the block held by entry `n` of section `i` to `out`, with its last bytes
     /// restored (one copy out of the journal, no zero-fill).
     pub fn append_block(&self, i: u32, n: u32, block_size: usize, out: &mut Vec<u8>) {

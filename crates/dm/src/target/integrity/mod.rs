@@ -908,9 +908,8 @@ impl IntegrityTarget {
     /// locations with their tags, then flushes (`do_journal_write`).
     ///
     /// Entries are sorted by home sector (stably, so the newest copy of a sector is the
-    /// last of its group and the only one written); contiguous blocks are assembled
-    /// straight from the journal into one buffer and go out as one write, and their tags
-    /// as one patch of the cached tag buffers.
+    /// last of its group and the only one written), then [`IntegrityTarget::write_home`]
+    /// writes them without copying blocks out of the journal.
     fn apply_sections(
         &self,
         st: &mut State,
@@ -918,8 +917,6 @@ impl IntegrityTarget {
         count: u32,
         from_replay: bool,
     ) -> io::Result<()> {
-        /// Largest data write assembled from the journal.
-        const MAX_RUN: usize = 1 << 20;
         let salt = self.salt(&st.sb);
         let bs = self.cfg.block_size as usize;
         let spb = self.layout.sectors_per_block as u64;
@@ -967,54 +964,8 @@ impl IntegrityTarget {
         // Stable: copies of one sector stay in journal order, the newest last.
         list.sort_by_key(|&(sector, _, _)| sector);
 
-        let st = &*st;
-        let mut run: Vec<u8> = Vec::with_capacity((list.len() * bs).min(MAX_RUN));
-        let mut run_start = 0u64;
-        let mut tags: Vec<u8> = Vec::new();
-        let mut tags_sector = 0u64;
-        let mut tags_end = 0u64;
-        let mdev = self.mdev().as_ref();
         let mut cache = self.lock_tags();
-        let mut apply = |cache: &mut TagCache| -> io::Result<()> {
-            for (idx, &(sector, i, e)) in list.iter().enumerate() {
-                if list.get(idx + 1).is_some_and(|next| next.0 == sector) {
-                    continue; // a newer copy follows
-                }
-                let phys = self.layout.data_sector(sector);
-                if !run.is_empty()
-                    && (run_start + (run.len() / 512) as u64 != phys || run.len() >= MAX_RUN)
-                {
-                    self.dev
-                        .write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
-                    run.clear();
-                }
-                if run.is_empty() {
-                    run_start = phys;
-                }
-                st.journal.append_block(i, e, bs, &mut run);
-                let pos = self.layout.tag_position(sector);
-                if !tags.is_empty() && tags_end != pos {
-                    let at = tags_end - tags.len() as u64;
-                    cache.write(mdev, self.tag_run(tags_sector), at, &tags)?;
-                    tags.clear();
-                }
-                if tags.is_empty() {
-                    tags_sector = sector;
-                }
-                tags.extend_from_slice(st.journal.entry_tag(i, e));
-                tags_end = pos + ts;
-            }
-            if !run.is_empty() {
-                self.dev
-                    .write_at(run_start * SECTOR_SIZE, &run, WriteFlags::default())?;
-            }
-            if !tags.is_empty() {
-                let at = tags_end - tags.len() as u64;
-                cache.write(mdev, self.tag_run(tags_sector), at, &tags)?;
-            }
-            cache.flush(mdev)
-        };
-        let r = apply(&mut cache);
+        let r = self.write_home(&mut st.journal, &list, &mut cache);
         if r.is_err() {
             cache.discard_dirty();
         }
@@ -1025,6 +976,84 @@ impl IntegrityTarget {
             self.mdev().flush()?;
         }
         Ok(())
+    }
+
+    /// Writes the newest copy of each sector of `list` (sorted by sector, journal order
+    /// within a sector) and its tag to their home locations. Blocks contiguous both at
+    /// home and in the journal go out as one write straight from the journal buffer (their
+    /// last bytes swapped in for the write and back after it); tags are patched into the
+    /// cache in contiguous pieces and written once at the end.
+    fn write_home(
+        &self,
+        journal: &mut Journal,
+        list: &[(u64, u32, u32)],
+        cache: &mut TagCache,
+    ) -> io::Result<()> {
+        /// Largest data write.
+        const MAX_RUN: usize = 1 << 20;
+        let ts = self.layout.tag_size as u64;
+        let mdev = self.mdev().as_ref();
+        let mut run: Vec<(u32, u32)> = Vec::new();
+        let mut run_phys = 0u64;
+        let mut run_journal = 0..0;
+        let mut tags: Vec<u8> = Vec::new();
+        let mut tags_sector = 0u64;
+        let mut tags_end = 0u64;
+        let write_run = |journal: &mut Journal,
+                         run: &mut Vec<(u32, u32)>,
+                         phys: u64,
+                         range: std::ops::Range<usize>|
+         -> io::Result<()> {
+            run.iter().for_each(|&(i, e)| journal.swap_last_bytes(i, e));
+            let r = self.dev.write_at(
+                phys * SECTOR_SIZE,
+                &journal.buf[range],
+                WriteFlags::default(),
+            );
+            run.iter().for_each(|&(i, e)| journal.swap_last_bytes(i, e));
+            run.clear();
+            r
+        };
+        for (idx, &(sector, i, e)) in list.iter().enumerate() {
+            if list.get(idx + 1).is_some_and(|next| next.0 == sector) {
+                continue; // a newer copy follows
+            }
+            let phys = self.layout.data_sector(sector);
+            let range = journal.data_range(i, e);
+            if !run.is_empty()
+                && (run_phys + (run_journal.len() / 512) as u64 != phys
+                    || run_journal.end != range.start
+                    || run_journal.len() >= MAX_RUN)
+            {
+                write_run(journal, &mut run, run_phys, run_journal.clone())?;
+            }
+            if run.is_empty() {
+                run_phys = phys;
+                run_journal = range.start..range.start;
+            }
+            run.push((i, e));
+            run_journal.end = range.end;
+
+            let pos = self.layout.tag_position(sector);
+            if !tags.is_empty() && tags_end != pos {
+                let at = tags_end - tags.len() as u64;
+                cache.write(mdev, self.tag_run(tags_sector), at, &tags)?;
+                tags.clear();
+            }
+            if tags.is_empty() {
+                tags_sector = sector;
+            }
+            tags.extend_from_slice(journal.entry_tag(i, e));
+            tags_end = pos + ts;
+        }
+        if !run.is_empty() {
+            write_run(journal, &mut run, run_phys, run_journal)?;
+        }
+        if !tags.is_empty() {
+            let at = tags_end - tags.len() as u64;
+            cache.write(mdev, self.tag_run(tags_sector), at, &tags)?;
+        }
+        cache.flush(mdev)
     }
 
     /// Commits the journal's uncommitted sections and writes them home (J mode).
