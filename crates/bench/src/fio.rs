@@ -496,6 +496,18 @@ mod tests {
         assert!(!a
             .iter()
             .any(|x| x.starts_with("--verify=") || x.starts_with("--verify_backlog")));
+        let headers = FioJob {
+            verify: FioVerify::Headers,
+            ..job.clone()
+        };
+        let a = headers.args(Path::new("/tmp/o.json"));
+        for want in ["--verify=crc32c", "--verify_fatal=1", "--do_verify=0"] {
+            assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
+        }
+        assert!(
+            !a.iter().any(|x| x.starts_with("--verify_backlog")),
+            "{a:?}"
+        );
         let deep = FioJob {
             target: FioTarget::Direct {
                 path: "/dev/loop0".into(),
