@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use cryptblk_cipher::SecretBytes;
 
 use super::{BuildContext, Target};
-use crate::device::{check_range, BlockDevice, CopyTransform, WriteFlags};
+use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::errno;
 use crate::SECTOR_SIZE;
 use hash::InternalHash;
@@ -283,51 +283,6 @@ pub struct IntegrityTarget {
     /// Cached tag buffers; locked only while `state` is held (lock order: state, then
     /// tags), so the cache is coherent with every tag write.
     tags: Mutex<TagCache>,
-}
-
-/// Computes the internal-hash tags of a request's blocks while a device copies them
-/// (see [`BlockDevice::read_transformed`]); the data itself is not changed.
-struct TagOnCopy<'a> {
-    hash: &'a InternalHash,
-    salt: Option<&'a [u8; 16]>,
-    /// Logical sector of the request's first block.
-    sector: u64,
-    block_size: usize,
-    tag_size: usize,
-    /// One tag per block of the request.
-    tags: Mutex<Vec<u8>>,
-}
-
-impl TagOnCopy<'_> {
-    fn slots(&self, pos: usize, len: usize) -> std::ops::Range<usize> {
-        pos / self.block_size * self.tag_size..(pos + len) / self.block_size * self.tag_size
-    }
-}
-
-impl CopyTransform for TagOnCopy<'_> {
-    fn in_place(&self, pos: usize, buf: &mut [u8]) -> io::Result<()> {
-        let mut tags = self.tags.lock().unwrap_or_else(|e| e.into_inner());
-        let sector = self.sector + (pos / 512) as u64;
-        let slots = self.slots(pos, buf.len());
-        self.hash
-            .tags(self.salt, sector, self.block_size, buf, &mut tags[slots]);
-        Ok(())
-    }
-
-    fn copy(&self, pos: usize, src: &[u8], dst: &mut [u8]) -> io::Result<()> {
-        let mut tags = self.tags.lock().unwrap_or_else(|e| e.into_inner());
-        let sector = self.sector + (pos / 512) as u64;
-        let slots = self.slots(pos, src.len());
-        self.hash.copy_and_tags(
-            self.salt,
-            sector,
-            self.block_size,
-            src,
-            dst,
-            &mut tags[slots],
-        );
-        Ok(())
-    }
 }
 
 /// A hash map keyed by sector numbers or device offsets: the per-block maps of the write
@@ -1215,28 +1170,8 @@ impl IntegrityTarget {
             let s = sector + (done / 512) as u64;
             let n = ((self.layout.sectors_left_in_area(s) * 512) as usize).min(buf.len() - done);
             let chunk = &mut buf[done..done + n];
-            let phys = self.layout.data_sector(s) * SECTOR_SIZE;
-            match (&self.hash, verify) {
-                (Some(hash), true) => {
-                    // The tags are computed while the data is copied out (one pass).
-                    let t = TagOnCopy {
-                        hash,
-                        salt: salt.as_ref(),
-                        sector: s,
-                        block_size: bs,
-                        tag_size: ts,
-                        tags: Mutex::new(std::mem::take(&mut computed)),
-                    };
-                    t.tags
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .resize(n / bs * ts, 0);
-                    let r = self.dev.read_transformed(phys, chunk, &t);
-                    computed = t.tags.into_inner().unwrap_or_else(|e| e.into_inner());
-                    r?;
-                }
-                _ => self.dev.read_at(phys, chunk)?,
-            }
+            self.dev
+                .read_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk)?;
             if verify || tags_out.is_some() {
                 let nblocks = n / bs;
                 let cache = cache.get_or_insert_with(|| self.lock_tags());
@@ -1254,17 +1189,23 @@ impl IntegrityTarget {
                     self.layout.tag_position(s),
                     tagbuf,
                 )?;
-                if verify && computed[..] != tagbuf[..] {
-                    let k = (0..nblocks)
-                        .find(|&k| computed[k * ts..(k + 1) * ts] != tagbuf[k * ts..(k + 1) * ts])
-                        .unwrap_or(0);
-                    let bsec = s + (k * bs / 512) as u64;
-                    self.mismatches.fetch_add(1, Ordering::Relaxed);
-                    eprintln!(
-                        "device-mapper: integrity: {}: Checksum failed at sector 0x{bsec:x}",
-                        self.dev_spec
-                    );
-                    return Err(errno(libc::EILSEQ));
+                if let (Some(hash), true) = (&self.hash, verify) {
+                    computed.resize(nblocks * ts, 0);
+                    hash.tags(salt.as_ref(), s, bs, chunk, &mut computed);
+                    if computed[..] != tagbuf[..] {
+                        let k = (0..nblocks)
+                            .find(|&k| {
+                                computed[k * ts..(k + 1) * ts] != tagbuf[k * ts..(k + 1) * ts]
+                            })
+                            .unwrap_or(0);
+                        let bsec = s + (k * bs / 512) as u64;
+                        self.mismatches.fetch_add(1, Ordering::Relaxed);
+                        eprintln!(
+                            "device-mapper: integrity: {}: Checksum failed at sector 0x{bsec:x}",
+                            self.dev_spec
+                        );
+                        return Err(errno(libc::EILSEQ));
+                    }
                 }
             }
             done += n;
@@ -1561,53 +1502,5 @@ impl Target for IntegrityTarget {
 
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backing::ram::RamDisk;
-
-    /// On a RAM disk reads take the one-pass path (tags computed while copying out of the
-    /// disk's chunks): good data reads back, a flipped data bit fails with EILSEQ at the
-    /// right block, in every mode that checks tags and for 512- and 4096-byte blocks.
-    #[test]
-    fn one_pass_reads_on_a_ram_disk_detect_corruption() {
-        for (mode, bs) in [
-            (IntegrityMode::Direct, 512u32),
-            (IntegrityMode::Bitmap, 512),
-            (IntegrityMode::Journal, 512),
-            (IntegrityMode::Journal, 4096),
-        ] {
-            let disk: Arc<dyn BlockDevice> = Arc::new(RamDisk::new(16 << 20).unwrap());
-            let mut cfg = IntegrityConfig::new(mode, "crc32c");
-            cfg.block_size = bs;
-            cfg.fix_padding = true;
-            let t = IntegrityTarget::open(disk.clone(), "ram", None, cfg.clone(), None).unwrap();
-            let data: Vec<u8> = (0..256 * 1024u32)
-                .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
-                .collect();
-            t.write_at(4096, &data, WriteFlags::default()).unwrap();
-            t.flush().unwrap();
-            let mut back = vec![0u8; data.len()];
-            t.read_at(4096, &mut back).unwrap();
-            assert!(back == data, "{mode:?} bs {bs}: read back differs");
-            // Flip one bit of logical byte 4096 + 70000 behind the target's back.
-            let at = 4096 + 70000u64;
-            let phys = t.layout().data_sector(at / 512) * 512 + at % 512;
-            let mut b = [0u8; 512];
-            let sec = phys / 512 * 512;
-            disk.read_at(sec, &mut b).unwrap();
-            b[(phys - sec) as usize] ^= 0x10;
-            disk.write_at(sec, &b, WriteFlags::default()).unwrap();
-            let err = t.read_at(4096, &mut back).unwrap_err();
-            assert_eq!(err.raw_os_error(), Some(libc::EILSEQ), "{mode:?} bs {bs}");
-            assert_eq!(t.mismatches(), 1);
-            // Blocks before the flipped one still read.
-            let good = (at / bs as u64 * bs as u64 - 4096) as usize;
-            t.read_at(4096, &mut back[..good]).unwrap();
-            assert!(back[..good] == data[..good]);
-        }
     }
 }
