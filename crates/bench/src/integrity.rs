@@ -823,18 +823,27 @@ mod tests {
                 if w.read_percent < 100 && !c.writable() {
                     continue;
                 }
-                let m = engine::run(&EngineRun {
-                    device: s.device(),
-                    workload: &w,
-                    region_offset: 0,
-                    region_len: 1 << 20,
-                    runtime: Duration::from_millis(30),
-                    generations: &s.generations,
-                    live: None,
-                    seed: 1,
-                })
-                .unwrap_or_else(|e| panic!("{} {}: {e}", c.name, w.name));
-                assert!(m.read.ops + m.write.ops > 0, "{} {}", c.name, w.name);
+                // A loaded machine may let a short run end before its first request: run
+                // longer until requests were made (each one verified by the engine).
+                let mut runtime = Duration::from_millis(30);
+                loop {
+                    let m = engine::run(&EngineRun {
+                        device: s.device(),
+                        workload: &w,
+                        region_offset: 0,
+                        region_len: 1 << 20,
+                        runtime,
+                        generations: &s.generations,
+                        live: None,
+                        seed: 1,
+                    })
+                    .unwrap_or_else(|e| panic!("{} {}: {e}", c.name, w.name));
+                    if m.read.ops + m.write.ops > 0 {
+                        break;
+                    }
+                    runtime *= 4;
+                    assert!(runtime < Duration::from_secs(10), "{} {}", c.name, w.name);
+                }
             }
         }
     }
