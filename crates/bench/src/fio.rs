@@ -36,10 +36,10 @@ pub enum FioVerify {
     /// `--verify=crc32c` with a backlog, so mixed time-based jobs really read back and check
     /// what they wrote (without a backlog fio's verify phase never runs for them).
     Backlog,
-    /// `--verify=crc32c --do_verify=0`: writes carry fio's checksummed headers but are not
-    /// read back; reads check the header of every block they read (fio does that for
-    /// read-only jobs), so a later read job verifies what earlier write jobs wrote without
-    /// verification reads inflating the write figures.
+    /// `--verify=crc32c`: writes carry fio's checksummed headers but are not read back
+    /// (`--do_verify=0`); read-only jobs check the header of every block they read, so a
+    /// later read job verifies what earlier write jobs wrote without verification reads
+    /// inflating the write figures. Reads of a mixed job are not checked.
     Headers,
 }
 
@@ -134,7 +134,11 @@ impl FioJob<'_> {
             FioVerify::Headers => {
                 a.push("--verify=crc32c".into());
                 a.push("--verify_fatal=1".into());
-                a.push("--do_verify=0".into());
+                // For jobs that write, no read-back; a read-only job keeps fio's default
+                // do_verify=1, which is what makes it check each block's header.
+                if w.read_percent < 100 {
+                    a.push("--do_verify=0".into());
+                }
             }
         }
         if let Some((prefix, every)) = &self.logs {
@@ -508,6 +512,18 @@ mod tests {
             !a.iter().any(|x| x.starts_with("--verify_backlog")),
             "{a:?}"
         );
+        // A read-only job must keep do_verify on: with it off, fio reads without checking.
+        let reads = Workload {
+            read_percent: 100,
+            ..all[0].clone()
+        };
+        let a = FioJob {
+            workload: &reads,
+            ..headers.clone()
+        }
+        .args(Path::new("/tmp/o.json"));
+        assert!(a.iter().any(|x| x == "--verify=crc32c"), "{a:?}");
+        assert!(!a.iter().any(|x| x.starts_with("--do_verify")), "{a:?}");
         let deep = FioJob {
             target: FioTarget::Direct {
                 path: "/dev/loop0".into(),

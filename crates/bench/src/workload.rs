@@ -99,11 +99,17 @@ impl Workload {
         ]
     }
 
-    /// fio's `--rw` value.
+    /// fio's `--rw` value. Pure reads and writes get fio's one-direction modes: fio treats a
+    /// `readwrite` job as mixed even at `--rwmixread=100` and then does not check what it
+    /// reads against verification headers.
     pub fn fio_rw(&self) -> &'static str {
-        match self.pattern {
-            AccessPattern::Sequential => "readwrite",
-            AccessPattern::Random => "randrw",
+        match (self.pattern, self.read_percent) {
+            (AccessPattern::Sequential, 100) => "read",
+            (AccessPattern::Sequential, 0) => "write",
+            (AccessPattern::Sequential, _) => "readwrite",
+            (AccessPattern::Random, 100) => "randread",
+            (AccessPattern::Random, 0) => "randwrite",
+            (AccessPattern::Random, _) => "randrw",
         }
     }
 
@@ -128,6 +134,16 @@ mod tests {
         let all = Workload::builtin();
         assert_eq!(all[0].name, "rw4k");
         assert_eq!(all[0].fio_rw(), "readwrite");
+        let pure = |pattern, read_percent| Workload {
+            pattern,
+            read_percent,
+            ..all[0].clone()
+        };
+        assert_eq!(pure(AccessPattern::Sequential, 100).fio_rw(), "read");
+        assert_eq!(pure(AccessPattern::Sequential, 0).fio_rw(), "write");
+        assert_eq!(pure(AccessPattern::Random, 100).fio_rw(), "randread");
+        assert_eq!(pure(AccessPattern::Random, 0).fio_rw(), "randwrite");
+        assert_eq!(pure(AccessPattern::Random, 70).fio_rw(), "randrw");
         for w in &all {
             assert!(w.block_size % 4096 == 0);
             assert!(w.concurrency() >= 1);
