@@ -12,7 +12,7 @@ use cryptblk_bench::integrity::{
     self, IntegrityBenchConfig, IntegrityBenchOptions, IntegrityStack, NbdSetup,
 };
 use cryptblk_bench::{Transport, Workload};
-use cryptblk_dm::{BlockDevice, Registry, WriteFlags};
+use cryptblk_dm::{Registry, WriteFlags};
 
 fn fio_missing() -> bool {
     let usable = fio::version(std::path::Path::new("fio")).is_some()
