@@ -353,18 +353,8 @@ fn format_like_vectors(
 ) {
     let (cipher, integ, bits, sector, _, _) = *row;
     std::fs::write(img, vec![0u8; 32 << 20]).unwrap();
-    let mut c = cryptblk();
+    let mut c = luks_format_integrity(cipher, integ);
     c.args([
-        "luksFormat",
-        "--type",
-        "luks2",
-        "-q",
-        "-c",
-        cipher,
-        "--integrity",
-        integ,
-    ])
-    .args([
         "--integrity-legacy-padding",
         "--sector-size",
         &sector.to_string(),
@@ -661,29 +651,19 @@ fn cryptblk_superblocks_match_the_kernels() {
     ] {
         let img = dir.path().join(format!("{name}.img"));
         std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-        let mut c = cryptblk();
-        c.args([
-            "luksFormat",
-            "--type",
-            "luks2",
-            "-q",
-            "-c",
-            cipher,
-            "--integrity",
-            integ,
-        ])
-        .args(["-s", bits, "--sector-size", sector])
-        .args([
-            "--offset",
-            "2048",
-            "--luks2-keyslots-size",
-            "256k",
-            "--integrity-no-wipe",
-        ])
-        .args(FAST)
-        .arg("-d")
-        .arg(&key)
-        .arg(&img);
+        let mut c = luks_format_integrity(cipher, integ);
+        c.args(["-s", bits, "--sector-size", sector])
+            .args([
+                "--offset",
+                "2048",
+                "--luks2-keyslots-size",
+                "256k",
+                "--integrity-no-wipe",
+            ])
+            .args(FAST)
+            .arg("-d")
+            .arg(&key)
+            .arg(&img);
         if legacy {
             c.arg("--integrity-legacy-padding");
         }

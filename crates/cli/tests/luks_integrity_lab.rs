@@ -100,17 +100,7 @@ fn kernel_reads_cryptblk_integrity_volumes_and_back() {
         let img = s.join(format!("{name}.img"));
         std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
         run_ok(
-            cryptblk()
-                .args([
-                    "luksFormat",
-                    "--type",
-                    "luks2",
-                    "-q",
-                    "-c",
-                    cipher,
-                    "--integrity",
-                    integ,
-                ])
+            luks_format_integrity(cipher, integ)
                 .args(["-s", bits, "--sector-size", sector])
                 .args(["--offset", "2048", "--luks2-keyslots-size", "256k"])
                 .args(FAST)

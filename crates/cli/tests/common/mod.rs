@@ -244,3 +244,20 @@ pub fn open_nbd(img: &Path, key: &Path, name: &str, sock: &Path, extra: &[&str])
     );
     Served::volume(name)
 }
+
+/// `cryptblk luksFormat --type luks2 -q -c CIPHER --integrity INTEGRITY`, for the caller to
+/// add sizes, key and device.
+pub fn luks_format_integrity(cipher: &str, integrity: &str) -> Command {
+    let mut c = cryptblk();
+    c.args([
+        "luksFormat",
+        "--type",
+        "luks2",
+        "-q",
+        "-c",
+        cipher,
+        "--integrity",
+        integrity,
+    ]);
+    c
+}
