@@ -17,7 +17,8 @@
 //! (superblock and empty journal); `integritysetup format` relies on exactly that. A read
 //! whose tag does not match fails with `EILSEQ` and is counted — wrong data is never
 //! returned. In `J` mode writes go to an in-memory copy of the journal; a flush (or FUA
-//! write, or a full journal) commits the used sections to the on-disk journal, then copies
+//! write, or the journal filling to `journal_watermark`) commits the used sections to the
+//! on-disk journal, then copies
 //! data and tags to their home locations and flushes again. On open, committed sections
 //! are replayed with the kernel's commit-id rules, so a crash at any point leaves each
 //! block either old or new.
@@ -96,9 +97,11 @@ pub struct IntegrityConfig {
     pub interleave_sectors: u32,
     /// Metadata buffer size (sectors).
     pub buffer_sectors: u32,
-    /// Journal watermark percentage (kept for the table; commits happen on flush).
+    /// Journal watermark percentage: uncommitted sections are committed once they fill this
+    /// share of the journal.
     pub journal_watermark: u32,
-    /// Commit interval in ms (kept for the table; commits happen on flush).
+    /// Commit interval in ms (kept for the table: there is no commit timer; an idle journal
+    /// commits on the next flush, FUA write or watermark).
     pub commit_time: u32,
     /// Block size in bytes (512..=4096).
     pub block_size: u32,
@@ -1114,6 +1117,17 @@ impl IntegrityTarget {
                 st.free_section = (st.free_section + 1) % st.journal.sections;
                 st.n_uncommitted += 1;
             }
+        }
+        // `journal_watermark`: once this share of the journal holds uncommitted sections,
+        // commit, so unflushed writes reach the disk without waiting for a full journal.
+        // (The kernel starts that commit in the background; here the write that crosses the
+        // watermark does it.)
+        // Counted in entries, as the kernel's free-sectors threshold is.
+        let per_section = u64::from(st.journal.section_entries);
+        let used = u64::from(st.n_uncommitted) * per_section + u64::from(st.free_entry);
+        let total = u64::from(st.journal.sections) * per_section;
+        if used > 0 && used * 100 >= total * u64::from(self.cfg.journal_watermark) {
+            self.commit(st)?;
         }
         Ok(())
     }
