@@ -86,6 +86,19 @@ pub struct KeyslotInfo {
     pub unbound: bool,
 }
 
+/// The activation flags cryptsetup can store in `config.flags` (`--persistent`), in the
+/// order it writes them: `--allow-discards`, `--perf-same_cpu_crypt`,
+/// `--perf-submit_from_crypt_cpus`, `--integrity-no-journal`, `--perf-no_read_workqueue`,
+/// `--perf-no_write_workqueue`.
+pub const PERSISTENT_FLAGS: [&str; 6] = [
+    "allow-discards",
+    "same-cpu-crypt",
+    "submit-from-crypt-cpus",
+    "no-journal",
+    "no-read-workqueue",
+    "no-write-workqueue",
+];
+
 /// An in-memory LUKS2 header (both copies share it; they differ only in magic, offset and
 /// salt).
 #[derive(Clone, Debug)]
@@ -522,6 +535,28 @@ impl Luks2Header {
         }
     }
 
+    /// Replaces the stored activation flags as cryptsetup's `open/refresh --persistent`
+    /// does: the whole set is replaced (an empty set clears it, leaving `"flags": []` as
+    /// cryptsetup does), names in cryptsetup's order ([`PERSISTENT_FLAGS`]). Takes effect on
+    /// the next [`Luks2Header::write`]. Refuses names cryptsetup cannot store.
+    pub fn set_persistent_flags(&mut self, names: &[&str]) -> Result<()> {
+        if let Some(bad) = names.iter().find(|n| !PERSISTENT_FLAGS.contains(n)) {
+            return Err(FormatError::InvalidParameter(format!(
+                "'{bad}' is no LUKS2 persistent activation flag"
+            )));
+        }
+        let cfg = self.json["config"].as_object_mut().ok_or_else(|| {
+            FormatError::InvalidParameter("LUKS2 metadata has no config object".into())
+        })?;
+        let ordered = PERSISTENT_FLAGS
+            .iter()
+            .filter(|f| names.contains(f))
+            .map(|f| Value::String(f.to_string()))
+            .collect();
+        cfg.insert("flags".into(), Value::Array(ordered));
+        Ok(())
+    }
+
     /// All segments of type `crypt`, in segment-number order (backup segments excluded).
     pub fn crypt_segments(&self) -> Vec<CryptSegment> {
         let Some(segs) = self.json["segments"].as_object() else {
@@ -884,4 +919,40 @@ pub struct Unlocked {
     pub slot: usize,
     /// The key (volume key, or the unbound key of an unbound keyslot).
     pub key: SecretBytes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hdrio::MemIo;
+    use crate::kdf::PbkdfRequest;
+    use cryptblk_cipher::hash::HashAlgorithm;
+
+    #[test]
+    fn persistent_flags_replace_the_stored_set_in_cryptsetups_order() {
+        let dev = MemIo::zeroed(3 << 20);
+        let p = FormatParams {
+            keyslots_size: Some(1 << 20),
+            keyslot: KeyslotParams::new(
+                PbkdfRequest::pbkdf2(HashAlgorithm::Sha256).with_forced_iterations(1000),
+            ),
+            ..FormatParams::default()
+        };
+        let (mut h, _, _) = Luks2Header::format(&dev, &p, b"pw").unwrap();
+        let seqid = h.seqid();
+        h.set_persistent_flags(&["no-read-workqueue", "allow-discards"])
+            .unwrap();
+        h.write(&dev).unwrap();
+        let back = Luks2Header::read(&dev).unwrap();
+        assert_eq!(back.seqid(), seqid + 1);
+        assert_eq!(back.config_flags(), ["allow-discards", "no-read-workqueue"]);
+        assert_eq!(back.copy_states(), (&CopyState::Valid, &CopyState::Valid));
+        // Replaced, not merged; an empty set stays an (empty) array.
+        let mut h = back;
+        h.set_persistent_flags(&["no-journal"]).unwrap();
+        assert_eq!(h.config_flags(), ["no-journal"]);
+        h.set_persistent_flags(&[]).unwrap();
+        assert_eq!(h.json()["config"]["flags"], serde_json::json!([]));
+        assert!(h.set_persistent_flags(&["high_priority"]).is_err());
+    }
 }
