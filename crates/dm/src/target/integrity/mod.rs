@@ -10,8 +10,8 @@
 //! options `journal_sectors:`, `interleave_sectors:`, `buffer_sectors:`,
 //! `journal_watermark:`, `commit_time:`, `meta_device:`, `block_size:`,
 //! `internal_hash:<alg>[:<hexkey>]`, `fix_padding`, `fix_hmac`, `allow_discards`
-//! (accepted, discards are ignored), `sectors_per_bit:`/`bitmap_flush_interval:` (accepted;
-//! the default granularity is used and the bitmap is cleaned on flush), `legacy_recalculate`.
+//! (accepted, discards are ignored), `sectors_per_bit:` (accepted; the default granularity
+//! is used), `bitmap_flush_interval:`, `legacy_recalculate`.
 //!
 //! Like the kernel, loading a table over an all-zero superblock area formats the device
 //! (superblock and empty journal); `integritysetup format` relies on exactly that. A read
@@ -22,6 +22,22 @@
 //! data and tags to their home locations and flushes again. On open, committed sections
 //! are replayed with the kernel's commit-id rules, so a crash at any point leaves each
 //! block either old or new.
+//!
+//! Timers, as the kernel's: in `J` mode the first write after a commit arms a timer that
+//! commits the journal `commit_time` ms later (the same commit a flush does), so an idle
+//! device does not keep acknowledged writes only in memory; in `B` mode marking a region
+//! dirty arms a timer that flushes the device and cleans the bitmap `bitmap_flush_interval`
+//! ms later. A background thread runs them; it holds only a weak reference and is stopped
+//! and joined when the target is dropped. If a timed commit fails, the error is latched
+//! like any fatal metadata error: every later I/O and flush fails with it (the kernel fails
+//! the device the same way), nothing panics.
+//!
+//! Read-only ([`IntegrityConfig::read_only`], set from a read-only table): the target
+//! never writes. A device that would need formatting is refused; a journal with committed
+//! sections is replayed into memory only (reads see the replayed blocks, the disk keeps the
+//! journal for the next read-write open); regions a bitmap-mode crash left dirty, whose tags
+//! a read-write open would recalculate from the data, are read without tag checks; writes
+//! fail with `EROFS`.
 //!
 //! Without `internal_hash` (a tag size but no hash: what LUKS2 `--integrity` loads under
 //! dm-crypt), tags are the caller's: [`BlockDevice::read_with_tags`] /
@@ -34,13 +50,14 @@ pub mod journal;
 pub mod layout;
 pub mod superblock;
 mod tagcache;
+mod timer;
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use cryptblk_cipher::SecretBytes;
 
@@ -100,9 +117,16 @@ pub struct IntegrityConfig {
     /// Journal watermark percentage: uncommitted sections are committed once they fill this
     /// share of the journal.
     pub journal_watermark: u32,
-    /// Commit interval in ms (kept for the table: there is no commit timer; an idle journal
-    /// commits on the next flush, FUA write or watermark).
+    /// J mode: commit interval in ms. The first write after a commit arms a timer that
+    /// commits the journal this long after it (besides flushes, FUA writes and the
+    /// watermark).
     pub commit_time: u32,
+    /// B mode: ms after a region is marked dirty until the device is flushed and the bitmap
+    /// cleaned (`bitmap_flush_interval`).
+    pub bitmap_flush_interval: u32,
+    /// Never write to the devices (a read-only table): no format, no replay to disk, no
+    /// bitmap, writes fail with `EROFS`. Not a table option: the table's mode.
+    pub read_only: bool,
     /// Block size in bytes (512..=4096).
     pub block_size: u32,
     /// Kernel name of the internal hash (`crc32c`, `sha256`, `hmac(sha256)`).
@@ -133,6 +157,8 @@ impl IntegrityConfig {
             buffer_sectors: 128,
             journal_watermark: 50,
             commit_time: 10000,
+            bitmap_flush_interval: 10000,
+            read_only: false,
             block_size: 512,
             internal_hash: Some(internal_hash.to_string()),
             internal_hash_key: None,
@@ -218,9 +244,14 @@ impl IntegrityConfig {
                 self.block_size = b;
             }
             Some(("meta_device", v)) => self.meta_device = Some(v.to_string()),
-            Some(("sectors_per_bit", v)) | Some(("bitmap_flush_interval", v)) => {
+            Some(("sectors_per_bit", v)) => {
                 v.parse::<u64>()
                     .map_err(|_| format!("invalid argument '{opt}'"))?;
+            }
+            Some(("bitmap_flush_interval", v)) => {
+                self.bitmap_flush_interval = v
+                    .parse::<u32>()
+                    .map_err(|_| "Invalid bitmap_flush_interval argument".to_string())?;
             }
             Some(("internal_hash", v)) => {
                 let (alg, key) = match v.split_once(':') {
@@ -265,10 +296,13 @@ struct State {
     /// Bitmap mode: one bit per `1 << bitmap_shift` sectors with writes not yet flushed
     /// (bit `n` = byte `n / 8`, bit `n % 8`, as the kernel's little-endian bitmaps).
     bitmap: Vec<u8>,
+    /// Read-only opens of a device with a dirty bitmap: regions (same bit layout) whose tags
+    /// a read-write open would recalculate from the data, so reads there skip tag checks.
+    unverified: Vec<u8>,
 }
 
-/// The integrity target.
-pub struct IntegrityTarget {
+/// Everything the target is; shared (through a `Weak`) with the background timer thread.
+struct Core {
     dev: Arc<dyn BlockDevice>,
     // `hash` is None when tags are supplied by the caller (external tags).
     meta: Option<Arc<dyn BlockDevice>>,
@@ -286,6 +320,8 @@ pub struct IntegrityTarget {
     /// Cached tag buffers; locked only while `state` is held (lock order: state, then
     /// tags), so the cache is coherent with every tag write.
     tags: Mutex<TagCache>,
+    /// The commit (J) / bitmap flush (B) timer, when one runs.
+    timer: Option<Arc<timer::TimerCtl>>,
 }
 
 /// A hash map keyed by sector numbers or device offsets: the per-block maps of the write
@@ -319,7 +355,7 @@ fn invalid(msg: impl Into<String>) -> String {
     msg.into()
 }
 
-impl IntegrityTarget {
+impl Core {
     /// Opens (formatting an all-zero superblock area, like the kernel) an integrity device.
     /// `len` is the mapping size in bytes; `None` maps all provided sectors.
     pub fn open(
@@ -361,6 +397,12 @@ impl IntegrityTarget {
             None => {
                 if cfg.mode != IntegrityMode::Recovery && sb_area.iter().any(|&b| b != 0) {
                     return Err(invalid("The device is not initialized"));
+                }
+                if cfg.read_only && cfg.mode != IntegrityMode::Recovery {
+                    // Loading over a blank superblock formats, which writes.
+                    return Err(invalid(
+                        "The device is not initialized (a read-only table cannot format it)",
+                    ));
                 }
                 let mut flags = 0;
                 if cfg.fix_padding && !meta_dev {
@@ -461,7 +503,14 @@ impl IntegrityTarget {
 
         let journal = Journal::new(&layout);
         let tag_cache = TagCache::new(layout.log2_buffer_sectors, TAG_CACHE_BYTES);
-        let target = IntegrityTarget {
+        let timer = match (cfg.mode, cfg.read_only) {
+            (_, true) => None,
+            (IntegrityMode::Journal, _) => Some(cfg.commit_time),
+            (IntegrityMode::Bitmap, _) => Some(cfg.bitmap_flush_interval),
+            _ => None,
+        }
+        .map(|ms| Arc::new(timer::TimerCtl::new(ms)));
+        let target = Core {
             dev: dev.clone(),
             meta: meta.clone(),
             dev_spec: dev_spec.to_string(),
@@ -479,11 +528,13 @@ impl IntegrityTarget {
                 n_uncommitted: 0,
                 pending: HashMap::default(),
                 bitmap: Vec::new(),
+                unverified: Vec::new(),
             }),
             mismatches: AtomicU64::new(0),
             failed: AtomicI32::new(0),
             bitmap_shift: log2_spbb,
             tags: Mutex::new(tag_cache),
+            timer,
         };
         {
             let mut st = target.lock();
@@ -498,6 +549,7 @@ impl IntegrityTarget {
                     .map_err(|e| io_err("Error initializing superblock", e))?;
             } else if st.sb.provided_data_sectors != target.layout.provided_data_sectors
                 && target.cfg.mode != IntegrityMode::Recovery
+                && !target.cfg.read_only
             {
                 // The device grew or shrank: record the new size (as resume does).
                 st.sb.provided_data_sectors = target.layout.provided_data_sectors;
@@ -536,24 +588,11 @@ impl IntegrityTarget {
         if cfg.mode == IntegrityMode::Recovery {
             cfg.mode = IntegrityMode::Journal;
         }
-        let t = IntegrityTarget::open(dev, dev_spec, meta, cfg, None)?;
+        let t = Core::open(dev, dev_spec, meta, cfg, None)?;
         if wipe {
             t.wipe().map_err(|e| format!("wiping device: {e}"))?;
         }
         Ok(t.superblock())
-    }
-
-    pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        let (cfg, dev_spec) = IntegrityConfig::parse(args)?;
-        let dev = ctx
-            .resolver
-            .open_device(&dev_spec)
-            .map_err(|e| e.to_string())?;
-        let meta = match &cfg.meta_device {
-            Some(m) => Some(ctx.resolver.open_device(m).map_err(|e| e.to_string())?),
-            None => None,
-        };
-        Self::open(dev, &dev_spec, meta, cfg, Some(ctx.len_bytes()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -637,6 +676,9 @@ impl IntegrityTarget {
             .provided_data_sectors
             .div_ceil(1u64 << self.bitmap_shift);
         let bitmap_bytes = (bits.div_ceil(4096 * 8) * 4096) as usize;
+        if self.cfg.read_only {
+            return self.resume_read_only(st, bitmap_bytes);
+        }
         if st.sb.flags & FLAG_DIRTY_BITMAP != 0 {
             let mut bitmap = vec![0u8; bitmap_bytes];
             self.mdev()
@@ -673,6 +715,39 @@ impl IntegrityTarget {
             self.write_bitmap(st)?;
         }
         Ok(())
+    }
+
+    /// [`Core::resume`] without writing: after a bitmap-mode crash, the regions whose tags
+    /// would be recalculated are read unchecked instead (the journal area holds the bitmap,
+    /// there is no journal to replay); otherwise the journal is replayed into memory.
+    fn resume_read_only(&self, st: &mut State, bitmap_bytes: usize) -> io::Result<()> {
+        if st.sb.flags & FLAG_DIRTY_BITMAP == 0 {
+            return self.replay(st, false);
+        }
+        let same_granularity = st.sb.log2_blocks_per_bitmap_bit as u32
+            + self.layout.log2_sectors_per_block as u32
+            == self.bitmap_shift;
+        st.unverified = vec![0xff; bitmap_bytes];
+        if self.cfg.mode == IntegrityMode::Bitmap && same_granularity {
+            self.mdev()
+                .read_at(self.layout.journal_offset(), &mut st.unverified)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `sectors` sectors from logical `sector` touch a region whose tags are not
+    /// checked (see [`State::unverified`]).
+    fn region_unverified(&self, st: &State, sector: u64, sectors: u64) -> bool {
+        if st.unverified.is_empty() {
+            return false;
+        }
+        let first = sector >> self.bitmap_shift;
+        let last = (sector + sectors.max(1) - 1) >> self.bitmap_shift;
+        (first..=last).any(|bit| {
+            st.unverified
+                .get((bit / 8) as usize)
+                .is_none_or(|b| b & (1 << (bit % 8)) != 0)
+        })
     }
 
     /// Rewrites the tags of `count` sectors from `sector` (clipped to the device) from the
@@ -781,6 +856,7 @@ impl IntegrityTarget {
         }
         if changed {
             self.write_bitmap(st)?;
+            self.arm_timer();
         }
         Ok(())
     }
@@ -894,8 +970,11 @@ impl IntegrityTarget {
         } else {
             // Clear the journal with a sequence number older than anything on disk.
             let erase_seq = prev_seq(prev_seq(last_used));
-            st.journal.init_sections(0, n, erase_seq);
-            self.write_journal_sections(st, 0, n)?;
+            if !self.cfg.read_only {
+                // (Read-only: the replayed blocks stay in the in-memory journal.)
+                st.journal.init_sections(0, n, erase_seq);
+                self.write_journal_sections(st, 0, n)?;
+            }
             continue_section = 0;
             st.commit_seq = next_seq(erase_seq);
         }
@@ -903,7 +982,9 @@ impl IntegrityTarget {
         st.free_entry = 0;
         st.uncommitted_section = continue_section;
         st.n_uncommitted = 0;
-        st.pending.clear();
+        if !self.cfg.read_only {
+            st.pending.clear();
+        }
         Ok(())
     }
 
@@ -911,7 +992,7 @@ impl IntegrityTarget {
     /// locations with their tags, then flushes (`do_journal_write`).
     ///
     /// Entries are sorted by home sector (stably, so the newest copy of a sector is the
-    /// last of its group and the only one written), then [`IntegrityTarget::write_home`]
+    /// last of its group and the only one written), then [`Core::write_home`]
     /// writes them without copying blocks out of the journal.
     fn apply_sections(
         &self,
@@ -963,6 +1044,14 @@ impl IntegrityTarget {
                 // stay readable below.
                 st.journal.set_unused(i, e);
             }
+        }
+        if self.cfg.read_only {
+            // Replay into memory: reads find each block's newest copy (journal order, so
+            // later entries replace earlier ones) through `pending`; the disk is untouched.
+            for &(sector, i, e) in &list {
+                st.pending.insert(sector, (i, e));
+            }
+            return Ok(());
         }
         // Stable: copies of one sector stay in journal order, the newest last.
         list.sort_by_key(|&(sector, _, _)| sector);
@@ -1057,6 +1146,37 @@ impl IntegrityTarget {
             cache.write(mdev, self.tag_run(tags_sector), at, &tags)?;
         }
         cache.flush(mdev)
+    }
+
+    /// Arms the commit / bitmap flush timer (no-op without one or when already armed).
+    fn arm_timer(&self) {
+        if let Some(t) = &self.timer {
+            t.arm();
+        }
+    }
+
+    /// The timer expired: commit the journal if it holds uncommitted writes (J), or flush
+    /// and clean the bitmap (B), exactly as a flush would. A failure fails the device: the
+    /// next I/O or flush returns it (there is no caller to return it to here).
+    fn timer_fire(&self) {
+        if self.check_failed().is_err() {
+            return;
+        }
+        let mut st = self.lock();
+        let (what, r) = match self.cfg.mode {
+            IntegrityMode::Journal if st.n_uncommitted > 0 || st.free_entry > 0 => {
+                ("journal commit", self.commit(&mut st))
+            }
+            IntegrityMode::Bitmap => ("bitmap flush", self.clean_bitmap(&mut st)),
+            _ => return,
+        };
+        if let Err(e) = r {
+            eprintln!(
+                "device-mapper: integrity: {}: Error on timed {what}: {e}",
+                self.dev_spec
+            );
+            self.fail(e.raw_os_error().unwrap_or(libc::EIO));
+        }
     }
 
     /// Commits the journal's uncommitted sections and writes them home (J mode).
@@ -1186,6 +1306,7 @@ impl IntegrityTarget {
             let chunk = &mut buf[done..done + n];
             self.dev
                 .read_at(self.layout.data_sector(s) * SECTOR_SIZE, chunk)?;
+            let verify = verify && !self.region_unverified(st, s, (n / 512) as u64);
             if verify || tags_out.is_some() {
                 let nblocks = n / bs;
                 let cache = cache.get_or_insert_with(|| self.lock_tags());
@@ -1230,6 +1351,9 @@ impl IntegrityTarget {
     /// Writes zeros with valid tags over the whole provided area, then flushes (what
     /// `integritysetup format` does through the mapping unless `--no-wipe`).
     pub fn wipe(&self) -> io::Result<()> {
+        if self.cfg.read_only {
+            return Err(errno(libc::EROFS));
+        }
         let st = self.lock();
         let chunk = vec![0u8; 1 << 20];
         let total = self.layout.provided_data_sectors * SECTOR_SIZE;
@@ -1245,6 +1369,9 @@ impl IntegrityTarget {
 
     /// Commits everything and leaves an empty journal, as a clean kernel suspend does.
     pub fn close(&self) -> io::Result<()> {
+        if self.cfg.read_only {
+            return Ok(());
+        }
         let mut st = self.lock();
         if self.cfg.mode == IntegrityMode::Bitmap {
             // Clean: the area goes back to an empty journal and the bitmap is retired.
@@ -1327,6 +1454,9 @@ impl IntegrityTarget {
         flags: WriteFlags,
     ) -> io::Result<()> {
         self.check_io(offset, buf.len() as u64)?;
+        if self.cfg.read_only {
+            return Err(errno(libc::EROFS));
+        }
         let mut st = self.lock();
         let sector = offset / SECTOR_SIZE;
         match self.cfg.mode {
@@ -1337,6 +1467,9 @@ impl IntegrityTarget {
                 self.journal_write(&mut st, sector, buf, tags)?;
                 if flags.fua {
                     self.commit(&mut st)?;
+                }
+                if st.n_uncommitted > 0 || st.free_entry > 0 {
+                    self.arm_timer();
                 }
                 Ok(())
             }
@@ -1370,7 +1503,7 @@ impl IntegrityTarget {
     }
 }
 
-impl BlockDevice for IntegrityTarget {
+impl BlockDevice for Core {
     fn size(&self) -> u64 {
         self.len
     }
@@ -1413,6 +1546,9 @@ impl BlockDevice for IntegrityTarget {
 
     fn flush(&self) -> io::Result<()> {
         self.check_failed()?;
+        if self.cfg.read_only {
+            return Ok(());
+        }
         let mut st = self.lock();
         match self.cfg.mode {
             IntegrityMode::Journal => self.commit(&mut st),
@@ -1437,7 +1573,7 @@ impl BlockDevice for IntegrityTarget {
     }
 }
 
-impl Target for IntegrityTarget {
+impl Target for Core {
     fn target_type(&self) -> &'static str {
         "integrity"
     }
@@ -1470,7 +1606,7 @@ impl Target for IntegrityTarget {
         }
         if c.mode == IntegrityMode::Bitmap {
             opts.push(format!("sectors_per_bit:{}", 1u64 << self.bitmap_shift));
-            opts.push("bitmap_flush_interval:10000".into());
+            opts.push(format!("bitmap_flush_interval:{}", c.bitmap_flush_interval));
         }
         if sb.flags & FLAG_FIXED_PADDING != 0 {
             opts.push("fix_padding".into());
@@ -1512,6 +1648,168 @@ impl Target for IntegrityTarget {
             self.mismatches(),
             self.layout.provided_data_sectors
         )
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The integrity target: the device ([`Core`], shared with the timer thread) plus the
+/// thread that runs its commit / bitmap flush timer.
+pub struct IntegrityTarget {
+    // Declared first so it drops first: the thread is stopped and joined while the core is
+    // still alive (the thread holds only a `Weak` to it).
+    _timer: Option<timer::TimerThread>,
+    core: Arc<Core>,
+}
+
+impl IntegrityTarget {
+    /// Opens (formatting an all-zero superblock area, like the kernel) an integrity device.
+    /// `len` is the mapping size in bytes; `None` maps all provided sectors. In `J` and `B`
+    /// modes (unless read-only) this starts the timer thread.
+    pub fn open(
+        dev: Arc<dyn BlockDevice>,
+        dev_spec: &str,
+        meta: Option<Arc<dyn BlockDevice>>,
+        cfg: IntegrityConfig,
+        len: Option<u64>,
+    ) -> Result<Self, String> {
+        let core = Arc::new(Core::open(dev, dev_spec, meta, cfg, len)?);
+        let timer = match core.timer.clone() {
+            Some(ctl) => {
+                let weak: Weak<Core> = Arc::downgrade(&core);
+                Some(
+                    timer::TimerThread::spawn("integrity-commit", ctl, weak, Core::timer_fire)
+                        .map_err(|e| format!("cannot start the commit timer thread: {e}"))?,
+                )
+            }
+            None => None,
+        };
+        Ok(IntegrityTarget {
+            _timer: timer,
+            core,
+        })
+    }
+
+    /// Formats `dev` the way `integritysetup format` does: clears the superblock area, then
+    /// loads the target so that it writes a fresh superblock and empty journal. With
+    /// `wipe`, every block is then written with zeros and valid tags (without it, unwritten
+    /// blocks fail their tag check until written). Returns the new superblock.
+    pub fn format(
+        dev: Arc<dyn BlockDevice>,
+        dev_spec: &str,
+        meta: Option<Arc<dyn BlockDevice>>,
+        cfg: IntegrityConfig,
+        wipe: bool,
+    ) -> Result<Superblock, String> {
+        Core::format(dev, dev_spec, meta, cfg, wipe)
+    }
+
+    /// Builds the target from a table line; a read-only table (the resolver's mode) makes a
+    /// read-only target, like the kernel's `dm_table_get_mode`.
+    pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
+        let (mut cfg, dev_spec) = IntegrityConfig::parse(args)?;
+        cfg.read_only = cfg.read_only || ctx.resolver.read_only();
+        let dev = ctx
+            .resolver
+            .open_device(&dev_spec)
+            .map_err(|e| e.to_string())?;
+        let meta = match &cfg.meta_device {
+            Some(m) => Some(ctx.resolver.open_device(m).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        Self::open(dev, &dev_spec, meta, cfg, Some(ctx.len_bytes()))
+    }
+
+    /// The superblock as last written.
+    pub fn superblock(&self) -> Superblock {
+        self.core.superblock()
+    }
+
+    /// The device geometry.
+    pub fn layout(&self) -> &Layout {
+        self.core.layout()
+    }
+
+    /// Blocks whose tag did not match on read (the kernel's `number_of_mismatches`).
+    pub fn mismatches(&self) -> u64 {
+        self.core.mismatches()
+    }
+
+    /// Writes zeros with valid tags over the whole provided area, then flushes (what
+    /// `integritysetup format` does through the mapping unless `--no-wipe`).
+    pub fn wipe(&self) -> io::Result<()> {
+        self.core.wipe()
+    }
+
+    /// Commits everything and leaves an empty journal, as a clean kernel suspend does
+    /// (nothing when read-only).
+    pub fn close(&self) -> io::Result<()> {
+        self.core.close()
+    }
+
+    /// Whether the target never writes (opened from a read-only table).
+    pub fn is_read_only(&self) -> bool {
+        self.core.cfg.read_only
+    }
+}
+
+impl BlockDevice for IntegrityTarget {
+    fn size(&self) -> u64 {
+        self.core.size()
+    }
+
+    fn logical_block_size(&self) -> u32 {
+        self.core.logical_block_size()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.core.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
+        self.core.write_at(offset, buf, flags)
+    }
+
+    fn tag_size(&self) -> u32 {
+        self.core.tag_size()
+    }
+
+    fn read_with_tags(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> io::Result<()> {
+        self.core.read_with_tags(offset, buf, tags)
+    }
+
+    fn write_with_tags(
+        &self,
+        offset: u64,
+        buf: &[u8],
+        tags: &[u8],
+        flags: WriteFlags,
+    ) -> io::Result<()> {
+        self.core.write_with_tags(offset, buf, tags, flags)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.core.flush()
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.core.write_zeroes(offset, len)
+    }
+}
+
+impl Target for IntegrityTarget {
+    fn target_type(&self) -> &'static str {
+        self.core.target_type()
+    }
+
+    fn table_params(&self, show_keys: bool) -> String {
+        self.core.table_params(show_keys)
+    }
+
+    fn status_params(&self) -> String {
+        self.core.status_params()
     }
 
     fn as_any(&self) -> &dyn Any {
