@@ -98,6 +98,43 @@ impl HashAlgorithm {
         }
     }
 
+    /// Writes the digest of the concatenation of `parts` to the first [`Self::output_len`]
+    /// bytes of `out` without allocating (for hot paths such as verity reads) and returns
+    /// that length.
+    ///
+    /// # Panics
+    /// If `out` is shorter than [`Self::output_len`] (at most 64 bytes), a caller's bug.
+    pub fn digest_into(self, parts: &[&[u8]], out: &mut [u8]) -> usize {
+        fn run<D: Digest>(parts: &[&[u8]], out: &mut [u8]) {
+            let mut d = D::new();
+            for p in parts {
+                d.update(p);
+            }
+            let r = d.finalize();
+            // Truncates for wp256/wp384, whose `out` is shorter than Whirlpool's output.
+            let n = out.len();
+            out.copy_from_slice(&r[..n]);
+        }
+        let n = self.output_len();
+        assert!(
+            out.len() >= n,
+            "digest_into: {}-byte buffer for a {n}-byte {} digest",
+            out.len(),
+            self.name()
+        );
+        let out = &mut out[..n];
+        match self {
+            Self::Sha1 => run::<sha1::Sha1>(parts, out),
+            Self::Sha224 => run::<sha2::Sha224>(parts, out),
+            Self::Sha256 => run::<sha2::Sha256>(parts, out),
+            Self::Sha384 => run::<sha2::Sha384>(parts, out),
+            Self::Sha512 => run::<sha2::Sha512>(parts, out),
+            Self::Ripemd160 => run::<ripemd::Ripemd160>(parts, out),
+            Self::Whirlpool | Self::Wp256 | Self::Wp384 => run::<whirlpool::Whirlpool>(parts, out),
+        }
+        n
+    }
+
     /// HMAC of `data` under `key`.
     pub fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
         fn run<M: Mac + hmac::digest::KeyInit>(key: &[u8], data: &[u8]) -> Vec<u8> {
@@ -211,6 +248,44 @@ mod tests {
             h.pbkdf2(b"password", b"salt", 3, &mut b);
             assert_eq!(a, b);
         }
+    }
+
+    #[test]
+    fn digest_into_equals_digest_for_every_algorithm() {
+        let all = [
+            HashAlgorithm::Sha1,
+            HashAlgorithm::Sha224,
+            HashAlgorithm::Sha256,
+            HashAlgorithm::Sha384,
+            HashAlgorithm::Sha512,
+            HashAlgorithm::Ripemd160,
+            HashAlgorithm::Whirlpool,
+            HashAlgorithm::Wp256,
+            HashAlgorithm::Wp384,
+        ];
+        for h in all {
+            let mut out = [0xeeu8; 80];
+            let n = h.digest_into(&[b"salt", &[7u8; 4096]], &mut out);
+            assert_eq!(n, h.output_len(), "{}", h.name());
+            assert_eq!(
+                out[..n],
+                h.digest(&[b"salt", &[7u8; 4096]])[..],
+                "{}",
+                h.name()
+            );
+            assert!(
+                out[n..].iter().all(|&b| b == 0xee),
+                "{} wrote past its digest",
+                h.name()
+            );
+        }
+        // An independent known answer: SHA-256("abc").
+        let mut out = [0u8; 32];
+        HashAlgorithm::Sha256.digest_into(&[b"a", b"bc"], &mut out);
+        assert_eq!(
+            hex(&out),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]

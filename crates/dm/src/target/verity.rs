@@ -13,18 +13,20 @@
 //! `<hash_start_block>`. Version 1 hashes `salt || block` and pads each digest slot to
 //! `hash_block_size >> k` bytes; version 0 hashes `block || salt` and packs digests.
 //!
-//! Verification walks from the root down; hash blocks that passed once are kept in a bounded
-//! cache so later reads only hash the data block. A mismatch is counted and, by default,
+//! Hash blocks that passed verification are kept in fixed-size direct-mapped caches (one for
+//! level 0, one for the few, hot upper levels), so a read looks up its level-0 block first and
+//! climbs towards the root only on a miss, as the kernel does with its `hash_verified` buffer
+//! flag; a multi-block read fetches each level-0 block once for all the data blocks it covers,
+//! and nothing on the read path allocates. A mismatch is counted and, by default,
 //! fails the read with `EIO`; `ignore_corruption` returns the data anyway;
 //! `restart_on_corruption` / `panic_on_corruption` cannot reboot a userspace process, so
 //! the target refuses every later request (`EIO`) instead, which is what a reader of a
 //! restarted kernel device would see until the volume is reopened.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cryptblk_cipher::hash::HashAlgorithm;
 
@@ -33,8 +35,19 @@ use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::errno;
 use crate::SECTOR_SIZE;
 
-/// Verified hash blocks kept in memory before the cache is emptied and refilled.
-const HASH_CACHE_BLOCKS: usize = 8192;
+/// Cache slots for level-0 hash blocks (with sha256 and 4 KiB blocks each covers 512 KiB of
+/// data, so 8192 slots cover 4 GiB without evicting).
+const LEVEL0_SLOTS: u64 = 8192;
+/// Cache slots for the blocks of all upper levels together: 1/128 of level 0 or fewer, and
+/// each is needed by many level-0 blocks, so they get their own slots that level-0 traffic
+/// cannot evict.
+const UPPER_SLOTS: u64 = 1024;
+/// Largest digest of the supported algorithms (SHA-512, Whirlpool).
+const MAX_DIGEST: usize = 64;
+/// Stack space for the digests of one group of data blocks (those sharing a level-0 block).
+const GROUP_DIGEST_BYTES: usize = 4096;
+/// Marks an empty cache slot (no hash block has this index: the device would be 2^76 bytes).
+const NO_BLOCK: u64 = u64::MAX;
 
 /// What to do when a block fails verification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,8 +111,12 @@ pub struct VerityTarget {
     bits: u32,
     /// First hash block of each level (absolute, hash-block units), level 0 first.
     level_start: Vec<u64>,
-    zero_digest: Vec<u8>,
-    cache: RwLock<HashMap<u64, Arc<[u8]>>>,
+    /// Digest of an all-zero data block (first `digest_size` bytes).
+    zero_digest: [u8; MAX_DIGEST],
+    /// Verified level-0 hash blocks.
+    level0_cache: BlockCache,
+    /// Verified hash blocks of levels 1 and up.
+    upper_cache: BlockCache,
     /// One bit per data block for `check_at_most_once`.
     verified: Vec<AtomicU64>,
     corrupted: AtomicU64,
@@ -266,7 +283,23 @@ impl VerityTarget {
                 "hash device {hash_spec} is too small: the tree needs {hash_end} bytes"
             ));
         }
-        let zero_digest = digest_with_salt(&cfg, &vec![0u8; cfg.data_block_size as usize]);
+        let mut zero_digest = [0u8; MAX_DIGEST];
+        digest_with_salt(
+            &cfg,
+            &vec![0u8; cfg.data_block_size as usize],
+            &mut zero_digest,
+        );
+        // Level 0 is last on the device; the upper levels fill the space before it.
+        let (level0_cache, upper_cache) = match level_start.first() {
+            Some(&l0) => (
+                BlockCache::new(l0, position - l0, LEVEL0_SLOTS),
+                BlockCache::new(cfg.hash_start_block, l0 - cfg.hash_start_block, UPPER_SLOTS),
+            ),
+            None => (
+                BlockCache::new(0, 0, LEVEL0_SLOTS),
+                BlockCache::new(0, 0, UPPER_SLOTS),
+            ),
+        };
         let verified = if cfg.check_at_most_once {
             (0..cfg.num_data_blocks.div_ceil(64))
                 .map(|_| AtomicU64::new(0))
@@ -286,7 +319,8 @@ impl VerityTarget {
             bits,
             level_start,
             zero_digest,
-            cache: RwLock::new(HashMap::new()),
+            level0_cache,
+            upper_cache,
             verified,
             corrupted: AtomicU64::new(0),
             failed: AtomicBool::new(false),
@@ -323,76 +357,119 @@ impl VerityTarget {
         self.level_start.len()
     }
 
-    /// Returns hash block `index` after checking it against `expected` (cached if it
-    /// passed before).
-    fn hash_block(&self, index: u64, expected: &[u8]) -> io::Result<Result<Arc<[u8]>, Failure>> {
-        if let Some(b) = self.cache.read().expect("cache lock").get(&index) {
-            return Ok(Ok(b.clone()));
-        }
-        let mut buf = vec![0u8; self.cfg.hash_block_size as usize];
-        self.io(self
-            .hash
-            .read_at(index * self.cfg.hash_block_size as u64, &mut buf))?;
-        if digest_with_salt(&self.cfg, &buf) != expected {
-            return Ok(Err(Failure::Hash(index)));
-        }
-        let block: Arc<[u8]> = buf.into();
-        let mut cache = self.cache.write().expect("cache lock");
-        if cache.len() >= HASH_CACHE_BLOCKS {
-            cache.clear();
-        }
-        cache.insert(index, block.clone());
-        Ok(Ok(block))
-    }
-
-    /// The digest the tree holds for data block `idx`, authenticated up to the root.
-    fn expected_digest(&self, idx: u64) -> io::Result<Result<Vec<u8>, Failure>> {
-        let mut expected = self.cfg.root_digest.clone();
-        let mask = (1u64 << self.bits) - 1;
-        for lvl in (0..self.level_start.len()).rev() {
-            let shift = (lvl as u32 + 1) * self.bits;
-            let block_index = self.level_start[lvl] + if shift >= 64 { 0 } else { idx >> shift };
-            let block = match self.hash_block(block_index, &expected)? {
-                Ok(b) => b,
-                Err(f) => return Ok(Err(f)),
-            };
-            let pos = ((idx >> (lvl as u32 * self.bits)) & mask) as usize;
-            let at = pos * self.digest_stride;
-            expected = block[at..at + self.digest_size].to_vec();
-        }
-        Ok(Ok(expected))
-    }
-
-    /// Verifies data block `idx` held in `block` (may zero it for `ignore_zero_blocks`).
-    fn verify_block(&self, idx: u64, block: &mut [u8]) -> io::Result<()> {
-        if self.cfg.check_at_most_once {
-            let word = self.verified[(idx / 64) as usize].load(Ordering::Relaxed);
-            if word & (1 << (idx % 64)) != 0 {
-                return Ok(());
+    /// Copies digests `pos..pos + count` of hash block `n` of level `lvl` (stride apart, as
+    /// they are in the block: `(count - 1) * digest_stride + digest_size` bytes) into `out`.
+    /// The block is taken from the cache or read and checked against its parent's digest,
+    /// which is found the same way, so a miss climbs only as far as the first cached level.
+    fn hash_digests(
+        &self,
+        lvl: usize,
+        n: u64,
+        pos: usize,
+        count: usize,
+        out: &mut [u8],
+    ) -> io::Result<Result<(), Failure>> {
+        let block = self.level_start[lvl] + n;
+        let cache = if lvl == 0 {
+            &self.level0_cache
+        } else {
+            &self.upper_cache
+        };
+        let at = pos * self.digest_stride;
+        let len = (count - 1) * self.digest_stride + self.digest_size;
+        {
+            let slot = cache.read(block);
+            if slot.block == block {
+                out[..len].copy_from_slice(&slot.data[at..at + len]);
+                return Ok(Ok(()));
             }
         }
-        let result = match self.expected_digest(idx)? {
-            Ok(want) => {
-                if self.cfg.ignore_zero_blocks && want == self.zero_digest {
+        // Miss: the digest this block must have. No lock is held while climbing, so a parent
+        // that shares this block's slot cannot deadlock.
+        let mut want = [0u8; MAX_DIGEST];
+        if lvl + 1 == self.level_start.len() {
+            want[..self.digest_size].copy_from_slice(&self.cfg.root_digest);
+        } else {
+            let mask = (1u64 << self.bits) - 1;
+            let parent_pos = (n & mask) as usize;
+            if let Err(f) = self.hash_digests(lvl + 1, n >> self.bits, parent_pos, 1, &mut want)? {
+                return Ok(Err(f));
+            }
+        }
+        let mut slot = cache.write(block);
+        // Another reader may have filled it while this one climbed.
+        if slot.block != block {
+            slot.block = NO_BLOCK;
+            let hbs = self.cfg.hash_block_size as usize;
+            if slot.data.len() != hbs {
+                // Once per slot; later misses reuse the buffer.
+                slot.data = vec![0u8; hbs].into_boxed_slice();
+            }
+            self.io(self.hash.read_at(block * hbs as u64, &mut slot.data))?;
+            let mut got = [0u8; MAX_DIGEST];
+            digest_with_salt(&self.cfg, &slot.data, &mut got);
+            if got[..self.digest_size] != want[..self.digest_size] {
+                return Ok(Err(Failure::Hash(block)));
+            }
+            slot.block = block;
+        }
+        out[..len].copy_from_slice(&slot.data[at..at + len]);
+        Ok(Ok(()))
+    }
+
+    fn is_verified(&self, idx: u64) -> bool {
+        self.verified[(idx / 64) as usize].load(Ordering::Relaxed) & (1 << (idx % 64)) != 0
+    }
+
+    /// Verifies the data blocks `first..` held in `data`, all of which share one level-0 hash
+    /// block (may zero blocks for `ignore_zero_blocks`). `digests` is scratch space for their
+    /// expected digests.
+    fn verify_group(&self, first: u64, data: &mut [u8], digests: &mut [u8]) -> io::Result<()> {
+        let bs = self.cfg.data_block_size as usize;
+        let count = data.len() / bs;
+        let once = self.cfg.check_at_most_once;
+        if once && (first..first + count as u64).all(|idx| self.is_verified(idx)) {
+            return Ok(());
+        }
+        let fetched = if self.level_start.is_empty() {
+            // A single data block hashes straight into the root.
+            digests[..self.digest_size].copy_from_slice(&self.cfg.root_digest);
+            Ok(())
+        } else {
+            let pos = (first & ((1u64 << self.bits) - 1)) as usize;
+            self.hash_digests(0, first >> self.bits, pos, count, digests)?
+        };
+        let ds = self.digest_size;
+        for (k, block) in data.chunks_exact_mut(bs).enumerate() {
+            let idx = first + k as u64;
+            if once && self.is_verified(idx) {
+                continue;
+            }
+            let result = fetched.and_then(|()| {
+                let want = &digests[k * self.digest_stride..][..ds];
+                if self.cfg.ignore_zero_blocks && want == &self.zero_digest[..ds] {
                     block.fill(0);
-                    Ok(())
-                } else if digest_with_salt(&self.cfg, block) == want {
+                    return Ok(());
+                }
+                let mut got = [0u8; MAX_DIGEST];
+                digest_with_salt(&self.cfg, block, &mut got);
+                if &got[..ds] == want {
                     Ok(())
                 } else {
                     Err(Failure::Data(idx))
                 }
-            }
-            Err(f) => Err(f),
-        };
-        match result {
-            Ok(()) => {
-                if self.cfg.check_at_most_once {
-                    self.verified[(idx / 64) as usize].fetch_or(1 << (idx % 64), Ordering::Relaxed);
+            });
+            match result {
+                Ok(()) => {
+                    if once {
+                        self.verified[(idx / 64) as usize]
+                            .fetch_or(1 << (idx % 64), Ordering::Relaxed);
+                    }
                 }
-                Ok(())
+                Err(f) => self.corruption(f)?,
             }
-            Err(f) => self.corruption(f),
         }
+        Ok(())
     }
 
     fn corruption(&self, f: Failure) -> io::Result<()> {
@@ -424,11 +501,66 @@ impl VerityTarget {
     }
 }
 
-fn digest_with_salt(cfg: &VerityConfig, block: &[u8]) -> Vec<u8> {
+/// Hashes `block` with the volume's salt rule into the front of `out`.
+fn digest_with_salt(cfg: &VerityConfig, block: &[u8], out: &mut [u8; MAX_DIGEST]) {
     if cfg.version == 0 {
-        cfg.algorithm.digest(&[block, &cfg.salt])
+        cfg.algorithm.digest_into(&[block, &cfg.salt], out);
     } else {
-        cfg.algorithm.digest(&[&cfg.salt, block])
+        cfg.algorithm.digest_into(&[&cfg.salt, block], out);
+    }
+}
+
+/// Verified hash blocks of the contiguous range `first..first + count` of the hash device,
+/// direct-mapped: block `first + i` can only live in slot `i % slots`, so a lookup is an
+/// index computation and one uncontended read lock, a miss evicts one block rather than
+/// the whole cache, and a range no larger than the cache never evicts at all.
+struct BlockCache {
+    first: u64,
+    mask: u64,
+    slots: Box<[CacheSlot]>,
+}
+
+/// One cache slot, alone on its cache line so that readers of neighbouring slots on
+/// different cores do not bounce each other's lock words.
+#[repr(align(64))]
+struct CacheSlot(RwLock<SlotData>);
+
+struct SlotData {
+    /// Absolute index of the verified hash block held, or [`NO_BLOCK`].
+    block: u64,
+    /// The block's bytes; empty until the slot is first filled.
+    data: Box<[u8]>,
+}
+
+impl BlockCache {
+    fn new(first: u64, count: u64, max_slots: u64) -> Self {
+        let slots = count.clamp(1, max_slots).next_power_of_two();
+        BlockCache {
+            first,
+            mask: slots - 1,
+            slots: (0..slots)
+                .map(|_| {
+                    CacheSlot(RwLock::new(SlotData {
+                        block: NO_BLOCK,
+                        data: Box::default(),
+                    }))
+                })
+                .collect(),
+        }
+    }
+
+    fn slot(&self, block: u64) -> &RwLock<SlotData> {
+        &self.slots[(block.wrapping_sub(self.first) & self.mask) as usize].0
+    }
+
+    // A poisoned lock only means a reader panicked; a slot is marked empty while it is being
+    // refilled, so its contents are never half-verified.
+    fn read(&self, block: u64) -> RwLockReadGuard<'_, SlotData> {
+        self.slot(block).read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self, block: u64) -> RwLockWriteGuard<'_, SlotData> {
+        self.slot(block).write().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -451,8 +583,21 @@ impl BlockDevice for VerityTarget {
             return Err(errno(libc::EIO));
         }
         self.io(self.data.read_at(offset, buf))?;
-        for (i, block) in buf.chunks_exact_mut(bs as usize).enumerate() {
-            self.verify_block(offset / bs + i as u64, block)?;
+        let bs = bs as usize;
+        let first = offset / bs as u64;
+        let blocks = buf.len() / bs;
+        // Data blocks that share a level-0 hash block are verified as a group, with one
+        // lookup of that block; a group's digests must fit the stack buffer.
+        let per_hash_block = 1usize << self.bits;
+        let max_group = (GROUP_DIGEST_BYTES / self.digest_stride).min(per_hash_block);
+        let mut digests = [0u8; GROUP_DIGEST_BYTES];
+        let mut i = 0;
+        while i < blocks {
+            let idx = first + i as u64;
+            let pos = (idx & (per_hash_block as u64 - 1)) as usize;
+            let count = (blocks - i).min(per_hash_block - pos).min(max_group);
+            self.verify_group(idx, &mut buf[i * bs..(i + count) * bs], &mut digests)?;
+            i += count;
         }
         Ok(())
     }
