@@ -131,6 +131,13 @@ pub struct Opts {
     /// Only check the passphrase; do not activate anything.
     #[arg(long, global = true)]
     pub test_passphrase: bool,
+    /// open/refresh of a LUKS2 volume: store the activation flags given with it
+    /// (--allow-discards, --perf-same_cpu_crypt, --perf-submit_from_crypt_cpus,
+    /// --perf-no_read_workqueue, --perf-no_write_workqueue, --integrity-no-journal) in the
+    /// header, replacing the stored ones (none given: clears them); later opens use them
+    /// without the options. This activation uses only the given flags.
+    #[arg(long, global = true)]
+    pub persistent: bool,
     /// Use an unbound keyslot (LUKS2).
     #[arg(long, global = true)]
     pub unbound: bool,
@@ -412,7 +419,19 @@ pub struct OpenArgs {
 /// inline in both directions (`no_read_workqueue no_write_workqueue`); `--perf-queued` asks
 /// for the kernel's default queued model, and the other flags mean what they mean to
 /// cryptsetup.
+///
+/// Flags stored in a LUKS2 header (`open --persistent`, or cryptsetup's) count as given on
+/// every open: a stored `--perf-*` flag selects cryptsetup's meaning exactly (stored
+/// `no-read-workqueue` alone: reads inline, writes queued), a stored `allow-discards` keeps
+/// the inline default. No stored flag can ask for the queued model in both directions (the
+/// header has no name for it), so `--perf-queued` cannot be stored; an empty stored set
+/// means cryptblk's inline default.
 #[derive(Args, Debug, Default, Clone)]
+#[command(
+    after_help = "Flags stored in a LUKS2 header with --persistent apply to every later open as if \
+                  given; --perf-queued cannot be stored (no LUKS2 flag expresses it), and no \
+                  stored flag at all means cryptblk's inline default."
+)]
 pub struct PerfArgs {
     /// Keep crypto work on the CPU that submitted the request.
     #[arg(long = "perf-same_cpu_crypt")]
@@ -426,7 +445,8 @@ pub struct PerfArgs {
     /// Encrypt writes inline on the submitting thread.
     #[arg(long = "perf-no_write_workqueue")]
     pub no_write_workqueue: bool,
-    /// Use the kernel's default queued model (kcryptd, kcryptd_io, dmcrypt_write).
+    /// Use the kernel's default queued model (kcryptd, kcryptd_io, dmcrypt_write); cannot
+    /// be stored with --persistent.
     #[arg(long = "perf-queued")]
     pub queued: bool,
     /// Pass discards through to the backing device.

@@ -80,7 +80,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Integrity(a) => actions::integrity::integrity(o, a),
         Action::Close { name } => serving::close(name),
         Action::Status { name } => serving::status(name, json),
-        Action::Refresh { name, perf } => serving::refresh(name, perf),
+        Action::Refresh { name, perf } => luks::refresh(o, name, perf),
         Action::Serve => Err(Failure::usage("__serve is internal")),
     }
 }

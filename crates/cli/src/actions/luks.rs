@@ -1,8 +1,10 @@
 //! cryptsetup's LUKS actions: luksFormat, open, luksDump, key management, header backup,
 //! uuid, isLuks, erase, config.
 
+mod persistent;
+
 use super::volume::{self, Volume};
-use crate::args::{OpenArgs, Opts, VolumeType};
+use crate::args::{OpenArgs, Opts, PerfArgs, VolumeType};
 use crate::exit::{ActionResult, ExitCode, Failure};
 use crate::serve::ServeSpec;
 use cryptblk_cipher::SecretBytes;
@@ -269,8 +271,10 @@ pub fn crypt_table(
 /// `open <device> [<name>]`.
 pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.volume_type == Some(VolumeType::Plain) {
+        // cryptsetup ignores --persistent for plain devices: nothing to store it in.
         return open_plain(opts, a);
     }
+    persistent::check_options(opts, &a.perf)?;
     let vol = Volume::load(opts, &a.device, false)?;
     let purpose = if opts.unbound {
         UnlockPurpose::Unbound
@@ -299,10 +303,16 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
         .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
     crate::control::check_name(name)?;
     let seg = vol.segment()?;
+    let stored = match &vol {
+        Volume::Luks2(h, _) => h.config_flags(),
+        Volume::Luks1(_) => Vec::new(),
+    };
+    let flags = persistent::effective(opts, &a.perf, &stored);
     if let (Some(_), Volume::Luks2(h, _)) = (&seg.integrity, &vol) {
-        return open_integrity(opts, a, &vol, h, &vk, name, &seg);
+        let spec = integrity_spec(opts, a, &vol, h, &vk, name, &seg, &flags)?;
+        return start_persistent(opts, a, &vol, spec, &flags);
     }
-    let table = crypt_table(&seg, &vk, &a.device, &a.perf.table_flags())?;
+    let table = crypt_table(&seg, &vk, &a.device, &flags.perf.table_flags())?;
     let spec = ServeSpec {
         name: name.to_string(),
         table,
@@ -314,16 +324,97 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
             "cipher": seg.cipher,
             "keysize": format!("{} bits", vk.len() * 8),
             "device": a.device.display().to_string(),
+            "header": header_location(opts, &a.device),
             "sector_size": seg.sector_size,
             "offset": format!("{} sectors", seg.offset / 512),
         }),
     };
-    super::serving::start(spec, &a.export, opts.json)
+    start_persistent(opts, a, &vol, spec, &flags)
 }
 
-/// `open` of a LUKS2 volume with `--integrity`: `<name>_dif` (integrity) under `<name>`
-/// (crypt), both served by one daemon.
-fn open_integrity(
+/// The header file as an absolute path, so that `refresh --persistent` finds it from any
+/// working directory.
+fn header_location(opts: &Opts, device: &Path) -> String {
+    let p = volume::header_path(opts, device);
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// Serves `spec`, then (with `--persistent`) stores the given flags, as cryptsetup does
+/// only after a successful activation. In the foreground the action returns at close, so
+/// the flags are stored once the tables have been built, just before serving.
+fn start_persistent(
+    opts: &Opts,
+    a: &OpenArgs,
+    vol: &Volume,
+    spec: ServeSpec,
+    flags: &persistent::Activation,
+) -> ActionResult {
+    let store = || persistent::store(opts, &a.device, &vol.uuid(), flags);
+    if a.export.foreground {
+        store();
+        return super::serving::start(spec, &a.export, opts.json);
+    }
+    super::serving::start(spec, &a.export, opts.json)?;
+    store();
+    Ok(())
+}
+
+/// `refresh <name>`: new crypt flags on a served volume, live. As cryptsetup, a LUKS2
+/// volume's stored flags are added to the given ones unless `--persistent`, which stores
+/// the given flags in the header once the refresh succeeded. The header is the `--header`
+/// file or the one the volume was opened from; refresh needs no passphrase (the daemon
+/// holds the key, and the flags are not secret).
+pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
+    persistent::check_options(opts, perf)?;
+    if opts.integrity.integrity_no_journal {
+        return Err(Failure::usage(
+            "refresh cannot switch the integrity journal of a served volume; close it and \
+             open with --integrity-no-journal (add --persistent to store it)",
+        ));
+    }
+    let st = crate::control::request(name, &json!({ "cmd": "status" }))?;
+    let info = &st["info"];
+    let luks = matches!(info["type"].as_str(), Some("LUKS1" | "LUKS2"));
+    if !luks {
+        // Plain volumes and raw tables: nothing stored, nothing to store (cryptsetup
+        // ignores --persistent for plain devices too).
+        return super::serving::refresh(name, perf);
+    }
+    let device = opts
+        .header
+        .clone()
+        .or_else(|| info["header"].as_str().map(Into::into))
+        .or_else(|| info["device"].as_str().map(Into::into))
+        .ok_or_else(|| Failure::usage(format!("{name} does not say where its header is")))?;
+    let uuid = info["uuid"].as_str().unwrap_or_default().to_string();
+    let stored = match Volume::load(opts, &device, false)? {
+        Volume::Luks2(h, _) if h.uuid() == uuid => h.config_flags(),
+        Volume::Luks2(..) => {
+            return Err(Failure::device(format!(
+                "Header {} does not belong to {name} (UUID {uuid}).",
+                device.display()
+            )))
+        }
+        Volume::Luks1(_) => Vec::new(),
+    };
+    let flags = persistent::effective(opts, perf, &stored);
+    super::serving::refresh(name, &flags.perf)?;
+    // `--header` names the header itself: no second `--header` lookup.
+    let header_opts = Opts {
+        header: None,
+        ..opts.clone()
+    };
+    persistent::store(&header_opts, &device, &uuid, &flags);
+    Ok(())
+}
+
+/// What `open` serves for a LUKS2 volume with `--integrity`: `<name>_dif` (integrity)
+/// under `<name>` (crypt), both served by one daemon.
+#[allow(clippy::too_many_arguments)]
+fn integrity_spec(
     opts: &Opts,
     a: &OpenArgs,
     vol: &Volume,
@@ -331,15 +422,20 @@ fn open_integrity(
     vk: &SecretBytes,
     name: &str,
     seg: &volume::Segment,
-) -> ActionResult {
+    flags: &persistent::Activation,
+) -> Result<ServeSpec, Failure> {
+    // As cryptsetup: discards cannot pass through dm-integrity (given or stored).
+    if flags.perf.allow_discards {
+        return Err(Failure::usage("Discard/TRIM is not supported."));
+    }
     let st = super::luks_integrity::stack(
         h,
         vk,
         &a.device,
         name,
         // `--integrity-no-journal`, or the persistent LUKS2 flag cryptsetup stores for it.
-        opts.integrity.integrity_no_journal || h.config_flags().iter().any(|f| f == "no-journal"),
-        &a.perf.table_flags(),
+        flags.no_journal,
+        &flags.perf.table_flags(),
     )?;
     let l = &st.layout;
     let mut info = json!({
@@ -350,6 +446,7 @@ fn open_integrity(
         "integrity": l.integrity.kind,
         "integrity_tag_size": format!("{} bytes", l.tag_size),
         "device": a.device.display().to_string(),
+        "header": header_location(opts, &a.device),
         "sector_size": seg.sector_size,
         "offset": "0 sectors",
         "lower": [{ "name": st.lower_name, "table": st.lower_table }],
@@ -358,14 +455,13 @@ fn open_integrity(
     if l.integrity_key_size > 0 {
         info["integrity_keysize"] = json!(format!("{} bits", l.integrity_key_size * 8));
     }
-    let spec = ServeSpec {
+    Ok(ServeSpec {
         name: name.to_string(),
         table: st.table.clone(),
         export: super::serving::export_spec(&a.export)?,
         readonly: opts.readonly,
         info,
-    };
-    super::serving::start(spec, &a.export, opts.json)
+    })
 }
 
 fn plain_params(opts: &Opts) -> Result<PlainParams, Failure> {
