@@ -59,9 +59,8 @@ const DMSETUP_FIXTURES: [(&str, bool); 9] = [
     ("d-gcm-rfc4106-random", true),
 ];
 
-fn fixtures() -> PathBuf {
-    common::fixture_dir("aead_fixtures")
-}
+/// The fixture set (`tests/aead_fixtures`) the lab scripts made.
+const FIXTURE_SET: &str = "aead_fixtures";
 
 /// SHA-256(`cryptblk-aead-<tag>-<i>`) for i = 0.. (what lab-guest.sh wrote).
 fn pattern(tag: &str, len: usize) -> Vec<u8> {
@@ -74,13 +73,9 @@ fn pattern(tag: &str, len: usize) -> Vec<u8> {
     v
 }
 
-fn unpack(name: &str, dir: &Path) -> PathBuf {
-    common::unpack_fixture("aead_fixtures", name, dir)
-}
-
 /// The volume key from NAME.vk (`MK dump:` hex lines).
 fn volume_key(name: &str) -> String {
-    let text = std::fs::read_to_string(fixtures().join(format!("{name}.vk"))).unwrap();
+    let text = common::fixture_text(FIXTURE_SET, &format!("{name}.vk"));
     let mut hex = String::new();
     for line in text.lines() {
         let l = line.trim_start_matches("MK dump:");
@@ -99,7 +94,7 @@ fn volume_key(name: &str) -> String {
 /// `name: ` prefix. A keyring key reference is replaced by the volume key in hex (the
 /// kernel shows `:<len>:logon:...` when cryptsetup used the keyring).
 fn kernel_tables(name: &str) -> (String, String) {
-    let text = std::fs::read_to_string(fixtures().join(format!("{name}.tables"))).unwrap();
+    let text = common::fixture_text(FIXTURE_SET, &format!("{name}.tables"));
     let mut lines = text
         .lines()
         .skip_while(|l| !l.starts_with("# dmsetup table --showkeys"))
@@ -175,50 +170,80 @@ fn integrity_errors(reg: &Registry) -> u64 {
     reg.get("kaead").unwrap().crypt_stats()[0].integrity_errors
 }
 
-#[test]
-fn kernel_tables_read_kernel_images() {
-    let dir = common::temp_dir("aead-kernel");
-    for (name, plen, wiped) in FIXTURES {
-        let img = unpack(name, &dir);
-        let reg = Registry::new();
-        open(&reg, name, &img, None);
-        let m = reg.get("kaead").unwrap();
-        let mut got = vec![0u8; plen];
-        m.read_at(0, &mut got)
-            .unwrap_or_else(|e| panic!("{name}: reading the kernel's pattern: {e}"));
-        assert!(got == pattern("pattern", plen), "{name}: pattern differs");
-        // Both tables read back as the kernel printed them (devices aside).
-        let (int, crypt) = kernel_tables(name);
-        let ours = reg.get("kaead_dif").unwrap().table(true);
-        assert_eq!(
-            ours.trim().split(' ').skip(4).collect::<Vec<_>>(),
-            int.split(' ').skip(4).collect::<Vec<_>>(),
-            "{name}: integrity table"
-        );
-        assert_eq!(
-            m.table(true).trim().split(' ').skip(3).collect::<Vec<_>>(),
-            crypt
-                .replacen(" 254:0 ", " kaead_dif ", 1)
-                .split(' ')
-                .skip(3)
-                .collect::<Vec<_>>(),
-            "{name}: crypt table"
-        );
-        // Last block: never written by the kernel.
-        let bs = m.logical_block_size() as u64;
-        let mut last = vec![0u8; bs as usize];
-        let r = m.read_at(m.size() - bs, &mut last);
-        if wiped {
-            r.unwrap_or_else(|e| panic!("{name}: wiped block: {e}"));
-            assert!(last.iter().all(|&b| b == 0), "{name}: wiped block not zero");
-            assert_eq!(integrity_errors(&reg), 0);
-        } else {
+/// What the last logical block of a kernel stack, which the kernel never wrote, reads.
+#[derive(Clone, Copy)]
+enum LastBlock {
+    /// EILSEQ, counted once in the crypt target's integrity errors: its tag was never
+    /// written.
+    Fails,
+    /// Zeros, no integrity error: the image was wiped, so its tags are valid.
+    Zeros,
+    /// Whatever it decrypts to (`integrity:N:none`: nothing is authenticated).
+    Noise,
+}
+
+/// Opens the kernel's stack `name` (its table lines verbatim) over a fresh copy of its image
+/// in `dir` and checks it against what the kernel did: the first `plen` bytes read the
+/// kernel's pattern, both table lines print as the kernel printed them (devices aside) and
+/// the never-written last block reads as `last` says. Closes the stack.
+fn check_kernel_stack(dir: &Path, name: &str, plen: usize, last: LastBlock) {
+    let img = common::unpack_fixture(FIXTURE_SET, name, dir);
+    let reg = Registry::new();
+    open(&reg, name, &img, None);
+    let m = reg.get("kaead").unwrap();
+    let mut got = vec![0u8; plen];
+    m.read_at(0, &mut got)
+        .unwrap_or_else(|e| panic!("{name}: reading the kernel's pattern: {e}"));
+    assert!(got == pattern("pattern", plen), "{name}: pattern differs");
+    let (int, crypt) = kernel_tables(name);
+    let ours = reg.get("kaead_dif").unwrap().table(true);
+    assert_eq!(
+        ours.trim().split(' ').skip(4).collect::<Vec<_>>(),
+        int.split(' ').skip(4).collect::<Vec<_>>(),
+        "{name}: integrity table"
+    );
+    assert_eq!(
+        m.table(true).trim().split(' ').skip(3).collect::<Vec<_>>(),
+        crypt
+            .replacen(" 254:0 ", " kaead_dif ", 1)
+            .split(' ')
+            .skip(3)
+            .collect::<Vec<_>>(),
+        "{name}: crypt table"
+    );
+    let bs = m.logical_block_size() as u64;
+    let mut block = vec![0u8; bs as usize];
+    let r = m.read_at(m.size() - bs, &mut block);
+    match last {
+        LastBlock::Fails => {
             let e = r.expect_err("an unwritten sector of an unwiped image must fail");
             assert_eq!(common::errno(&e), libc::EILSEQ, "{name}");
             assert_eq!(integrity_errors(&reg), 1, "{name}");
         }
-        drop(m);
-        close(&reg);
+        LastBlock::Zeros => {
+            r.unwrap_or_else(|e| panic!("{name}: wiped block: {e}"));
+            assert!(
+                block.iter().all(|&b| b == 0),
+                "{name}: wiped block not zero"
+            );
+            assert_eq!(integrity_errors(&reg), 0, "{name}");
+        }
+        LastBlock::Noise => r.unwrap_or_else(|e| panic!("{name}: {e}")),
+    }
+    drop(m);
+    close(&reg);
+}
+
+#[test]
+fn kernel_tables_read_kernel_images() {
+    let dir = common::temp_dir("aead-kernel");
+    for (name, plen, wiped) in FIXTURES {
+        let last = if wiped {
+            LastBlock::Zeros
+        } else {
+            LastBlock::Fails
+        };
+        check_kernel_stack(&dir, name, plen, last);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -231,45 +256,13 @@ fn dmsetup_tables_read_kernel_stacks() {
     // (integrity_key_size:33), AES-CCM (rfc4309) and AEGIS-128 as cryptsetup names them,
     // and AES-GCM in its RFC 4106 form.
     let dir = common::temp_dir("aead-dmsetup");
-    let want = pattern("pattern", 256 << 10);
     for (name, authenticated) in DMSETUP_FIXTURES {
-        let img = unpack(name, &dir);
-        let reg = Registry::new();
-        open(&reg, name, &img, None);
-        let m = reg.get("kaead").unwrap();
-        let mut got = vec![0u8; want.len()];
-        m.read_at(0, &mut got)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(got == want, "{name}: pattern differs");
-        let (int, crypt) = kernel_tables(name);
-        assert_eq!(
-            m.table(true).trim().split(' ').skip(3).collect::<Vec<_>>(),
-            crypt
-                .replacen(" 254:0 ", " kaead_dif ", 1)
-                .split(' ')
-                .skip(3)
-                .collect::<Vec<_>>(),
-            "{name}: crypt table"
-        );
-        // The integrity line prints as the kernel's (device aside).
-        let ours = reg.get("kaead_dif").unwrap().table(true);
-        assert_eq!(
-            ours.trim().split(' ').skip(4).collect::<Vec<_>>(),
-            int.split(' ').skip(4).collect::<Vec<_>>(),
-            "{name}: integrity table"
-        );
-        let bs = m.logical_block_size() as u64;
-        let mut last = vec![0u8; bs as usize];
-        let r = m.read_at(m.size() - bs, &mut last);
-        if authenticated {
-            let e = r.expect_err("an unwritten sector must fail");
-            assert_eq!(common::errno(&e), libc::EILSEQ, "{name}");
+        let last = if authenticated {
+            LastBlock::Fails
         } else {
-            // Nothing is authenticated: never-written sectors decrypt to noise.
-            r.unwrap_or_else(|e| panic!("{name}: {e}"));
-        }
-        drop(m);
-        close(&reg);
+            LastBlock::Noise
+        };
+        check_kernel_stack(&dir, name, 256 << 10, last);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -281,7 +274,7 @@ fn kernel_journal_with_aead_tags_is_replayed() {
     // (data with dm-crypt's tags and IVs in the entries) to read the overwrite.
     let name = "d-gcm-random-journal-live";
     let dir = common::temp_dir("aead-live");
-    let img = unpack(name, &dir);
+    let img = common::unpack_fixture(FIXTURE_SET, name, &dir);
     let mut want = pattern("pattern", 256 << 10);
     let tail = want[want.len() - 8192..].to_vec();
     want[..8192].copy_from_slice(&tail);
@@ -329,7 +322,7 @@ fn flipped_data_tag_or_iv_bits_fail_with_eilseq() {
         .map(|f| f.0)
         .chain(DMSETUP_FIXTURES.iter().filter(|f| f.1).map(|f| f.0));
     for name in authenticated {
-        let img = unpack(name, &dir);
+        let img = common::unpack_fixture(FIXTURE_SET, name, &dir);
         // Where logical sector 8 (a whole block in both sector sizes) keeps data and tag.
         let reg = Registry::new();
         open(&reg, name, &img, None);
@@ -390,7 +383,7 @@ fn direct_and_bitmap_modes_share_the_format() {
     let want = pattern("pattern", 256 << 10);
     let p2 = pattern("pattern2", 64 << 10);
     for mode in ["D", "B"] {
-        let img = unpack(name, &dir);
+        let img = common::unpack_fixture(FIXTURE_SET, name, &dir);
         let reg = Registry::new();
         open(&reg, name, &img, Some(mode));
         let m = reg.get("kaead").unwrap();
@@ -445,7 +438,7 @@ fn write_ours(out: &Path, names: &[&str]) {
     std::fs::create_dir_all(out).unwrap();
     let p2 = pattern("pattern2", 128 << 10);
     for &name in names {
-        let img = unpack(name, out);
+        let img = common::unpack_fixture(FIXTURE_SET, name, out);
         let ours = out.join(format!("ours-{name}.img"));
         std::fs::rename(&img, &ours).unwrap();
         let reg = Registry::new();
@@ -466,14 +459,14 @@ fn write_ours(out: &Path, names: &[&str]) {
     std::fs::write(out.join("pattern2.bin"), &p2).unwrap();
     std::fs::write(out.join("pass.key"), "cryptblk-aead-fixture").unwrap();
     std::fs::copy(
-        fixtures().join("lab-guest-dmsetup.sh"),
+        common::fixture_dir(FIXTURE_SET).join("lab-guest-dmsetup.sh"),
         out.join("lab-guest-dmsetup.sh"),
     )
     .unwrap();
     // The guest rebuilds the dmsetup stacks from their recorded tables.
     for (name, _) in DMSETUP_FIXTURES {
         let t = format!("{name}.tables");
-        std::fs::copy(fixtures().join(&t), out.join(&t)).unwrap();
+        std::fs::copy(common::fixture_dir(FIXTURE_SET).join(&t), out.join(&t)).unwrap();
     }
 }
 
@@ -512,7 +505,7 @@ fn lab_kernel_reads_what_cryptblk_wrote() {
     let share = common::temp_dir("aead-lab");
     write_ours(&share, &LAB_SUBSET);
     let out = Command::new(&runner)
-        .arg(fixtures().join("lab-guest.sh"))
+        .arg(common::fixture_dir(FIXTURE_SET).join("lab-guest.sh"))
         .env("LAB_SHARE", &share)
         .env("LAB_TIMEOUT", "600")
         .output()

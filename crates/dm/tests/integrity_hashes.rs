@@ -15,17 +15,12 @@ use std::sync::Arc;
 
 const PATTERN_LEN: usize = 256 << 10;
 
+/// The fixture set (`tests/integrity_fixtures`) the lab scripts made.
+const FIXTURE_SET: &str = "integrity_fixtures";
+
 /// The pattern lab-hashes.sh wrote (xorshift64, seed 0x5eed), as in integrity_kernel.rs.
 fn pattern() -> Vec<u8> {
     common::xorshift_pattern(0x5eed, PATTERN_LEN)
-}
-
-fn fixtures() -> PathBuf {
-    common::fixture_dir("integrity_fixtures")
-}
-
-fn unpack(name: &str, dir: &Path) -> PathBuf {
-    common::unpack_fixture("integrity_fixtures", name, dir)
 }
 
 /// A scratch directory for one test, removed when dropped.
@@ -61,7 +56,7 @@ fn open(img: &Path, hash: &str, mode: IntegrityMode) -> Result<IntegrityTarget, 
 /// The hashes the lab's kernel formatted (hashes.txt says which; blake2s-256 is gone from
 /// kernel 6.12's crypto API).
 fn kernel_made() -> Vec<String> {
-    let text = std::fs::read_to_string(fixtures().join("hashes.txt")).unwrap();
+    let text = common::fixture_text(FIXTURE_SET, "hashes.txt");
     text.lines()
         .filter_map(|l| l.strip_suffix(" kernel image made"))
         .map(str::to_string)
@@ -81,9 +76,9 @@ fn kernel_images_with_each_hash_verify_in_cryptblk() {
     let want = pattern();
     for hash in &made {
         let name = format!("h-{hash}");
-        let img = unpack(&name, dir.path());
+        let img = common::unpack_fixture(FIXTURE_SET, &name, dir.path());
         let t = open(&img, hash, IntegrityMode::Journal).unwrap_or_else(|e| panic!("{hash}: {e}"));
-        let dump = std::fs::read_to_string(fixtures().join(format!("{name}.dump"))).unwrap();
+        let dump = common::fixture_text(FIXTURE_SET, &format!("{name}.dump"));
         let sb = t.superblock();
         assert!(
             dump.contains(&format!(
@@ -137,7 +132,7 @@ fn a_wrong_hash_name_fails_every_tag() {
     // The same crc32 image opened as crc32c: the tag size matches (4) but no tag does, so
     // the kernel-made tags really are the kernel's crc32 and not just any 4 bytes.
     let dir = Scratch::new("wrong");
-    let img = unpack("h-crc32", dir.path());
+    let img = common::unpack_fixture(FIXTURE_SET, "h-crc32", dir.path());
     let t = open(&img, "crc32c", IntegrityMode::Journal).unwrap();
     let mut block = vec![0u8; 512];
     let err = t.read_at(0, &mut block).unwrap_err();
@@ -150,7 +145,7 @@ fn cryptblk_cli_images_passed_the_kernel() {
     // pattern through `cryptblk integrity open --nbd`, and the lab's kernel opened them with
     // integritysetup, read the pattern back and every block with its tag checked; its
     // verdicts are recorded in hashes.txt.
-    let text = std::fs::read_to_string(fixtures().join("hashes.txt")).unwrap();
+    let text = common::fixture_text(FIXTURE_SET, "hashes.txt");
     for name in [
         "crc32",
         "crc32-4k",

@@ -21,17 +21,12 @@ use std::sync::Arc;
 
 const PATTERN_LEN: usize = 256 << 10;
 
+/// The fixture set (`tests/integrity_fixtures`) the lab scripts made.
+const FIXTURE_SET: &str = "integrity_fixtures";
+
 /// The pattern written through every mapping (xorshift64, seed 0x5eed).
 fn pattern() -> Vec<u8> {
     common::xorshift_pattern(0x5eed, PATTERN_LEN)
-}
-
-fn fixtures() -> PathBuf {
-    common::fixture_dir("integrity_fixtures")
-}
-
-fn unpack(name: &str, dir: &Path) -> PathBuf {
-    common::unpack_fixture("integrity_fixtures", name, dir)
 }
 
 fn open_file(p: &Path) -> Arc<dyn BlockDevice> {
@@ -56,7 +51,7 @@ fn kernel_images_open_in_cryptblk() {
     let mut replayed = 0;
     for (name, hash, bs) in KERNEL_IMAGES {
         for variant in [name.to_string(), format!("{name}-live")] {
-            let img = unpack(&variant, &dir);
+            let img = common::unpack_fixture(FIXTURE_SET, &variant, &dir);
             let c = IntegrityConfig {
                 block_size: bs,
                 ..IntegrityConfig::new(IntegrityMode::Journal, hash)
@@ -83,7 +78,7 @@ fn kernel_images_open_in_cryptblk() {
             let t = IntegrityTarget::open(open_file(&img), &variant, None, c, None)
                 .unwrap_or_else(|e| panic!("{variant}: {e}"));
             // The superblock agrees with the kernel's own dump of it.
-            let dump = std::fs::read_to_string(fixtures().join(format!("{name}.dump"))).unwrap();
+            let dump = common::fixture_text(FIXTURE_SET, &format!("{name}.dump"));
             let sb = t.superblock();
             assert!(
                 dump.contains(&format!(

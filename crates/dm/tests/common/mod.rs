@@ -179,6 +179,12 @@ pub fn fixture_dir(set: &str) -> PathBuf {
         .join(set)
 }
 
+/// The text of `tests/<set>/<file>` (a table, dump or verdict file the lab recorded).
+pub fn fixture_text(set: &str, file: &str) -> String {
+    let p = fixture_dir(set).join(file);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
 /// Decompresses `tests/<set>/<name>.img.xz` to `<dir>/<name>.img` and returns its path.
 pub fn unpack_fixture(set: &str, name: &str, dir: &std::path::Path) -> PathBuf {
     let src = fixture_dir(set).join(format!("{name}.img.xz"));
