@@ -345,6 +345,20 @@ const VECTORS: &[(&str, &str, u32, u32, u64, &str)] = &[
     ),
 ];
 
+/// `cryptblk luksFormat --type luks2 -c CIPHER --integrity INTEG EXTRA.. FAST -d KEY IMG`
+/// (the common builder plus fast keyslots), checked to succeed.
+fn format_integrity(cipher: &str, integ: &str, extra: &[&str], key: &Path, img: &Path) {
+    run_ok(
+        luks_format_integrity(cipher, integ)
+            .args(extra)
+            .args(FAST)
+            .arg("-d")
+            .arg(key)
+            .arg(img),
+        b"",
+    );
+}
+
 fn format_like_vectors(
     img: &Path,
     key: &Path,
@@ -353,22 +367,20 @@ fn format_like_vectors(
 ) {
     let (cipher, integ, bits, sector, _, _) = *row;
     std::fs::write(img, vec![0u8; 32 << 20]).unwrap();
-    let mut c = luks_format_integrity(cipher, integ);
-    c.args([
+    let (sector, bits) = (sector.to_string(), bits.to_string());
+    let mut extra = vec![
         "--integrity-legacy-padding",
         "--sector-size",
-        &sector.to_string(),
-    ])
-    .args(["-s", &bits.to_string()])
-    .args(FAST)
-    .arg("-d")
-    .arg(key)
-    .arg(img)
-    .args(["--offset", "8192"]);
+        &sector,
+        "-s",
+        &bits,
+        "--offset",
+        "8192",
+    ];
     if !wipe {
-        c.arg("--integrity-no-wipe");
+        extra.push("--integrity-no-wipe");
     }
-    run_ok(&mut c, b"");
+    format_integrity(cipher, integ, &extra, key, img);
 }
 
 #[test]
@@ -496,14 +508,10 @@ fn integrity_no_journal_opens_direct_mode() {
     std::fs::write(&key, b"vector key").unwrap();
     let img = dir.path().join("d.img");
     format_like_vectors(&img, &key, &VECTORS[0], false);
-    for (extra, mode) in [(None, " J "), (Some("--integrity-no-journal"), " D ")] {
+    for (extra, mode) in [(&[][..], " J "), (&["--integrity-no-journal"][..], " D ")] {
         let sock = dir.path().join("d.sock");
         let map = format!("cbnoj-{}", std::process::id() % 10000);
-        let mut c = cryptblk();
-        c.args(["open", "--key-file"]).arg(&key).arg(&img).arg(&map);
-        c.arg("--nbd").arg(&sock).args(extra);
-        run_ok(&mut c, b"");
-        let served = Served::volume(map.clone());
+        let served = open_nbd(&img, &key, &map, &sock, extra);
         let st: serde_json::Value =
             serde_json::from_str(&run_ok(cryptblk().args(["status", "--json", &map]), b""))
                 .unwrap();
@@ -546,35 +554,22 @@ fn integrity_key_size_in_bits_like_cryptsetup() {
     {
         let img = dir.path().join(format!("k{i}.img"));
         std::fs::write(&img, vec![0u8; 32 << 20]).unwrap();
-        run_ok(
-            cryptblk()
-                .args([
-                    "luksFormat",
-                    "--type",
-                    "luks2",
-                    "-q",
-                    "-c",
-                    "aes-xts-plain64",
-                ])
-                .args([
-                    "--integrity",
-                    integ,
-                    "--integrity-key-size",
-                    &ikey.to_string(),
-                ])
-                .args([
-                    "--integrity-legacy-padding",
-                    "--sector-size",
-                    "512",
-                    "-s",
-                    "512",
-                ])
-                .args(FAST)
-                .arg("-d")
-                .arg(&key)
-                .arg(&img)
-                .args(["--offset", "8192"]),
-            b"",
+        format_integrity(
+            "aes-xts-plain64",
+            integ,
+            &[
+                "--integrity-key-size",
+                &ikey.to_string(),
+                "--integrity-legacy-padding",
+                "--sector-size",
+                "512",
+                "-s",
+                "512",
+                "--offset",
+                "8192",
+            ],
+            &key,
+            &img,
         );
         let dump = run_ok(cryptblk().arg("luksDump").arg(&img), b"");
         assert!(
@@ -651,23 +646,21 @@ fn cryptblk_superblocks_match_the_kernels() {
     ] {
         let img = dir.path().join(format!("{name}.img"));
         std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-        let mut c = luks_format_integrity(cipher, integ);
-        c.args(["-s", bits, "--sector-size", sector])
-            .args([
-                "--offset",
-                "2048",
-                "--luks2-keyslots-size",
-                "256k",
-                "--integrity-no-wipe",
-            ])
-            .args(FAST)
-            .arg("-d")
-            .arg(&key)
-            .arg(&img);
+        let mut extra = vec![
+            "-s",
+            bits,
+            "--sector-size",
+            sector,
+            "--offset",
+            "2048",
+            "--luks2-keyslots-size",
+            "256k",
+            "--integrity-no-wipe",
+        ];
         if legacy {
-            c.arg("--integrity-legacy-padding");
+            extra.push("--integrity-legacy-padding");
         }
-        run_ok(&mut c, b"");
+        format_integrity(cipher, integ, &extra, &key, &img);
         let f = std::fs::File::open(&img).unwrap();
         let ours = IntegritySuperblock::read(&f, 2048)
             .unwrap()
@@ -714,28 +707,12 @@ fn volume_key_and_new_keyslot_on_cryptsetup_integrity_volume() {
     // A second keyslot (the fixture's keyslots area holds only one: use a fresh volume).
     let img2 = dir.path().join("v2.img");
     sparse_file(&img2, 32 << 20);
-    run_ok(
-        cryptblk()
-            .args([
-                "luksFormat",
-                "--type",
-                "luks2",
-                "-q",
-                "-c",
-                "aes-xts-random",
-            ])
-            .args([
-                "--integrity",
-                "hmac-sha512",
-                "-s",
-                "256",
-                "--integrity-no-wipe",
-            ])
-            .args(FAST)
-            .arg("-d")
-            .arg(&key)
-            .arg(&img2),
-        b"",
+    format_integrity(
+        "aes-xts-random",
+        "hmac-sha512",
+        &["-s", "256", "--integrity-no-wipe"],
+        &key,
+        &img2,
     );
     run_ok(
         cryptblk()
