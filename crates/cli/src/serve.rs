@@ -8,6 +8,7 @@
 
 use crate::control;
 use crate::exit::{ExitCode, Failure};
+use cryptblk_dm::backing::FileOptions;
 use cryptblk_dm::crypt::CryptFlags;
 use cryptblk_dm::table::parse_table_lines;
 use cryptblk_dm::{BlockDevice, Mapping, Registry};
@@ -195,7 +196,12 @@ impl Export {
 /// the export accepts I/O and the control socket answers.
 pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failure> {
     block_termination_signals();
-    let registry = Registry::new();
+    // A read-only volume opens every backing O_RDONLY, and its targets load read-only (an
+    // integrity target then never writes: no journal replay to disk, no bitmap).
+    let registry = Registry::with_file_options(FileOptions {
+        read_only: spec.readonly,
+        ..FileOptions::default()
+    });
     let lower = lower_tables(&spec.info);
     for (name, table) in &lower {
         registry

@@ -24,6 +24,13 @@ pub trait DeviceResolver: Send + Sync {
     fn cipher_implementation(&self) -> Option<String> {
         None
     }
+
+    /// Whether tables are loaded read-only (the kernel's `dm_table_get_mode` without
+    /// write): targets that would otherwise write while loading (dm-integrity's format,
+    /// journal replay, bitmap) must not.
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// Named mappings plus the devices they use.
@@ -77,6 +84,10 @@ impl DeviceResolver for LoadResolver<'_> {
 
     fn cipher_implementation(&self) -> Option<String> {
         self.registry.cipher_implementation()
+    }
+
+    fn read_only(&self) -> bool {
+        self.registry.file_options.read_only
     }
 }
 
@@ -341,6 +352,10 @@ impl DeviceResolver for Registry {
 
     fn cipher_implementation(&self) -> Option<String> {
         Registry::cipher_implementation(self)
+    }
+
+    fn read_only(&self) -> bool {
+        self.file_options.read_only
     }
 }
 
