@@ -31,7 +31,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use cryptblk_cipher::hash::HashAlgorithm;
 
 use super::{arg_u32, arg_u64, BuildContext, Target};
-use crate::device::{check_range, BlockDevice, WriteFlags};
+use crate::device::{check_range, BlockDevice, CopyTransform, WriteFlags};
 use crate::error::errno;
 use crate::SECTOR_SIZE;
 
@@ -357,6 +357,19 @@ impl VerityTarget {
         self.level_start.len()
     }
 
+    /// Rebuilds the caches with at most `level0` and `upper` slots, so tests can force
+    /// evictions and parents that share a slot with their children.
+    #[cfg(test)]
+    fn with_cache_slots(mut self, level0: u64, upper: u64) -> Self {
+        if let Some(&l0) = self.level_start.first() {
+            let l0_blocks = self.cfg.num_data_blocks.div_ceil(1 << self.bits);
+            self.level0_cache = BlockCache::new(l0, l0_blocks, level0);
+            let upper_blocks = l0 - self.cfg.hash_start_block;
+            self.upper_cache = BlockCache::new(self.cfg.hash_start_block, upper_blocks, upper);
+        }
+        self
+    }
+
     /// Copies digests `pos..pos + count` of hash block `n` of level `lvl` (stride apart, as
     /// they are in the block: `(count - 1) * digest_stride + digest_size` bytes) into `out`.
     /// The block is taken from the cache or read and checked against its parent's digest,
@@ -421,14 +434,39 @@ impl VerityTarget {
         self.verified[(idx / 64) as usize].load(Ordering::Relaxed) & (1 << (idx % 64)) != 0
     }
 
-    /// Verifies the data blocks `first..` held in `data`, all of which share one level-0 hash
-    /// block (may zero blocks for `ignore_zero_blocks`). `digests` is scratch space for their
-    /// expected digests.
-    fn verify_group(&self, first: u64, data: &mut [u8], digests: &mut [u8]) -> io::Result<()> {
+    /// Verifies the data blocks `first..` of `blocks` (whole blocks) and leaves what a reader
+    /// gets in their destination, one group of blocks sharing a level-0 hash block at a time.
+    fn verify_range(&self, first: u64, mut blocks: Blocks<'_>) -> io::Result<()> {
         let bs = self.cfg.data_block_size as usize;
-        let count = data.len() / bs;
+        let total = blocks.len() / bs;
+        let per_hash_block = 1usize << self.bits;
+        // A group's digests must fit the stack buffer.
+        let max_group = (GROUP_DIGEST_BYTES / self.digest_stride).min(per_hash_block);
+        let mut digests = [0u8; GROUP_DIGEST_BYTES];
+        let mut i = 0;
+        while i < total {
+            let idx = first + i as u64;
+            let pos = (idx & (per_hash_block as u64 - 1)) as usize;
+            let count = (total - i).min(per_hash_block - pos).min(max_group);
+            self.verify_group(idx, blocks.range(i * bs, count * bs), &mut digests)?;
+            i += count;
+        }
+        Ok(())
+    }
+
+    /// [`Self::verify_range`] for blocks that share one level-0 hash block: that block is
+    /// looked up once for all of them. `digests` is scratch space for their expected digests.
+    fn verify_group(
+        &self,
+        first: u64,
+        mut blocks: Blocks<'_>,
+        digests: &mut [u8],
+    ) -> io::Result<()> {
+        let bs = self.cfg.data_block_size as usize;
+        let count = blocks.len() / bs;
         let once = self.cfg.check_at_most_once;
         if once && (first..first + count as u64).all(|idx| self.is_verified(idx)) {
+            blocks.deliver_all();
             return Ok(());
         }
         let fetched = if self.level_start.is_empty() {
@@ -440,34 +478,38 @@ impl VerityTarget {
             self.hash_digests(0, first >> self.bits, pos, count, digests)?
         };
         let ds = self.digest_size;
-        for (k, block) in data.chunks_exact_mut(bs).enumerate() {
+        for k in 0..count {
             let idx = first + k as u64;
-            if once && self.is_verified(idx) {
-                continue;
-            }
-            let result = fetched.and_then(|()| {
-                let want = &digests[k * self.digest_stride..][..ds];
-                if self.cfg.ignore_zero_blocks && want == &self.zero_digest[..ds] {
-                    block.fill(0);
-                    return Ok(());
-                }
-                let mut got = [0u8; MAX_DIGEST];
-                digest_with_salt(&self.cfg, block, &mut got);
-                if &got[..ds] == want {
-                    Ok(())
-                } else {
-                    Err(Failure::Data(idx))
-                }
-            });
-            match result {
-                Ok(()) => {
-                    if once {
-                        self.verified[(idx / 64) as usize]
-                            .fetch_or(1 << (idx % 64), Ordering::Relaxed);
+            let at = k * bs;
+            let mut zero = false;
+            if !(once && self.is_verified(idx)) {
+                let src = &blocks.source()[at..at + bs];
+                let result = fetched.and_then(|()| {
+                    let want = &digests[k * self.digest_stride..][..ds];
+                    if self.cfg.ignore_zero_blocks && want == &self.zero_digest[..ds] {
+                        zero = true;
+                        return Ok(());
                     }
+                    let mut got = [0u8; MAX_DIGEST];
+                    digest_with_salt(&self.cfg, src, &mut got);
+                    if &got[..ds] == want {
+                        Ok(())
+                    } else {
+                        Err(Failure::Data(idx))
+                    }
+                });
+                match result {
+                    Ok(()) => {
+                        if once {
+                            self.verified[(idx / 64) as usize]
+                                .fetch_or(1 << (idx % 64), Ordering::Relaxed);
+                        }
+                    }
+                    // Returns for EIO; ignore_corruption delivers the block unverified.
+                    Err(f) => self.corruption(f)?,
                 }
-                Err(f) => self.corruption(f)?,
             }
+            blocks.deliver(at, bs, zero);
         }
         Ok(())
     }
@@ -498,6 +540,98 @@ impl VerityTarget {
             self.failed.store(true, Ordering::SeqCst);
         }
         r
+    }
+}
+
+/// Granularity of the pieces [`BlockDevice::read_transformed`] hands to a transform.
+const TRANSFORM_PIECE: u64 = 4096;
+
+/// Data blocks being verified and where they go: checked in the caller's buffer, or checked
+/// in the device's memory and copied to the caller's buffer.
+enum Blocks<'a> {
+    InPlace(&'a mut [u8]),
+    Copy { src: &'a [u8], dst: &'a mut [u8] },
+}
+
+impl Blocks<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Blocks::InPlace(b) => b.len(),
+            Blocks::Copy { src, .. } => src.len(),
+        }
+    }
+
+    fn range(&mut self, at: usize, len: usize) -> Blocks<'_> {
+        match self {
+            Blocks::InPlace(b) => Blocks::InPlace(&mut b[at..at + len]),
+            Blocks::Copy { src, dst } => Blocks::Copy {
+                src: &src[at..at + len],
+                dst: &mut dst[at..at + len],
+            },
+        }
+    }
+
+    /// The bytes to hash.
+    fn source(&self) -> &[u8] {
+        match self {
+            Blocks::InPlace(b) => b,
+            Blocks::Copy { src, .. } => src,
+        }
+    }
+
+    /// Puts the block at `at` in its destination, as zeros if `zero`.
+    fn deliver(&mut self, at: usize, len: usize, zero: bool) {
+        match self {
+            Blocks::InPlace(b) if zero => b[at..at + len].fill(0),
+            Blocks::InPlace(_) => {}
+            Blocks::Copy { dst, .. } if zero => dst[at..at + len].fill(0),
+            Blocks::Copy { src, dst } => dst[at..at + len].copy_from_slice(&src[at..at + len]),
+        }
+    }
+
+    fn deliver_all(&mut self) {
+        if let Blocks::Copy { src, dst } = self {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
+/// Verifies a request's blocks inside [`BlockDevice::read_transformed`] of the data device.
+struct VerifyTransform<'a> {
+    target: &'a VerityTarget,
+    /// Data block at the start of the request.
+    first: u64,
+    /// Set when an error comes from verification rather than from reading the data device.
+    failed: AtomicBool,
+}
+
+impl VerifyTransform<'_> {
+    fn run(&self, pos: usize, blocks: Blocks<'_>) -> io::Result<()> {
+        let bs = self.target.cfg.data_block_size as usize;
+        let r = if !pos.is_multiple_of(bs) || !blocks.len().is_multiple_of(bs) {
+            // A device that broke read_transformed's promise of whole 4 KiB pieces.
+            Err(io::Error::other(format!(
+                "verity: data device handed over a piece at {pos}+{} not aligned to {bs}-byte blocks",
+                blocks.len()
+            )))
+        } else {
+            self.target
+                .verify_range(self.first + (pos / bs) as u64, blocks)
+        };
+        if r.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl CopyTransform for VerifyTransform<'_> {
+    fn in_place(&self, pos: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.run(pos, Blocks::InPlace(buf))
+    }
+
+    fn copy(&self, pos: usize, src: &[u8], dst: &mut [u8]) -> io::Result<()> {
+        self.run(pos, Blocks::Copy { src, dst })
     }
 }
 
@@ -582,24 +716,26 @@ impl BlockDevice for VerityTarget {
         if self.is_failed() {
             return Err(errno(libc::EIO));
         }
-        self.io(self.data.read_at(offset, buf))?;
-        let bs = bs as usize;
-        let first = offset / bs as u64;
-        let blocks = buf.len() / bs;
-        // Data blocks that share a level-0 hash block are verified as a group, with one
-        // lookup of that block; a group's digests must fit the stack buffer.
-        let per_hash_block = 1usize << self.bits;
-        let max_group = (GROUP_DIGEST_BYTES / self.digest_stride).min(per_hash_block);
-        let mut digests = [0u8; GROUP_DIGEST_BYTES];
-        let mut i = 0;
-        while i < blocks {
-            let idx = first + i as u64;
-            let pos = (idx & (per_hash_block as u64 - 1)) as usize;
-            let count = (blocks - i).min(per_hash_block - pos).min(max_group);
-            self.verify_group(idx, &mut buf[i * bs..(i + count) * bs], &mut digests)?;
-            i += count;
+        let first = offset / bs;
+        if bs > TRANSFORM_PIECE {
+            // Pieces of a transformed read could split a data block.
+            self.io(self.data.read_at(offset, buf))?;
+            return self.verify_range(first, Blocks::InPlace(buf));
         }
-        Ok(())
+        // Verify as the device hands the data over: a RAM disk lets each block be hashed
+        // straight from its memory and then copied while still in the CPU cache, so the
+        // copy's memory latency hides behind the hashing.
+        let verify = VerifyTransform {
+            target: self,
+            first,
+            failed: AtomicBool::new(false),
+        };
+        match self.data.read_transformed(offset, buf, &verify) {
+            Ok(()) => Ok(()),
+            // Verification errors have had their corruption handling already.
+            Err(e) if verify.failed.load(Ordering::Relaxed) => Err(e),
+            Err(e) => self.io(Err(e)),
+        }
     }
 
     fn write_at(&self, _offset: u64, _buf: &[u8], _flags: WriteFlags) -> io::Result<()> {
@@ -676,5 +812,327 @@ impl Target for VerityTarget {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The RAM-disk path (blocks hashed in the disk's memory, then copied) and caches small
+    //! enough to evict and to put parents in their children's slots, against trees built by
+    //! the real `veritysetup`. The file-backed path with default caches is covered by
+    //! `tests/verity_target.rs`.
+
+    use super::*;
+    use crate::backing::{FileBacking, FileOptions, RamDisk};
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    fn tool_available() -> bool {
+        match Command::new("veritysetup").arg("--version").output() {
+            Ok(o) if o.status.success() => true,
+            _ if std::env::var("CRYPTBLK_SKIP_VERITYSETUP").as_deref() == Ok("1") => {
+                eprintln!("veritysetup missing: skipped because CRYPTBLK_SKIP_VERITYSETUP=1");
+                false
+            }
+            _ => panic!("veritysetup not found (set CRYPTBLK_SKIP_VERITYSETUP=1 to skip)"),
+        }
+    }
+
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let p = std::env::temp_dir()
+                .join(format!("cryptblk-verity-unit-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    fn pattern(len: usize, mut seed: u64) -> Vec<u8> {
+        seed |= 1;
+        let mut v: Vec<u8> = (0..len.div_ceil(8))
+            .flat_map(|_| next(&mut seed).to_le_bytes())
+            .collect();
+        v.truncate(len);
+        v
+    }
+
+    /// A tree made by veritysetup over `contents`: the data and hash files and the table's
+    /// configuration.
+    struct Volume {
+        data: PathBuf,
+        hash: PathBuf,
+        contents: Vec<u8>,
+        cfg: VerityConfig,
+    }
+
+    fn format(
+        dir: &TempDir,
+        name: &str,
+        contents: Vec<u8>,
+        v: (u32, u32, u32, &str, &str),
+    ) -> Volume {
+        let (version, data_bs, hash_bs, algorithm, salt) = v;
+        let data = dir.0.join(format!("{name}.data"));
+        let hash = dir.0.join(format!("{name}.hash"));
+        std::fs::write(&data, &contents).unwrap();
+        let out = Command::new("veritysetup")
+            .arg("format")
+            .arg(format!("--format={version}"))
+            .arg(format!("--data-block-size={data_bs}"))
+            .arg(format!("--hash-block-size={hash_bs}"))
+            .arg(format!("--hash={algorithm}"))
+            .arg(format!("--salt={salt}"))
+            .arg(&data)
+            .arg(&hash)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "veritysetup format: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let root = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Root hash:"))
+            .unwrap()
+            .trim();
+        let cfg = VerityConfig {
+            version,
+            data_block_size: data_bs,
+            hash_block_size: hash_bs,
+            num_data_blocks: (contents.len() / data_bs as usize) as u64,
+            hash_start_block: 1, // veritysetup's superblock
+            algorithm: HashAlgorithm::from_name(algorithm).unwrap(),
+            root_digest: hex::decode(root).unwrap(),
+            salt: if salt == "-" {
+                vec![]
+            } else {
+                hex::decode(salt).unwrap()
+            },
+            mode: CorruptionMode::Eio,
+            restart_on_error: false,
+            ignore_zero_blocks: false,
+            check_at_most_once: false,
+        };
+        Volume {
+            data,
+            hash,
+            contents,
+            cfg,
+        }
+    }
+
+    fn ram(path: &Path) -> Arc<RamDisk> {
+        let bytes = std::fs::read(path).unwrap();
+        let disk = RamDisk::new((bytes.len() as u64).next_multiple_of(512)).unwrap();
+        disk.write_at(0, &bytes, WriteFlags::default()).unwrap();
+        Arc::new(disk)
+    }
+
+    fn file(path: &Path) -> Arc<dyn BlockDevice> {
+        let options = FileOptions {
+            direct: false,
+            read_only: true,
+        };
+        Arc::new(FileBacking::open(path, options).unwrap())
+    }
+
+    fn on_ram(v: &Volume, cfg: VerityConfig) -> (VerityTarget, Arc<RamDisk>, Arc<RamDisk>) {
+        let (data, hash) = (ram(&v.data), ram(&v.hash));
+        let len = v.contents.len() as u64;
+        let t = VerityTarget::new(data.clone(), "data", hash.clone(), "hash", cfg, len).unwrap();
+        (t, data, hash)
+    }
+
+    fn flip(disk: &RamDisk, at: u64, mask: u8) {
+        let sector = at / 512 * 512;
+        let mut b = [0u8; 512];
+        disk.read_at(sector, &mut b).unwrap();
+        b[(at - sector) as usize] ^= mask;
+        disk.write_at(sector, &b, WriteFlags::default()).unwrap();
+    }
+
+    fn errno(e: io::Error) -> i32 {
+        e.raw_os_error().unwrap_or(-1)
+    }
+
+    #[test]
+    fn reads_in_any_order_verify_through_evicting_caches() {
+        if !tool_available() {
+            return;
+        }
+        let dir = TempDir::new("evict");
+        // (version, data block, hash block, algorithm, salt, data blocks): small hash blocks
+        // make three or four levels out of few data blocks.
+        let cases = [
+            (1, 4096, 512, "sha256", "1234", 600),
+            (0, 1024, 1024, "sha1", "-", 2000),
+            (1, 512, 512, "sha512", "abcdef", 700),
+        ];
+        for (n, (version, dbs, hbs, alg, salt, blocks)) in cases.into_iter().enumerate() {
+            let len = blocks * dbs as usize;
+            let v = format(
+                &dir,
+                &format!("c{n}"),
+                pattern(len, 5 + n as u64),
+                (version, dbs, hbs, alg, salt),
+            );
+            let (ram_target, ..) = on_ram(&v, v.cfg.clone());
+            let file_target = VerityTarget::new(
+                file(&v.data),
+                "data",
+                file(&v.hash),
+                "hash",
+                v.cfg.clone(),
+                len as u64,
+            )
+            .unwrap();
+            for (slots, what) in [((2, 1), "tiny"), ((LEVEL0_SLOTS, UPPER_SLOTS), "default")] {
+                let targets = [("ram", &ram_target), ("file", &file_target)];
+                for (kind, t) in targets {
+                    let t = VerityTarget::new(
+                        t.data.clone(),
+                        "data",
+                        t.hash.clone(),
+                        "hash",
+                        v.cfg.clone(),
+                        len as u64,
+                    )
+                    .unwrap()
+                    .with_cache_slots(slots.0, slots.1);
+                    assert!(t.levels() >= 3, "case {n}: {} levels", t.levels());
+                    let mut seed = 99 + n as u64;
+                    for _ in 0..300 {
+                        let start = next(&mut seed) as usize % blocks;
+                        let count = 1 + next(&mut seed) as usize % 40.min(blocks - start);
+                        let mut buf = vec![0u8; count * dbs as usize];
+                        let at = start * dbs as usize;
+                        t.read_at(at as u64, &mut buf).unwrap();
+                        assert!(
+                            buf == v.contents[at..at + buf.len()],
+                            "case {n} {kind} {what}: blocks {start}+{count}"
+                        );
+                    }
+                    assert_eq!(t.corrupted_blocks(), 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ram_disk_reads_keep_the_corruption_semantics() {
+        if !tool_available() {
+            return;
+        }
+        let dir = TempDir::new("modes");
+        let mut contents = pattern(256 * 4096, 77);
+        contents[5 * 4096..6 * 4096].fill(0);
+        let v = format(&dir, "m", contents, (1, 4096, 4096, "sha256", "5a5a"));
+        let c = &v.contents;
+        let mut b = vec![0u8; 8 * 4096];
+
+        // EIO: a multi-block read over a bad block fails; its neighbours read fine.
+        let (t, data, _) = on_ram(&v, v.cfg.clone());
+        flip(&data, 2 * 4096 + 9, 0x10);
+        assert_eq!(errno(t.read_at(0, &mut b).unwrap_err()), libc::EIO);
+        assert_eq!(t.corrupted_blocks(), 1);
+        t.read_at(3 * 4096, &mut b[..4096]).unwrap();
+        assert_eq!(b[..4096], c[3 * 4096..4 * 4096]);
+        assert!(!t.is_failed());
+
+        // ignore_corruption: the changed data comes back, each bad read counted.
+        let cfg = VerityConfig {
+            mode: CorruptionMode::Ignore,
+            ..v.cfg.clone()
+        };
+        let (t, data, _) = on_ram(&v, cfg);
+        flip(&data, 2 * 4096 + 9, 0x10);
+        t.read_at(0, &mut b).unwrap();
+        assert_eq!(b[2 * 4096 + 9], c[2 * 4096 + 9] ^ 0x10);
+        assert_eq!(b[..2 * 4096], c[..2 * 4096]);
+        assert_eq!(b[3 * 4096..], c[3 * 4096..8 * 4096]);
+        t.read_at(2 * 4096, &mut b[..4096]).unwrap();
+        assert_eq!(t.corrupted_blocks(), 2);
+
+        // restart_on_corruption: one failure refuses everything after it.
+        let cfg = VerityConfig {
+            mode: CorruptionMode::Restart,
+            ..v.cfg.clone()
+        };
+        let (t, data, _) = on_ram(&v, cfg);
+        t.read_at(0, &mut b).unwrap();
+        flip(&data, 7 * 4096, 0x01);
+        assert!(t.read_at(0, &mut b).is_err());
+        assert!(t.is_failed());
+        assert!(t.read_at(8 * 4096, &mut b[..4096]).is_err());
+
+        // ignore_zero_blocks: the zero block reads as zeros though its data changed, in a
+        // multi-block read copied from the RAM disk; without the option it fails.
+        let cfg = VerityConfig {
+            ignore_zero_blocks: true,
+            ..v.cfg.clone()
+        };
+        let (t, data, _) = on_ram(&v, cfg);
+        flip(&data, 5 * 4096 + 1, 0xff);
+        b.fill(0xaa);
+        t.read_at(0, &mut b).unwrap();
+        assert!(b[5 * 4096..6 * 4096].iter().all(|&x| x == 0));
+        assert_eq!(b[..5 * 4096], c[..5 * 4096]);
+        assert_eq!(b[6 * 4096..], c[6 * 4096..8 * 4096]);
+        let (t, data, _) = on_ram(&v, v.cfg.clone());
+        flip(&data, 5 * 4096 + 1, 0xff);
+        assert!(t.read_at(4 * 4096, &mut b[..2 * 4096]).is_err());
+
+        // check_at_most_once: verified blocks are not checked again, others still are.
+        let cfg = VerityConfig {
+            check_at_most_once: true,
+            ..v.cfg.clone()
+        };
+        let (t, data, _) = on_ram(&v, cfg);
+        t.read_at(0, &mut b[..4 * 4096]).unwrap();
+        flip(&data, 4096, 0x01);
+        flip(&data, 6 * 4096, 0x01);
+        t.read_at(0, &mut b[..4 * 4096]).unwrap();
+        assert_eq!(b[4096], c[4096] ^ 0x01);
+        assert_eq!(t.corrupted_blocks(), 0);
+        assert!(t.read_at(0, &mut b).is_err());
+        assert_eq!(t.corrupted_blocks(), 1);
+
+        // A bad level-0 hash block (the first, after superblock and top block) fails the
+        // data blocks it covers, once per block read, even after it was evicted; the rest
+        // read, with caches of one slot.
+        let (t, _, hash) = on_ram(&v, v.cfg.clone());
+        let t = t.with_cache_slots(1, 1);
+        assert_eq!(t.levels(), 2);
+        t.read_at(200 * 4096, &mut b[..4096]).unwrap();
+        flip(&hash, 2 * 4096 + 40, 0x04);
+        t.read_at(130 * 4096, &mut b).unwrap();
+        assert_eq!(b, c[130 * 4096..138 * 4096]);
+        assert!(t.read_at(120 * 4096, &mut b).is_err());
+        assert_eq!(t.corrupted_blocks(), 1);
+        let cfg = VerityConfig {
+            mode: CorruptionMode::Ignore,
+            ..v.cfg.clone()
+        };
+        let (t, _, hash) = on_ram(&v, cfg);
+        flip(&hash, 2 * 4096 + 40, 0x04);
+        t.read_at(124 * 4096, &mut b).unwrap();
+        assert_eq!(b, c[124 * 4096..132 * 4096]);
+        assert_eq!(t.corrupted_blocks(), 4);
     }
 }
