@@ -149,15 +149,40 @@ fn reopen_and_read(image: Vec<u8>, mode: IntegrityMode, offset: u64, len: usize)
     buf
 }
 
-/// Writes 24 blocks at sector 64 without flushing, waits `wait`, cuts the power, reopens:
+/// Waits 400 ms, then (a loaded machine may run the timer thread late) up to 5 s more
+/// until `cond` holds; returns whether it held. Nothing but the timer can make the
+/// conditions used here true: the tests issue no flush.
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    std::thread::sleep(Duration::from_millis(400));
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writes 24 blocks at sector 64 without flushing, waits (see [`wait_for`]; exactly
+/// 400 ms when `expect_commit` is false) for the disk to change, cuts the power, reopens:
 /// returns whether the blocks survived (they are either all there or all zero).
-fn journal_survives(commit_time: u32, wait: Duration) -> bool {
+fn journal_survives(commit_time: u32, expect_commit: bool) -> bool {
     let disk = CacheDisk::new(formatted(IntegrityMode::Journal));
     let cfg = config(IntegrityMode::Journal, commit_time);
     let t = IntegrityTarget::open(disk.clone(), "timer", None, cfg, None).unwrap();
+    let before = disk.durable();
     let d = data(commit_time as u64, 24);
     t.write_at(64 * 512, &d, WriteFlags::default()).unwrap();
-    std::thread::sleep(wait);
+    if expect_commit {
+        // Any durable change is the timer's commit (journal first, so a cut anywhere
+        // after it still replays the blocks).
+        wait_for(|| disk.durable() != before);
+    } else {
+        std::thread::sleep(Duration::from_millis(400));
+    }
     let image = disk.durable();
     drop(t);
     let got = reopen_and_read(image, IntegrityMode::Journal, 64 * 512, d.len());
@@ -175,8 +200,8 @@ fn journal_survives(commit_time: u32, wait: Duration) -> bool {
 #[test]
 fn journal_commit_timer_makes_idle_writes_durable() {
     assert!(
-        journal_survives(100, Duration::from_millis(400)),
-        "commit_time:100: unflushed journal writes were not committed within 400 ms"
+        journal_survives(100, true),
+        "commit_time:100: unflushed journal writes were not committed by the timer"
     );
 }
 
@@ -185,7 +210,7 @@ fn journal_without_timer_expiry_loses_unflushed_writes() {
     // The same workload, but the timer cannot have fired: the writes exist only in the
     // in-memory journal, so the power cut loses them (what the kernel does too).
     assert!(
-        !journal_survives(60000, Duration::from_millis(400)),
+        !journal_survives(60000, false),
         "commit_time:60000: unflushed writes reached the disk without a flush or timer"
     );
 }
@@ -204,8 +229,9 @@ fn journal_timer_rearms_after_each_commit() {
     for round in 0..3u64 {
         let d = data(100 + round, 8);
         let at = (200 + round * 16) * 512;
+        let before = disk.durable();
         t.write_at(at, &d, WriteFlags::default()).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        wait_for(|| disk.durable() != before);
         let got = reopen_and_read(disk.durable(), IntegrityMode::Journal, at, d.len());
         assert_eq!(got, d, "round {round}: write not committed by the timer");
     }
@@ -229,7 +255,9 @@ fn failed_timed_commit_fails_later_io() {
     t.write_at(0, &data(5, 4), WriteFlags::default()).unwrap();
     let writes = disk.writes.load(Ordering::SeqCst);
     disk.dead.store(true, Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(400));
+    // Only reads probe: a flush would commit (and fail) by itself.
+    let mut probe = vec![0u8; 512];
+    wait_for(|| t.read_at(0, &mut probe).is_err());
     assert!(
         disk.writes.load(Ordering::SeqCst) > writes,
         "the timer never tried to commit"
@@ -302,12 +330,16 @@ fn bitmap_flush_interval_cleans_the_bitmap() {
         t.write_at(128 * 512, &d, WriteFlags::default()).unwrap();
         // Marking the region dirty is durable before the data write.
         assert!(bitmap_dirty(&disk.durable(), joff), "write did not dirty");
-        std::thread::sleep(Duration::from_millis(400));
+        if expect_clean {
+            wait_for(|| !bitmap_dirty(&disk.durable(), joff));
+        } else {
+            std::thread::sleep(Duration::from_millis(400));
+        }
         let durable = disk.durable();
         assert_eq!(
             !bitmap_dirty(&durable, joff),
             expect_clean,
-            "bitmap_flush_interval:{interval}: bitmap clean after 400 ms should be {expect_clean}"
+            "bitmap_flush_interval:{interval}: bitmap clean should be {expect_clean}"
         );
         drop(t);
         let got = reopen_and_read(durable, IntegrityMode::Bitmap, 128 * 512, d.len());
