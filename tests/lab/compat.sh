@@ -10,11 +10,9 @@
 #  - Plain dm-crypt tables (dmsetup create vs cryptblk dm create with the same table):
 #    aes-xts-plain64 512 and sector_size:4096, aes-cbc-essiv:sha256; data both ways.
 . "$LAB_OUT/lib.sh"
-modprobe ublk_drv && modprobe dm-crypt && modprobe brd rd_nr=2 rd_size=131072 || { fail "modules"; finish; }
+crypt_setup 2     # /dev/ram0, /dev/ram1; $W, $W/key, $KDF
 load_ext4
-W=/tmp/w; mkdir -p $W /mnt/x
-head -c 64 /dev/urandom > $W/key      # passphrase file (binary is fine for both tools)
-KDF="--pbkdf pbkdf2 --pbkdf-force-iterations 1000"
+mkdir -p /mnt/x
 FIO="--filename=DEV --size=16M --bs=4k --rw=randwrite --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --verify_fatal=1 --randrepeat=1 --output-format=terse"
 
 open_cb() {   # open_cb NAME [open args...] -> prints /dev/ublkbN

@@ -8,13 +8,11 @@
 # returned success: batches 0..N are acknowledged and flushed. fio meanwhile runs random
 # writes with periodic fsync on a separate region, so requests are in flight at the kill.
 . "$LAB_OUT/lib.sh"
-modprobe ublk_drv && modprobe dm-crypt && modprobe brd rd_nr=1 rd_size=131072 || { fail modules; finish; }
-W=/tmp/w; mkdir -p $W
-head -c 64 /dev/urandom > $W/key
+crypt_setup 1     # /dev/ram0; $W, $W/key, $KDF
 BATCH=262144; NB=240   # 60 MiB of batches below the fio region at 64 MiB
 head -c $((BATCH * NB)) /dev/urandom > $W/src
-$CB luksFormat -q --type luks2 --cipher aes-xts-plain64 --key-size 512 --pbkdf pbkdf2 \
-  --pbkdf-force-iterations 1000 -d $W/key /dev/ram0 || { fail "luksFormat"; finish; }
+$CB luksFormat -q --type luks2 --cipher aes-xts-plain64 --key-size 512 $KDF -d $W/key /dev/ram0 \
+  || { fail "luksFormat"; finish; }
 out=$($CB open -d $W/key /dev/ram0 C --ublk --json) || { fail "open --ublk"; finish; }
 dev=$(echo "$out" | ublk_dev_of); pid=$(echo "$out" | sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 log "serving on $dev, daemon pid $pid"

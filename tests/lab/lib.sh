@@ -47,6 +47,17 @@ load_ext4() {
   for m in mbcache jbd2 ext4; do insmod "$S"/mod/$m.ko* 2>/dev/null; done
   grep -qw ext4 /proc/filesystems || { fail "cannot load the ext4 module"; return 1; }
 }
+# Setup of the dm-crypt guest scripts: crypt_setup NR_RAMDISKS loads ublk_drv, dm-crypt and
+# brd with NR_RAMDISKS 128 MiB RAM disks (/dev/ram0...), makes the work directory $W with a
+# random 64-byte passphrase file $W/key (binary is fine for cryptsetup and cryptblk) and sets
+# $KDF, the luksFormat options that keep key slots cheap under TCG. A module that does not
+# load ends the script.
+crypt_setup() {
+  modprobe ublk_drv && modprobe dm-crypt && modprobe brd rd_nr="$1" rd_size=131072 || { fail "modules"; finish; }
+  W=/tmp/w; mkdir -p $W
+  head -c 64 /dev/urandom > $W/key
+  KDF="--pbkdf pbkdf2 --pbkdf-force-iterations 1000"
+}
 finish() {
   if [ "$FAILS" -eq 0 ]; then log "ALL PASSED"; exit 0; fi
   log "$FAILS check(s) FAILED"; exit 1
