@@ -8,6 +8,8 @@
 //! live: its last flushed write is only in the journal, so reading it needs a journal
 //! replay — which a read-write open writes to the disk (checked here as the control that
 //! shows the sha256 comparison can fail) and a read-only open must do in memory only.
+//! (Stricter than the kernel, whose read-only table still replays to a writable device and
+//! fails with EIO on a read-only one: crates/dm/tests/integrity_timer_readonly_lab.sh.)
 //!
 //! Each case: the file's sha256 before and after is identical, the data read over NBD
 //! (`nbdcopy`, `qemu-img dd`) is what the kernel wrote, a write over NBD (`qemu-io`) is

@@ -2,6 +2,8 @@
 //! cache: writes become durable only when flushed (or written FUA), and "cutting the power"
 //! keeps only the durable image.
 //!
+//! Kernel facts these mirror: tests/integrity_timer_readonly_lab.sh (kernel lab).
+//!
 //! - `J` mode commits an idle journal `commit_time` ms after the first uncommitted write
 //!   (the kernel's `autocommit_timer`): with a short `commit_time` unflushed writes survive a
 //!   power cut, with a long one they do not (which shows the test can fail).

@@ -37,7 +37,11 @@
 //! sections is replayed into memory only (reads see the replayed blocks, the disk keeps the
 //! journal for the next read-write open); regions a bitmap-mode crash left dirty, whose tags
 //! a read-write open would recalculate from the data, are read without tag checks; writes
-//! fail with `EROFS`.
+//! fail with `EROFS`. This is deliberately stricter than the kernel: its dm-integrity has no
+//! read-only case (devices are opened with the table's mode, resume replays regardless), so
+//! a read-only table over a writable device replays the journal to the disk, and over a
+//! read-only device the replay's writes fail and the mapping returns `EIO` (kernel 6.12,
+//! checked in the lab by `tests/integrity_timer_readonly_lab.sh`).
 //!
 //! Without `internal_hash` (a tag size but no hash: what LUKS2 `--integrity` loads under
 //! dm-crypt), tags are the caller's: [`BlockDevice::read_with_tags`] /
