@@ -9,16 +9,19 @@
 //! - refused combinations fail as cryptsetup fails; LUKS1 is activated with cryptsetup's
 //!   "cannot make flags persistent" message and exit status 0.
 //!
-//! cryptsetup itself cannot store flags here (no device-mapper to activate with), so the
-//! direction "flags cryptsetup stored, cryptblk applies" is covered by the flags being read
-//! from the JSON cryptsetup's luksDump shows and by format-crate tests on cryptsetup images.
+//! - the other direction, with volumes whose flags cryptsetup 2.6.1 stored in the kernel lab
+//!   (fixtures/luks2-persistent, see its README): cryptblk applies the stored flags as the
+//!   kernel was given them, and the same steps in cryptblk leave the same JSON metadata as
+//!   cryptsetup's; refusals and LUKS1's message are the ones cryptsetup printed there.
 
 mod common;
 use common::*;
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+/// Discards, to be stored: refused on integrity volumes, not storable on LUKS1.
+const STORE_DISCARDS: &[&str] = &["--persistent", "--allow-discards"];
 
 /// A LUKS volume made by cryptsetup (key in `key`), on a 24 MiB sparse file.
 fn cryptsetup_volume(
@@ -81,6 +84,12 @@ fn cs_epoch(img: &Path) -> u64 {
         .unwrap()
 }
 
+fn cs_accepts_passphrase_if_present(img: &Path, key: &Path) {
+    if cryptsetup().is_some() {
+        cs_accepts_passphrase(img, key);
+    }
+}
+
 fn cs_accepts_passphrase(img: &Path, key: &Path) {
     run_ok(
         cryptsetup()
@@ -92,11 +101,30 @@ fn cs_accepts_passphrase(img: &Path, key: &Path) {
     );
 }
 
+/// `cryptblk status --json MAP`.
+fn status_json(map: &str) -> Value {
+    serde_json::from_str(&run_ok(cryptblk().args(["status", "--json", map]), b"")).unwrap()
+}
+
+/// Opens IMG as MAP with EXTRA, returns what `probe` sees of the mapping, and closes it.
+fn probe_open<T>(
+    img: &Path,
+    key: &Path,
+    map: &str,
+    sock: &Path,
+    extra: &[&str],
+    probe: fn(&str) -> T,
+) -> T {
+    let served = open_nbd(img, key, map, sock, extra);
+    let seen = probe(map);
+    drop(served);
+    seen
+}
+
 /// The crypt table's flags of a served mapping (`status --json`; the sector size, which
 /// cryptsetup picks for the image, left out).
 fn table_options(map: &str) -> Vec<String> {
-    let st: Value =
-        serde_json::from_str(&run_ok(cryptblk().args(["status", "--json", map]), b"")).unwrap();
+    let st = status_json(map);
     let table = st["table"].as_str().unwrap().to_string();
     let words: Vec<&str> = table.split_whitespace().collect();
     assert_eq!(words[2], "crypt", "{table}");
@@ -113,13 +141,12 @@ fn table_options(map: &str) -> Vec<String> {
     }
 }
 
-fn lower_table(map: &str) -> String {
-    let st: Value =
-        serde_json::from_str(&run_ok(cryptblk().args(["status", "--json", map]), b"")).unwrap();
-    st["info"]["lower"][0]["table"]
-        .as_str()
-        .unwrap()
-        .to_string()
+/// The dm-integrity mode (J journal, D direct, ...) of the lower table of a served
+/// LUKS2 --integrity mapping.
+fn integrity_mode(map: &str) -> String {
+    let st = status_json(map);
+    let lower = st["info"]["lower"][0]["table"].as_str().unwrap();
+    lower.split_whitespace().nth(6).unwrap().to_string()
 }
 
 /// `cryptblk open --key-file KEY EXTRA.. IMG MAP --nbd SOCK` whatever its outcome; the
@@ -145,6 +172,63 @@ fn try_open(
     (out, Served::volume(map))
 }
 
+/// The crypt table of a served mapping after its 8th field ("N opt.."), as the lab's guest
+/// script took it from `dmsetup table`.
+fn table_tail(map: &str) -> String {
+    let st = status_json(map);
+    let t = st["table"].as_str().unwrap().split_whitespace().skip(8);
+    t.collect::<Vec<_>>().join(" ")
+}
+
+fn lab() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/luks2-persistent")
+}
+
+/// A fact the lab recorded (kernel.txt: "key: value").
+fn lab_fact(key: &str) -> String {
+    let txt = std::fs::read_to_string(lab().join("kernel.txt")).unwrap();
+    txt.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in kernel.txt"))
+        .trim()
+        .to_string()
+}
+
+fn lab_json(step: &str, dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{step}.json"))).unwrap())
+        .unwrap()
+}
+
+/// Unpacks the lab's images and JSON dumps into `dir`; returns the key file.
+fn unpack_lab(dir: &Path) -> PathBuf {
+    run_ok(
+        std::process::Command::new("tar")
+            .arg("-xJf")
+            .arg(lab().join("images.tar.xz"))
+            .arg("-C")
+            .arg(dir),
+        b"",
+    );
+    let key = dir.join("fixture.key");
+    std::fs::write(&key, b"cryptblk-persistent-fixture-key").unwrap();
+    key
+}
+
+/// The LUKS2 JSON metadata of `img` as cryptsetup reads it (cryptblk's own parser when
+/// cryptsetup is skipped).
+fn json_of(img: &Path) -> Value {
+    let out = match cryptsetup() {
+        Some(mut cs) => run_ok(cs.args(["luksDump", "--dump-json-metadata"]).arg(img), b""),
+        None => run_ok(
+            cryptblk()
+                .args(["luksDump", "--dump-json-metadata"])
+                .arg(img),
+            b"",
+        ),
+    };
+    serde_json::from_str(&out).unwrap()
+}
+
 fn map_name(tag: &str) -> String {
     format!("cbpers-{tag}-{}", std::process::id() % 10000)
 }
@@ -159,6 +243,7 @@ fn open_persistent_stores_flags_that_cryptsetup_reads() {
     let epoch = cs_epoch(&img);
     let sock = dir.path().join("a.sock");
     let map = map_name("a");
+    let options_with = |extra: &[&str]| probe_open(&img, &key, &map, &sock, extra, table_options);
 
     let served = open_nbd(
         &img,
@@ -206,34 +291,25 @@ fn open_persistent_stores_flags_that_cryptsetup_reads() {
     );
     drop(served);
     // Given flags are added to the stored ones.
-    let served = open_nbd(&img, &key, &map, &sock, &["--perf-same_cpu_crypt"]);
     assert_eq!(
-        table_options(&map),
+        options_with(&["--perf-same_cpu_crypt"]),
         ["allow_discards", "same_cpu_crypt", "no_read_workqueue"]
     );
-    drop(served);
     assert_eq!(cs_epoch(&img), epoch + 1, "plain opens write nothing");
 
     // --persistent replaces the set: only the given flags are used and stored.
-    let served = open_nbd(
-        &img,
-        &key,
-        &map,
-        &sock,
-        &["--persistent", "--perf-no_write_workqueue"],
+    assert_eq!(
+        options_with(&["--persistent", "--perf-no_write_workqueue"]),
+        ["no_write_workqueue"]
     );
-    assert_eq!(table_options(&map), ["no_write_workqueue"]);
-    drop(served);
     assert_eq!(cs_flags_line(&img), ["Flags:", "no-write-workqueue"]);
 
     // --persistent with no flag clears them (an empty array, as cryptsetup writes).
-    let served = open_nbd(&img, &key, &map, &sock, &["--persistent"]);
     assert_eq!(
-        table_options(&map),
+        options_with(&["--persistent"]),
         ["no_read_workqueue", "no_write_workqueue"],
         "cryptblk's inline default"
     );
-    drop(served);
     assert_eq!(cs_flags_line(&img), ["Flags:", "(no", "flags)"]);
     assert_eq!(cs_json_flags(&img), serde_json::json!([]));
     assert_eq!(cs_epoch(&img), epoch + 3);
@@ -301,42 +377,18 @@ fn integrity_no_journal_is_stored_as_no_journal() {
     );
     let sock = dir.path().join("i.sock");
     let map = map_name("i");
-    let mode = |map: &str| {
-        lower_table(map)
-            .split_whitespace()
-            .nth(6)
-            .unwrap()
-            .to_string()
-    };
+    let mode_with = |extra: &[&str]| probe_open(&img, &key, &map, &sock, extra, integrity_mode);
 
-    let served = open_nbd(&img, &key, &map, &sock, &[]);
-    assert_eq!(mode(&map), "J");
-    drop(served);
-    let served = open_nbd(
-        &img,
-        &key,
-        &map,
-        &sock,
-        &["--persistent", "--integrity-no-journal"],
-    );
-    assert_eq!(mode(&map), "D");
-    drop(served);
+    assert_eq!(mode_with(&[]), "J");
+    assert_eq!(mode_with(&["--persistent", "--integrity-no-journal"]), "D");
     if cryptsetup().is_some() {
         assert_eq!(cs_flags_line(&img), ["Flags:", "no-journal"]);
         cs_accepts_passphrase(&img, &key);
     }
     // A later open without the option: direct mode from the stored flag.
-    let served = open_nbd(&img, &key, &map, &sock, &[]);
-    assert_eq!(mode(&map), "D");
-    drop(served);
+    assert_eq!(mode_with(&[]), "D");
     // cryptsetup refuses discards on integrity volumes; so does cryptblk, and stores nothing.
-    let (out, _cleanup) = try_open(
-        &img,
-        &key,
-        &map,
-        &sock,
-        &["--persistent", "--allow-discards"],
-    );
+    let (out, _cleanup) = try_open(&img, &key, &map, &sock, STORE_DISCARDS);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Discard/TRIM is not supported."));
     if cryptsetup().is_some() {
@@ -377,28 +429,133 @@ fn luks1_is_activated_but_flags_are_not_stored() {
     let before = std::fs::read(&img).unwrap();
     let sock = dir.path().join("l1.sock");
     let map = map_name("l1");
-    let (out, served) = try_open(
-        &img,
-        &key,
-        &map,
-        &sock,
-        &["--persistent", "--allow-discards"],
-    );
+    let (out, served) = try_open(&img, &key, &map, &sock, STORE_DISCARDS);
+    // What cryptsetup 2.6.1 did in the lab: active, two messages, exit 0, header unchanged.
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains("This operation is supported only for LUKS2 device.")
-            && err.contains("Device activated but cannot make flags persistent."),
+    assert_eq!(
+        out.status.code().unwrap().to_string(),
+        lab_fact("luks1_open_persistent_rc"),
         "{err}"
     );
+    assert_eq!(lab_fact("luks1_active"), "yes");
+    assert_eq!(
+        err,
+        std::fs::read_to_string(lab().join("luks1.stderr")).unwrap()
+    );
+    // The kernel got "1 allow_discards"; cryptblk adds its inline default.
+    assert_eq!(lab_fact("luks1_open_persistent"), "1 allow_discards");
     assert_eq!(
         table_options(&map),
         ["allow_discards", "no_read_workqueue", "no_write_workqueue"]
     );
     drop(served);
+    assert_eq!(lab_fact("luks1_header_unchanged"), "yes");
     assert!(
         std::fs::read(&img).unwrap() == before,
         "LUKS1 header untouched"
     );
     cs_accepts_passphrase(&img, &key);
+}
+
+#[test]
+fn flags_cryptsetup_stored_apply_as_the_kernel_got_them() {
+    let dir = tempdir();
+    let key = unpack_lab(dir.path());
+    let img = dir.path().join("open-persistent.img");
+    if let Some(mut cs) = cryptsetup() {
+        let theirs = run_ok(cs.arg("luksDump").arg(&img), b"");
+        assert_eq!(run_ok(cryptblk().arg("luksDump").arg(&img), b""), theirs);
+        assert!(
+            theirs.contains("Flags:       \tallow-discards same-cpu-crypt no-write-workqueue \n")
+        );
+    }
+    let sock = dir.path().join("k.sock");
+    let map = map_name("k");
+    let tail_with =
+        |img: &Path, extra: &[&str]| probe_open(img, &key, &map, &sock, extra, table_tail);
+    // Stored perf flags: exactly the kernel's table (cryptsetup's meaning, no inline default).
+    assert_eq!(
+        tail_with(&img, &[]),
+        lab_fact("plain_open_after_open_persistent")
+    );
+    let served = open_nbd(&img, &key, &map, &sock, &["--perf-submit_from_crypt_cpus"]);
+    assert_eq!(
+        table_tail(&map),
+        lab_fact("extra_flag_open_after_open_persistent")
+    );
+    run_ok(
+        cryptblk().args(["refresh", "--persistent", "--perf-no_read_workqueue", &map]),
+        b"",
+    );
+    assert_eq!(table_tail(&map), lab_fact("refresh_persistent"));
+    run_ok(cryptblk().args(["refresh", &map]), b"");
+    assert_eq!(
+        table_tail(&map),
+        lab_fact("plain_refresh_after_refresh_persistent")
+    );
+    drop(served);
+    // Same volume, same step: the same metadata as cryptsetup wrote (flags and all).
+    assert_eq!(json_of(&img), lab_json("refresh-persistent", dir.path()));
+    cs_accepts_passphrase_if_present(&img, &key);
+
+    // From cryptsetup's refresh result back to its open --persistent result.
+    let img = dir.path().join("refresh-persistent.img");
+    assert_eq!(
+        tail_with(
+            &img,
+            &[
+                "--persistent",
+                "--allow-discards",
+                "--perf-same_cpu_crypt",
+                "--perf-no_write_workqueue",
+            ]
+        ),
+        lab_fact("open_persistent")
+    );
+    assert_eq!(json_of(&img), lab_json("open-persistent", dir.path()));
+    // --persistent alone: cleared as cryptsetup clears ("flags": []). The kernel then got no
+    // option at all; cryptblk serves its inline default (the one documented difference).
+    let served = open_nbd(&img, &key, &map, &sock, &["--persistent"]);
+    assert_eq!(lab_fact("open_persistent_no_flags"), "");
+    assert_eq!(table_tail(&map), "2 no_read_workqueue no_write_workqueue");
+    drop(served);
+    assert_eq!(json_of(&img), lab_json("cleared", dir.path()));
+}
+
+#[test]
+fn integrity_flags_and_refusals_match_the_lab() {
+    let dir = tempdir();
+    let key = unpack_lab(dir.path());
+    let img = dir.path().join("integrity-no-journal.img");
+    let sock = dir.path().join("n.sock");
+    let map = map_name("n");
+    let mode_with = |extra: &[&str]| probe_open(&img, &key, &map, &sock, extra, integrity_mode);
+    // no-journal stored by cryptsetup: direct mode, as the kernel was given.
+    assert_eq!(
+        mode_with(&[]),
+        lab_fact("integrity_plain_open_after_persistent_mode")
+    );
+    // Discards: refused with cryptsetup's message and status, nothing stored.
+    let (out, served) = try_open(&img, &key, &map, &sock, STORE_DISCARDS);
+    drop(served);
+    assert_eq!(
+        out.status.code().unwrap().to_string(),
+        lab_fact("integrity_discards_rc")
+    );
+    let theirs = std::fs::read_to_string(lab().join("integrity-discards.stderr")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stderr), theirs);
+    assert_eq!(
+        json_of(&img),
+        lab_json("integrity-after-discards", dir.path())
+    );
+    // Clearing and storing again gives cryptsetup's metadata back.
+    assert_eq!(
+        mode_with(&["--persistent"]),
+        lab_fact("integrity_plain_open_mode")
+    );
+    assert_eq!(
+        mode_with(&["--persistent", "--integrity-no-journal"]),
+        lab_fact("integrity_open_persistent_mode")
+    );
+    assert_eq!(json_of(&img), lab_json("integrity-no-journal", dir.path()));
 }
