@@ -402,22 +402,36 @@ fn persistent_with_test_passphrase_is_refused_like_cryptsetup() {
     let Some((img, key)) = cryptsetup_volume(dir.path(), "t", "luks2") else {
         return;
     };
-    let args = |c: &mut std::process::Command| {
-        c.args(["open", "--test-passphrase", "--persistent", "--key-file"])
-            .arg(&key)
-            .arg(&img);
-    };
-    let mut theirs = cryptsetup().unwrap();
-    args(&mut theirs);
-    let theirs = run(&mut theirs, b"");
-    let mut ours = cryptblk();
-    args(&mut ours);
-    let ours = run(&mut ours, b"");
-    assert_eq!(ours.status.code(), theirs.status.code());
-    assert_eq!(ours.status.code(), Some(1));
-    let msg = "Option --persistent is not allowed with --test-passphrase.";
-    assert!(String::from_utf8_lossy(&theirs.stderr).contains(msg));
-    assert!(String::from_utf8_lossy(&ours.stderr).contains(msg));
+    for kind in ["luks", "plain"] {
+        let args = |c: &mut std::process::Command| {
+            c.args(["open", "--type", kind, "--test-passphrase", "--persistent"])
+                .arg("--key-file")
+                .arg(&key)
+                .arg(&img);
+        };
+        let mut theirs = cryptsetup().unwrap();
+        args(&mut theirs);
+        let theirs = run(&mut theirs, b"");
+        let mut ours = cryptblk();
+        args(&mut ours);
+        let ours = run(&mut ours, b"");
+        assert_eq!(ours.status.code(), theirs.status.code(), "{kind}");
+        assert_eq!(ours.status.code(), Some(1), "{kind}");
+        let msg = "Option --persistent is not allowed with --test-passphrase.";
+        assert!(
+            String::from_utf8_lossy(&theirs.stderr).contains(msg),
+            "{kind}"
+        );
+        assert!(
+            String::from_utf8_lossy(&ours.stderr).contains(msg),
+            "{kind}"
+        );
+    }
+    // The message cryptsetup printed in the lab too.
+    let lab_err = std::fs::read_to_string(lab().join("test-passphrase.stderr")).unwrap();
+    assert!(lab_err
+        .ends_with("cryptsetup: Option --persistent is not allowed with --test-passphrase.\n"));
+    assert_eq!(lab_fact("test_passphrase_persistent_rc"), "1");
 }
 
 #[test]
@@ -558,4 +572,38 @@ fn integrity_flags_and_refusals_match_the_lab() {
         lab_fact("integrity_open_persistent_mode")
     );
     assert_eq!(json_of(&img), lab_json("integrity-no-journal", dir.path()));
+}
+
+/// Plain volumes store nothing, but their refresh also sets discards as given (the lab's
+/// `refresh_persistent` step shows cryptsetup dropping a live `allow_discards`).
+#[test]
+fn plain_refresh_sets_discards_as_given() {
+    let dir = tempdir();
+    let key = dir.path().join("plain.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let img = dir.path().join("plain.img");
+    sparse_file(&img, 4 << 20);
+    let sock = dir.path().join("p.sock");
+    let map = map_name("p");
+    let plain = ["--type", "plain", "--persistent", "--allow-discards"];
+    let served = open_nbd(&img, &key, &map, &sock, &plain);
+    assert_eq!(
+        table_options(&map),
+        ["allow_discards", "no_read_workqueue", "no_write_workqueue"]
+    );
+    run_ok(
+        cryptblk().args(["refresh", "--perf-same_cpu_crypt", &map]),
+        b"",
+    );
+    assert_eq!(table_options(&map), ["same_cpu_crypt"]);
+    run_ok(cryptblk().args(["refresh", "--allow-discards", &map]), b"");
+    assert_eq!(
+        table_options(&map),
+        ["allow_discards", "no_read_workqueue", "no_write_workqueue"]
+    );
+    drop(served);
+    assert!(
+        std::fs::read(&img).unwrap().iter().all(|&b| b == 0),
+        "nothing written to a plain device"
+    );
 }

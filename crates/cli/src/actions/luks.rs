@@ -271,7 +271,9 @@ pub fn crypt_table(
 /// `open <device> [<name>]`.
 pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.volume_type == Some(VolumeType::Plain) {
-        // cryptsetup ignores --persistent for plain devices: nothing to store it in.
+        // cryptsetup ignores --persistent for plain devices (nothing to store it in), but
+        // still refuses it with --test-passphrase.
+        persistent::check_options(opts, &PerfArgs::default())?;
         return open_plain(opts, a);
     }
     persistent::check_options(opts, &a.perf)?;
@@ -368,7 +370,6 @@ fn start_persistent(
 /// file or the one the volume was opened from; refresh needs no passphrase (the daemon
 /// holds the key, and the flags are not secret).
 pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
-    persistent::check_options(opts, perf)?;
     if opts.integrity.integrity_no_journal {
         return Err(Failure::usage(
             "refresh cannot switch the integrity journal of a served volume; close it and \
@@ -390,6 +391,7 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
         // Raw `dm create` tables: the daemon's own refresh rules.
         return super::serving::refresh(name, perf);
     }
+    persistent::check_options(opts, perf)?;
     let device = opts
         .header
         .clone()
