@@ -415,26 +415,26 @@ fn answer(
     }
 }
 
-/// The live table with every crypt line's performance flags replaced by `perf` (the
-/// cryptsetup `--perf-*` names without the prefix); other options are kept.
+/// The live table with every crypt line's activation flags (`allow_discards` and the four
+/// pipeline flags) replaced by `perf`, as cryptsetup's refresh sets them from the command
+/// line alone; the line's format options (`sector_size:`, `iv_large_sectors`, `integrity:`,
+/// `integrity_key_size:`) are kept, so a refresh never changes how sectors are encrypted.
 fn refreshed_table(table: &str, perf: &[String]) -> Result<String, String> {
     let lines = parse_table_lines(table).map_err(|e| e.to_string())?;
+    let given = CryptFlags::parse(perf)?;
     let mut out = String::new();
     for l in lines {
         let mut args = l.args.clone();
         if l.target_type == "crypt" && args.len() >= 5 {
             let opts: &[String] = if args.len() > 6 { &args[6..] } else { &[] };
-            let mut kept: Vec<String> = opts
-                .iter()
-                .filter(|o| {
-                    o.starts_with("sector_size:")
-                        || *o == "iv_large_sectors"
-                        || *o == "allow_discards"
-                })
-                .cloned()
-                .collect();
-            kept.extend(perf.iter().cloned());
-            let f = CryptFlags::parse(&kept)?;
+            let f = CryptFlags {
+                allow_discards: given.allow_discards,
+                same_cpu_crypt: given.same_cpu_crypt,
+                submit_from_crypt_cpus: given.submit_from_crypt_cpus,
+                no_read_workqueue: given.no_read_workqueue,
+                no_write_workqueue: given.no_write_workqueue,
+                ..CryptFlags::parse(opts)?
+            };
             args.truncate(5);
             let formatted = f.format();
             if !formatted.is_empty() {
@@ -516,7 +516,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn refresh_replaces_only_perf_flags() {
+    fn refresh_replaces_only_activation_flags() {
         let t = "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 3 allow_discards sector_size:4096 same_cpu_crypt\n";
         let out = refreshed_table(
             t,
@@ -525,12 +525,24 @@ mod tests {
         .unwrap();
         assert_eq!(
             out,
-            "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 4 allow_discards no_read_workqueue no_write_workqueue sector_size:4096\n"
+            "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 3 no_read_workqueue no_write_workqueue sector_size:4096\n"
         );
-        let queued = refreshed_table(&out, &[]).unwrap();
+        let queued = refreshed_table(&out, &["allow_discards".into()]).unwrap();
         assert_eq!(
             queued,
             "0 8 crypt aes-xts-plain64 00 0 /dev/x 0 2 allow_discards sector_size:4096\n"
+        );
+    }
+
+    #[test]
+    fn refresh_keeps_authenticated_encryption_options() {
+        let t = "0 8 crypt capi:authenc(hmac(sha256),xts(aes))-random 00 0 /dev/x 0 3 \
+                 integrity:32:aead integrity_key_size:40 sector_size:4096\n";
+        let out = refreshed_table(t, &["no_read_workqueue".into()]).unwrap();
+        assert_eq!(
+            out,
+            "0 8 crypt capi:authenc(hmac(sha256),xts(aes))-random 00 0 /dev/x 0 4 \
+             no_read_workqueue integrity:32:aead integrity_key_size:40 sector_size:4096\n"
         );
     }
 

@@ -382,13 +382,10 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
     if kind == "PLAIN" {
         // Nothing stored, nothing to store (cryptsetup ignores --persistent for plain
         // devices too); discards as given, like every cryptsetup refresh.
-        if !perf.allow_discards {
-            drop_live_discards(name)?;
-        }
         return super::serving::refresh(name, perf);
     }
     if kind != "LUKS1" && kind != "LUKS2" {
-        // Raw `dm create` tables: the daemon's own refresh rules.
+        // Raw `dm create` tables: nothing stored; flags as given.
         return super::serving::refresh(name, perf);
     }
     persistent::check_options(opts, perf)?;
@@ -410,9 +407,6 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
         Volume::Luks1(_) => Vec::new(),
     };
     let flags = persistent::effective(opts, perf, &stored);
-    if !flags.perf.allow_discards {
-        drop_live_discards(name)?;
-    }
     super::serving::refresh(name, &flags.perf)?;
     // `--header` names the header itself: no second `--header` lookup.
     let header_opts = Opts {
@@ -421,60 +415,6 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
     };
     persistent::store(&header_opts, &device, &uuid, &flags);
     Ok(())
-}
-
-/// Takes `allow_discards` off the live crypt lines of `name`, if there. cryptsetup's refresh
-/// sets discards from the given (and stored) flags only, while the daemon's `refresh` keeps
-/// a live `allow_discards`; so this swaps in the live table without it first, as dmsetup
-/// would (reload, suspend, resume). That table holds the key: it travels only over the
-/// owner-only control socket, as `dm table --showkeys` and `dm reload` tables do.
-fn drop_live_discards(name: &str) -> ActionResult {
-    use crate::control::request;
-    let keyless = request(name, &json!({ "cmd": "table" }))?;
-    if !keyless["table"]
-        .as_str()
-        .unwrap_or_default()
-        .split_whitespace()
-        .any(|w| w == "allow_discards")
-    {
-        return Ok(());
-    }
-    let live = request(name, &json!({ "cmd": "table", "showkeys": true }))?;
-    let live = zeroize::Zeroizing::new(live["table"].as_str().unwrap_or_default().to_string());
-    let mut table = zeroize::Zeroizing::new(String::new());
-    for line in live.lines() {
-        table.push_str(&without_discards(line));
-        table.push('\n');
-    }
-    request(name, &json!({ "cmd": "reload", "table": table.as_str() }))?;
-    request(name, &json!({ "cmd": "suspend" }))?;
-    request(name, &json!({ "cmd": "resume" }))?;
-    Ok(())
-}
-
-/// A dm table line without the crypt option `allow_discards` (the option count fixed).
-fn without_discards(line: &str) -> zeroize::Zeroizing<String> {
-    let w: Vec<&str> = line.split_whitespace().collect();
-    // start len crypt cipher key iv_offset device offset [count opt...]
-    let count = w.get(8).and_then(|n| n.parse::<usize>().ok());
-    let (Some("crypt"), Some(n)) = (w.get(2).copied(), count) else {
-        return zeroize::Zeroizing::new(line.to_string());
-    };
-    let end = (9 + n).min(w.len());
-    let opts: Vec<&str> = w[9..end]
-        .iter()
-        .copied()
-        .filter(|o| *o != "allow_discards")
-        .collect();
-    let mut out = w[..8].join(" ");
-    if !opts.is_empty() {
-        out.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
-    }
-    for extra in &w[end..] {
-        out.push(' ');
-        out.push_str(extra);
-    }
-    zeroize::Zeroizing::new(out)
 }
 
 /// What `open` serves for a LUKS2 volume with `--integrity`: `<name>_dif` (integrity)
@@ -983,22 +923,6 @@ pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn discards_come_off_crypt_lines_only() {
-        let t =
-            "0 8 crypt aes-xts-plain64 00 0 /d 0 3 allow_discards same_cpu_crypt sector_size:4096";
-        assert_eq!(
-            *without_discards(t),
-            "0 8 crypt aes-xts-plain64 00 0 /d 0 2 same_cpu_crypt sector_size:4096"
-        );
-        assert_eq!(
-            *without_discards("0 8 crypt c 00 0 /d 0 1 allow_discards"),
-            "0 8 crypt c 00 0 /d 0"
-        );
-        let other = "0 8 linear /d 0";
-        assert_eq!(*without_discards(other), other);
-    }
 
     #[test]
     fn sizes_parse_with_units() {
