@@ -1040,6 +1040,41 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_readers_share_one_slot_caches() {
+        if !tool_available() {
+            return;
+        }
+        let dir = TempDir::new("threads");
+        let blocks = 1500;
+        let v = format(
+            &dir,
+            "t",
+            pattern(blocks * 1024, 17),
+            (1, 1024, 512, "sha256", "0f0f"),
+        );
+        let (t, ..) = on_ram(&v, v.cfg.clone());
+        // Every level-0 and upper block competes for one slot: refills race with hits.
+        let t = t.with_cache_slots(1, 1);
+        assert!(t.levels() >= 3);
+        std::thread::scope(|s| {
+            for worker in 0..4u64 {
+                let (t, v) = (&t, &v);
+                s.spawn(move || {
+                    let mut seed = 1000 + worker;
+                    for _ in 0..400 {
+                        let start = next(&mut seed) as usize % blocks;
+                        let count = 1 + next(&mut seed) as usize % 24.min(blocks - start);
+                        let mut buf = vec![0u8; count * 1024];
+                        t.read_at(start as u64 * 1024, &mut buf).unwrap();
+                        assert!(buf == v.contents[start * 1024..][..buf.len()]);
+                    }
+                });
+            }
+        });
+        assert_eq!(t.corrupted_blocks(), 0);
+    }
+
+    #[test]
     fn ram_disk_reads_keep_the_corruption_semantics() {
         if !tool_available() {
             return;
