@@ -306,10 +306,12 @@ impl Layout {
     }
 
     /// Logical sectors from `sector` to the end of its area (requests are split there
-    /// because data and tags are contiguous only within an area).
+    /// because data and tags are contiguous only within an area). With a metadata device
+    /// the whole device is one area; callers multiply this by 512, so it stays the real
+    /// (non-overflowing) count.
     pub fn sectors_left_in_area(&self, sector: u64) -> u64 {
         if self.meta_dev {
-            return u64::MAX;
+            return self.provided_data_sectors.saturating_sub(sector).max(1);
         }
         let (_, offset) = self.area_offset(sector);
         (1u64 << self.log2_interleave_sectors) - offset

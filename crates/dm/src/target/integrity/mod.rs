@@ -10,8 +10,23 @@
 //! options `journal_sectors:`, `interleave_sectors:`, `buffer_sectors:`,
 //! `journal_watermark:`, `commit_time:`, `meta_device:`, `block_size:`,
 //! `internal_hash:<alg>[:<hexkey>]`, `fix_padding`, `fix_hmac`, `allow_discards`
-//! (accepted, discards are ignored), `sectors_per_bit:` (accepted; the default granularity
-//! is used), `bitmap_flush_interval:`, `legacy_recalculate`.
+//! (accepted, discards are ignored), `sectors_per_bit:` (bitmap granularity, rounded down
+//! to a power of two and raised until the bitmap fits the journal area, as the kernel
+//! does), `bitmap_flush_interval:`, `recalculate`, `reset_recalculate`,
+//! `legacy_recalculate`.
+//!
+//! With `meta_device:`, superblock, journal and tags live on the metadata device (tags
+//! packed after the journal) and the data device holds only data, from its sector 0 (the
+//! kernel's layout; `integritysetup --data-device`).
+//!
+//! `recalculate` (internal hash only) sets the superblock's `recalculating` flag with
+//! `recalc_sector` 0 unless it is already set (`reset_recalculate` always restarts from 0);
+//! a background thread then rewrites the tags from the data in chunks of 32768 sectors
+//! (the kernel's `RECALC_SECTORS`, clipped to an interleave area), flushing the tags before
+//! recording each chunk's end in `recalc_sector`, so an interrupted recalculation resumes
+//! where the superblock says. Until then, reads of blocks at or after `recalc_sector` are
+//! not checked; writes always store valid tags. The device is usable at once, as in the
+//! kernel, and the flag stays set (with `recalc_sector` = the device size) when done.
 //!
 //! Like the kernel, loading a table over an all-zero superblock area formats the device
 //! (superblock and empty journal); `integritysetup format` relies on exactly that. A read
@@ -52,6 +67,7 @@
 pub mod hash;
 pub mod journal;
 pub mod layout;
+mod recalc;
 pub mod superblock;
 mod tagcache;
 mod timer;
@@ -74,7 +90,7 @@ use journal::{next_seq, prev_seq, Journal, N_COMMIT_IDS};
 use layout::{Layout, MAX_TAG_SIZE, SB_SECTORS};
 use superblock::{
     Superblock, FLAG_DIRTY_BITMAP, FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_HAVE_JOURNAL_MAC,
-    SUPERBLOCK_BYTES,
+    FLAG_RECALCULATING, SUPERBLOCK_BYTES,
 };
 use tagcache::{TagCache, TagRun};
 
@@ -147,6 +163,13 @@ pub struct IntegrityConfig {
     pub legacy_recalculate: bool,
     /// `meta_device:` device name, when tags and journal live elsewhere.
     pub meta_device: Option<String>,
+    /// `recalculate`: recompute tags from the data in the background, from the
+    /// superblock's `recalc_sector` (0 when the flag was not set yet).
+    pub recalculate: bool,
+    /// `reset_recalculate`: like `recalculate`, but always from sector 0.
+    pub reset_recalculate: bool,
+    /// `sectors_per_bit:` as given (bitmap granularity; `None` = the kernel default 32768).
+    pub sectors_per_bit: Option<u64>,
 }
 
 impl IntegrityConfig {
@@ -171,6 +194,9 @@ impl IntegrityConfig {
             allow_discards: false,
             legacy_recalculate: false,
             meta_device: None,
+            recalculate: false,
+            reset_recalculate: false,
+            sectors_per_bit: None,
         }
     }
 
@@ -249,8 +275,10 @@ impl IntegrityConfig {
             }
             Some(("meta_device", v)) => self.meta_device = Some(v.to_string()),
             Some(("sectors_per_bit", v)) => {
-                v.parse::<u64>()
-                    .map_err(|_| format!("invalid argument '{opt}'"))?;
+                self.sectors_per_bit = Some(
+                    v.parse::<u64>()
+                        .map_err(|_| format!("invalid argument '{opt}'"))?,
+                );
             }
             Some(("bitmap_flush_interval", v)) => {
                 self.bitmap_flush_interval = v
@@ -276,8 +304,10 @@ impl IntegrityConfig {
             None if opt == "fix_hmac" => self.fix_hmac = true,
             None if opt == "allow_discards" => self.allow_discards = true,
             None if opt == "legacy_recalculate" => self.legacy_recalculate = true,
-            None if opt == "recalculate" || opt == "reset_recalculate" => {
-                return Err(format!("'{opt}' is not supported by cryptblk yet"))
+            None if opt == "recalculate" => self.recalculate = true,
+            None if opt == "reset_recalculate" => {
+                self.recalculate = true;
+                self.reset_recalculate = true;
             }
             _ => return Err(format!("Invalid argument '{opt}'")),
         }
@@ -326,7 +356,12 @@ struct Core {
     tags: Mutex<TagCache>,
     /// The commit (J) / bitmap flush (B) timer, when one runs.
     timer: Option<Arc<timer::TimerCtl>>,
+    /// The background tag recalculation, when one is due (see [`recalc`]).
+    recalc: Option<Arc<recalc::RecalcCtl>>,
 }
+
+/// Sectors recalculated per step (the kernel's `RECALC_SECTORS` on 64-bit machines).
+const RECALC_SECTORS: u64 = 32768;
 
 /// A hash map keyed by sector numbers or device offsets: the per-block maps of the write
 /// path hash one `u64` per 512-byte block, where SipHash's DoS resistance buys nothing.
@@ -476,8 +511,13 @@ impl Core {
         let layout = Layout::from_superblock(&sb, cfg.start, meta_dev, meta_sectors, data_sectors)
             .ok_or("The device is too small")?;
 
-        // Bitmap granularity, recorded in new superblocks as the kernel does.
-        let mut log2_spbb: u32 = 15;
+        // Bitmap granularity (`sectors_per_bit:` rounded down to a power of two, default
+        // 32768), recorded in new superblocks as the kernel does.
+        let mut log2_spbb: u32 = match cfg.sectors_per_bit {
+            None => 15,
+            Some(0) => 0,
+            Some(n) => 63 - n.leading_zeros(),
+        };
         log2_spbb = log2_spbb.max(layout.log2_sectors_per_block as u32);
         let bits_in_journal =
             ((layout.journal_section_sectors as u64 * layout.journal_sections as u64) << 12)
@@ -514,7 +554,8 @@ impl Core {
             _ => None,
         }
         .map(|ms| Arc::new(timer::TimerCtl::new(ms)));
-        let target = Core {
+        let mut recalc_due = false;
+        let mut target = Core {
             dev: dev.clone(),
             meta: meta.clone(),
             dev_spec: dev_spec.to_string(),
@@ -539,6 +580,7 @@ impl Core {
             bitmap_shift: log2_spbb,
             tags: Mutex::new(tag_cache),
             timer,
+            recalc: None,
         };
         {
             let mut st = target.lock();
@@ -561,11 +603,51 @@ impl Core {
                     .write_superblock(&mut st)
                     .map_err(|e| io_err("writing superblock", e))?;
             }
+            let writable = target.cfg.mode != IntegrityMode::Recovery && !target.cfg.read_only;
+            if writable
+                && ((target.cfg.recalculate && st.sb.flags & FLAG_RECALCULATING == 0)
+                    || target.cfg.reset_recalculate)
+            {
+                st.sb.flags |= FLAG_RECALCULATING;
+                st.sb.recalc_sector = 0;
+            }
+            if st.sb.flags & FLAG_RECALCULATING != 0 {
+                if target.hash.is_none() {
+                    return Err(invalid(
+                        "Recalculate can only be specified with internal_hash",
+                    ));
+                }
+                if writable
+                    && target.cfg.internal_hash_key.is_some()
+                    && st.sb.flags & FLAG_FIXED_HMAC == 0
+                    && !target.cfg.legacy_recalculate
+                {
+                    // Without the salt, recomputed keyed tags would let an attacker who
+                    // can write the data get it accepted (the kernel refuses it too).
+                    return Err(invalid(
+                        "Recalculating with a keyed hash needs fix_hmac (or legacy_recalculate)",
+                    ));
+                }
+            }
             if target.cfg.mode != IntegrityMode::Recovery {
                 target
                     .resume(&mut st, should_write_sb)
                     .map_err(|e| io_err("resuming", e))?;
             }
+            if writable && st.sb.flags & FLAG_RECALCULATING != 0 {
+                let provided = target.layout.provided_data_sectors;
+                st.sb.recalc_sector = st.sb.recalc_sector.min(provided);
+                // The flag is durable before any block is read unchecked because of it.
+                target
+                    .write_superblock(&mut st)
+                    .map_err(|e| io_err("writing superblock", e))?;
+                if st.sb.recalc_sector < provided {
+                    recalc_due = true;
+                }
+            }
+        }
+        if recalc_due {
+            target.recalc = Some(Arc::new(recalc::RecalcCtl::new()));
         }
         Ok(target)
     }
@@ -752,6 +834,49 @@ impl Core {
                 .get((bit / 8) as usize)
                 .is_none_or(|b| b & (1 << (bit % 8)) != 0)
         })
+    }
+
+    /// One step of the background recalculation: rewrites the tags of the next chunk from
+    /// `recalc_sector`, makes them durable, then records the chunk's end in the superblock
+    /// (so a crash resumes at or before it, never past unwritten tags). `Ok(true)` while
+    /// more remains. A failure fails the device, as the kernel's `dm_integrity_io_error`.
+    fn recalc_step(&self, ctl: &recalc::RecalcCtl) -> io::Result<bool> {
+        self.check_failed()?;
+        let mut st = self.lock();
+        if ctl.stopped() || st.sb.flags & FLAG_RECALCULATING == 0 {
+            return Ok(false);
+        }
+        let provided = self.layout.provided_data_sectors;
+        let pos = st.sb.recalc_sector;
+        if pos >= provided {
+            return Ok(false);
+        }
+        let n = RECALC_SECTORS
+            .min(provided - pos)
+            .min(self.layout.sectors_left_in_area(pos));
+        let r = self.recalculate(&st, pos, n).and_then(|()| {
+            st.sb.recalc_sector = pos + n;
+            self.write_superblock(&mut st)
+        });
+        if let Err(e) = r {
+            eprintln!(
+                "device-mapper: integrity: {}: Error recalculating tags: {e}",
+                self.dev_spec
+            );
+            self.fail(e.raw_os_error().unwrap_or(libc::EIO));
+            return Err(e);
+        }
+        Ok(pos + n < provided)
+    }
+
+    /// Where tags stop being checked: `recalc_sector` while a recalculation is pending,
+    /// else past the end.
+    fn checked_below(&self, st: &State) -> u64 {
+        if st.sb.flags & FLAG_RECALCULATING != 0 {
+            st.sb.recalc_sector
+        } else {
+            u64::MAX
+        }
     }
 
     /// Rewrites the tags of `count` sectors from `sector` (clipped to the device) from the
@@ -1300,6 +1425,8 @@ impl Core {
         let ts = self.layout.tag_size as usize;
         let salt = self.salt(&st.sb);
         let verify = self.cfg.mode != IntegrityMode::Recovery && self.hash.is_some();
+        let checked_below = self.checked_below(st);
+        let spb = self.layout.sectors_per_block as u64;
         let mut stored = Vec::new();
         let mut computed = Vec::new();
         let mut cache = None;
@@ -1328,11 +1455,14 @@ impl Core {
                     self.layout.tag_position(s),
                     tagbuf,
                 )?;
-                if let (Some(hash), true) = (&self.hash, verify) {
-                    computed.resize(nblocks * ts, 0);
-                    hash.tags(salt.as_ref(), s, bs, chunk, &mut computed);
+                // Blocks at or past `recalc_sector` have no valid tags yet: not checked.
+                let nchecked = (checked_below.saturating_sub(s) / spb).min(nblocks as u64) as usize;
+                if let (Some(hash), true) = (&self.hash, verify && nchecked > 0) {
+                    computed.resize(nchecked * ts, 0);
+                    hash.tags(salt.as_ref(), s, bs, &chunk[..nchecked * bs], &mut computed);
+                    let tagbuf = &tagbuf[..nchecked * ts];
                     if computed[..] != tagbuf[..] {
-                        let k = (0..nblocks)
+                        let k = (0..nchecked)
                             .find(|&k| {
                                 computed[k * ts..(k + 1) * ts] != tagbuf[k * ts..(k + 1) * ts]
                             })
@@ -1371,8 +1501,12 @@ impl Core {
         self.mdev().flush()
     }
 
-    /// Commits everything and leaves an empty journal, as a clean kernel suspend does.
+    /// Commits everything and leaves an empty journal, as a clean kernel suspend does. A
+    /// recalculation in progress stops after its current chunk (the next open resumes it).
     pub fn close(&self) -> io::Result<()> {
+        if let Some(r) = &self.recalc {
+            r.stop();
+        }
         if self.cfg.read_only {
             return Ok(());
         }
@@ -1592,6 +1726,12 @@ impl Target for Core {
         if c.block_size != 512 {
             opts.push(format!("block_size:{}", c.block_size));
         }
+        if sb.flags & FLAG_RECALCULATING != 0 {
+            opts.push("recalculate".into());
+        }
+        if c.reset_recalculate {
+            opts.push("reset_recalculate".into());
+        }
         if c.allow_discards {
             opts.push("allow_discards".into());
         }
@@ -1645,10 +1785,16 @@ impl Target for Core {
         )
     }
 
-    /// `<mismatches> <provided_data_sectors> -`, as the kernel reports.
+    /// `<mismatches> <provided_data_sectors> <recalc_sector|->`, as the kernel reports.
     fn status_params(&self) -> String {
+        let sb = self.superblock();
+        let recalc = if sb.flags & FLAG_RECALCULATING != 0 {
+            sb.recalc_sector.to_string()
+        } else {
+            "-".to_string()
+        };
         format!(
-            "{} {} -",
+            "{} {} {recalc}",
             self.mismatches(),
             self.layout.provided_data_sectors
         )
@@ -1662,9 +1808,10 @@ impl Target for Core {
 /// The integrity target: the device ([`Core`], shared with the timer thread) plus the
 /// thread that runs its commit / bitmap flush timer.
 pub struct IntegrityTarget {
-    // Declared first so it drops first: the thread is stopped and joined while the core is
-    // still alive (the thread holds only a `Weak` to it).
+    // Declared first so they drop first: the threads are stopped and joined while the core
+    // is still alive (they hold only a `Weak` to it).
     _timer: Option<timer::TimerThread>,
+    _recalc: Option<recalc::RecalcThread>,
     core: Arc<Core>,
 }
 
@@ -1690,8 +1837,16 @@ impl IntegrityTarget {
             }
             None => None,
         };
+        let recalc = match core.recalc.clone() {
+            Some(ctl) => Some(
+                recalc::RecalcThread::spawn(ctl, Arc::downgrade(&core), Core::recalc_step)
+                    .map_err(|e| format!("cannot start the recalculation thread: {e}"))?,
+            ),
+            None => None,
+        };
         Ok(IntegrityTarget {
             _timer: timer,
+            _recalc: recalc,
             core,
         })
     }
@@ -1756,6 +1911,22 @@ impl IntegrityTarget {
     /// Whether the target never writes (opened from a read-only table).
     pub fn is_read_only(&self) -> bool {
         self.core.cfg.read_only
+    }
+
+    /// `recalc_sector` while the superblock says `recalculating` (tags from there on are
+    /// not checked yet; equal to the device size once done), else `None`.
+    pub fn recalc_sector(&self) -> Option<u64> {
+        let sb = self.core.superblock();
+        (sb.flags & FLAG_RECALCULATING != 0).then_some(sb.recalc_sector)
+    }
+
+    /// Waits for the background recalculation to end (done, stopped by [`Self::close`], or
+    /// failed: `Err`); returns at once when none runs.
+    pub fn wait_recalculation(&self) -> io::Result<()> {
+        match &self.core.recalc {
+            Some(r) => r.wait(),
+            None => Ok(()),
+        }
     }
 }
 
