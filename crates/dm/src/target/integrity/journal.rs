@@ -7,14 +7,18 @@
 //! are kept in the entry (`last_bytes`). An entry is `sector: u64` (upper half `0xffffffff`
 //! = unused), `last_bytes[sectors_per_block]: u64`, then the tag.
 //!
-//! Commit ids are `COMMIT_IDS[seq] ^ ((section << 32) ^ sector)`; the sequence number `seq`
+//! Commit ids are `commit_ids[seq] ^ ((section << 32) ^ sector)`; the sequence number `seq`
 //! (0..4) advances each time writing wraps around the journal, which is how replay finds
-//! the newest, completely written run of sections.
+//! the newest, completely written run of sections. The bases are [`COMMIT_ID_BASES`] unless
+//! a stream cipher encrypts the journal (see [`super::journal_crypt`]).
+//!
+//! With a journal MAC the last 8 bytes before each entry sector's commit id hold a share of
+//! its section's MAC ([`Journal::entry_sectors`] is what the MAC covers).
 
 use super::layout::{Layout, JOURNAL_BLOCK_SECTORS};
 
 /// The four commit id bases (no journal encryption: the kernel's constants).
-const COMMIT_IDS: [u64; 4] = [
+pub const COMMIT_ID_BASES: [u64; 4] = [
     0x1111_1111_1111_1111,
     0x2222_2222_2222_2222,
     0x3333_3333_3333_3333,
@@ -45,6 +49,7 @@ pub struct Journal {
     entry_size: u32,
     sectors_per_block: u32,
     tag_size: u32,
+    commit_ids: [u64; 4],
 }
 
 impl Journal {
@@ -58,7 +63,31 @@ impl Journal {
             entry_size: layout.journal_entry_size,
             sectors_per_block: layout.sectors_per_block,
             tag_size: layout.tag_size,
+            commit_ids: COMMIT_ID_BASES,
         }
+    }
+
+    /// Uses `ids` as commit id bases (an encrypted journal's).
+    pub fn set_commit_ids(&mut self, ids: [u64; 4]) {
+        self.commit_ids = ids;
+    }
+
+    /// The sector fields (8 bytes each, entry order) of every entry of the section held in
+    /// `section` (a section-sized slice): what the section's journal MAC covers.
+    pub fn entry_sectors(&self, section: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.section_entries as usize * 8);
+        for n in 0..self.section_entries {
+            let o = (n % JOURNAL_BLOCK_SECTORS) as usize * 512
+                + (n / JOURNAL_BLOCK_SECTORS) as usize * self.entry_size as usize;
+            out.extend_from_slice(&section[o..o + 8]);
+        }
+        out
+    }
+
+    /// Byte range of the MAC share of entry sector `j` (0..8) within a section.
+    pub fn mac_range(j: u32) -> std::ops::Range<usize> {
+        let o = j as usize * 512 + 504 - super::layout::JOURNAL_MAC_PER_SECTOR as usize;
+        o..o + super::layout::JOURNAL_MAC_PER_SECTOR as usize
     }
 
     /// Sectors per section.
@@ -77,8 +106,8 @@ impl Journal {
     }
 
     /// The expected commit id of sector `j` of section `i` under sequence `seq`.
-    pub fn commit_id(i: u32, j: u32, seq: u8) -> u64 {
-        COMMIT_IDS[seq as usize] ^ (((i as u64) << 32) ^ j as u64)
+    pub fn commit_id(&self, i: u32, j: u32, seq: u8) -> u64 {
+        self.commit_ids[seq as usize] ^ (((i as u64) << 32) ^ j as u64)
     }
 
     /// The commit id stored in sector `j` of section `i`.
@@ -91,14 +120,15 @@ impl Journal {
     pub fn stamp_section(&mut self, i: u32, seq: u8) {
         for j in 0..self.section_sectors {
             let o = self.sector_off(i, j) + 504;
-            self.buf[o..o + 8].copy_from_slice(&Self::commit_id(i, j, seq).to_le_bytes());
+            let id = self.commit_id(i, j, seq);
+            self.buf[o..o + 8].copy_from_slice(&id.to_le_bytes());
         }
     }
 
     /// The commit sequence whose id sector `j` of section `i` carries, if any.
     pub fn find_seq(&self, i: u32, j: u32) -> Option<u8> {
         let id = self.stored_commit_id(i, j);
-        (0..N_COMMIT_IDS).find(|&k| Self::commit_id(i, j, k) == id)
+        (0..N_COMMIT_IDS).find(|&k| self.commit_id(i, j, k) == id)
     }
 
     /// Clears sections `start..start+count` (wrapping) to empty entries stamped with `seq`

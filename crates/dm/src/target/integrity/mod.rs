@@ -28,6 +28,11 @@
 //! not checked; writes always store valid tags. The device is usable at once, as in the
 //! kernel, and the flag stays set (with `recalc_sector` = the device size) when done.
 //!
+//! `journal_crypt:<alg>[:<hexkey>]` (`ctr(aes)`, `chacha20`, `cbc(aes)`) encrypts the
+//! journal on disk and `journal_mac:<alg>[:<hexkey>]` (`hmac(sha256)`, ...) MACs its
+//! sections (and, with `fix_hmac`, the superblock), checked at replay: a mismatch fails the
+//! device with `EILSEQ` like the kernel (see [`journal_crypt`]).
+//!
 //! Like the kernel, loading a table over an all-zero superblock area formats the device
 //! (superblock and empty journal); `integritysetup format` relies on exactly that. A read
 //! whose tag does not match fails with `EILSEQ` and is counted — wrong data is never
@@ -66,6 +71,7 @@
 
 pub mod hash;
 pub mod journal;
+pub mod journal_crypt;
 pub mod layout;
 mod recalc;
 pub mod superblock;
@@ -153,6 +159,16 @@ pub struct IntegrityConfig {
     pub internal_hash: Option<String>,
     /// Key of a keyed internal hash.
     pub internal_hash_key: Option<SecretBytes>,
+    /// `journal_crypt:` cipher (kernel name: `ctr(aes)`, `chacha20`, `cbc(aes)`): the
+    /// journal is encrypted on disk (see [`journal_crypt`]).
+    pub journal_crypt: Option<String>,
+    /// Key of the journal cipher.
+    pub journal_crypt_key: Option<SecretBytes>,
+    /// `journal_mac:` algorithm (`hmac(sha256)`, ...): journal sections (and, with
+    /// `fix_hmac`, the superblock) carry a MAC checked at replay.
+    pub journal_mac: Option<String>,
+    /// Key of a keyed journal MAC.
+    pub journal_mac_key: Option<SecretBytes>,
     /// Use 4 KiB metadata padding for a new format (`fix_padding`).
     pub fix_padding: bool,
     /// Mix the superblock salt into tags of a new format (`fix_hmac`).
@@ -189,6 +205,10 @@ impl IntegrityConfig {
             block_size: 512,
             internal_hash: Some(internal_hash.to_string()),
             internal_hash_key: None,
+            journal_crypt: None,
+            journal_crypt_key: None,
+            journal_mac: None,
+            journal_mac_key: None,
             fix_padding: false,
             fix_hmac: false,
             allow_discards: false,
@@ -297,8 +317,21 @@ impl IntegrityConfig {
                 self.internal_hash = Some(alg.to_string());
                 self.internal_hash_key = key;
             }
-            Some(("journal_crypt", _)) | Some(("journal_mac", _)) => {
-                return Err(format!("'{opt}' is not supported by cryptblk yet"))
+            Some((name @ ("journal_crypt" | "journal_mac"), v)) => {
+                let (alg, key) = match v.split_once(':') {
+                    Some((a, k)) => {
+                        let key = hex::decode(k).map_err(|_| format!("Invalid {name} argument"))?;
+                        (a, Some(SecretBytes::from_vec(key)))
+                    }
+                    None => (v, None),
+                };
+                if name == "journal_crypt" {
+                    self.journal_crypt = Some(alg.to_string());
+                    self.journal_crypt_key = key;
+                } else {
+                    self.journal_mac = Some(alg.to_string());
+                    self.journal_mac_key = key;
+                }
             }
             None if opt == "fix_padding" => self.fix_padding = true,
             None if opt == "fix_hmac" => self.fix_hmac = true,
@@ -344,6 +377,10 @@ struct Core {
     cfg: IntegrityConfig,
     layout: Layout,
     hash: Option<InternalHash>,
+    /// The journal cipher (`journal_crypt:`), if any.
+    jcrypt: Option<journal_crypt::JournalCrypt>,
+    /// The journal MAC (`journal_mac:`), if any.
+    jmac: Option<journal_crypt::JournalMac>,
     len: u64,
     state: Mutex<State>,
     mismatches: AtomicU64,
@@ -420,6 +457,13 @@ impl Core {
         if tag_size > MAX_TAG_SIZE {
             return Err(invalid("Too big tag size"));
         }
+        let jmac = match &cfg.journal_mac {
+            Some(alg) => Some(journal_crypt::JournalMac::new(
+                alg,
+                cfg.journal_mac_key.clone(),
+            )?),
+            None => None,
+        };
         let sectors_per_block = cfg.block_size / 512;
         let meta_dev = meta.is_some();
         let mdev: &Arc<dyn BlockDevice> = meta.as_ref().unwrap_or(&dev);
@@ -430,6 +474,19 @@ impl Core {
         let mut sb_area = vec![0u8; SUPERBLOCK_BYTES];
         mdev.read_at(cfg.start * SECTOR_SIZE, &mut sb_area)
             .map_err(|e| io_err("Error reading superblock", e))?;
+        if let Some(m) = &jmac {
+            // `fix_hmac` superblocks of devices with a journal MAC carry a MAC of their own
+            // (checked unless in recovery mode, as the kernel's sync_rw_sb does).
+            if cfg.mode != IntegrityMode::Recovery
+                && superblock::parse(&sb_area)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|sb| sb.flags & FLAG_FIXED_HMAC != 0)
+            {
+                m.superblock_mac(&mut sb_area, false)
+                    .map_err(|e| format!("Error reading superblock: {e}"))?;
+            }
+        }
         let mut should_write_sb = false;
         let mut sb = match superblock::parse(&sb_area).map_err(|e| e.to_string())? {
             Some(sb) => sb,
@@ -444,6 +501,9 @@ impl Core {
                     ));
                 }
                 let mut flags = 0;
+                if jmac.is_some() {
+                    flags |= FLAG_HAVE_JOURNAL_MAC;
+                }
                 if cfg.fix_padding && !meta_dev {
                     flags |= FLAG_FIXED_PADDING;
                 }
@@ -503,10 +563,8 @@ impl Core {
         {
             return Err(invalid("Invalid interleave_sectors in the superblock"));
         }
-        if sb.flags & FLAG_HAVE_JOURNAL_MAC != 0 {
-            return Err(invalid(
-                "Journal mac mismatch (journal_mac is not supported by cryptblk yet)",
-            ));
+        if (sb.flags & FLAG_HAVE_JOURNAL_MAC != 0) != jmac.is_some() {
+            return Err(invalid("Journal mac mismatch"));
         }
         let layout = Layout::from_superblock(&sb, cfg.start, meta_dev, meta_sectors, data_sectors)
             .ok_or("The device is too small")?;
@@ -545,7 +603,19 @@ impl Core {
             ));
         }
 
-        let journal = Journal::new(&layout);
+        let mut journal = Journal::new(&layout);
+        let jcrypt = match &cfg.journal_crypt {
+            Some(alg) => Some(journal_crypt::JournalCrypt::new(
+                alg,
+                cfg.journal_crypt_key.as_ref(),
+                layout.journal_sections,
+                layout.journal_section_sectors,
+            )?),
+            None => None,
+        };
+        if let Some(c) = &jcrypt {
+            journal.set_commit_ids(c.commit_ids);
+        }
         let tag_cache = TagCache::new(layout.log2_buffer_sectors, TAG_CACHE_BYTES);
         let timer = match (cfg.mode, cfg.read_only) {
             (_, true) => None,
@@ -562,6 +632,8 @@ impl Core {
             cfg,
             layout,
             hash,
+            jcrypt,
+            jmac,
             len,
             state: Mutex::new(State {
                 sb,
@@ -724,32 +796,97 @@ impl Core {
     fn write_superblock(&self, st: &mut State) -> io::Result<()> {
         st.sb
             .set_version(self.cfg.mode == IntegrityMode::Bitmap, self.meta.is_some());
+        let mut area = superblock::encode(&st.sb);
+        if let (Some(m), true) = (&self.jmac, st.sb.flags & FLAG_FIXED_HMAC != 0) {
+            m.superblock_mac(&mut area, true)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        }
         self.mdev().write_at(
             self.cfg.start * SECTOR_SIZE,
-            &superblock::encode(&st.sb),
+            &area,
             WriteFlags { fua: true },
         )?;
         self.mdev().flush()
     }
 
-    /// Writes journal sections `start..start+count` (wrapping) and makes them durable.
+    /// Writes journal sections `start..start+count` (wrapping) and makes them durable;
+    /// with a journal MAC or cipher, what goes to disk is a MACed / encrypted copy (the
+    /// in-memory journal stays plain).
     fn write_journal_sections(&self, st: &State, start: u32, count: u32) -> io::Result<()> {
         let base = self.layout.journal_offset();
         let sections = st.journal.sections;
         let first = count.min(sections - start);
-        let r1 = st.journal.section_range(start);
-        let end1 = st.journal.section_range(start + first - 1).end;
-        self.mdev().write_at(
-            base + r1.start as u64,
-            &st.journal.buf[r1.start..end1],
-            WriteFlags::default(),
-        )?;
+        let mut pieces = vec![(start, first)];
         if count > first {
-            let end2 = st.journal.section_range(count - first - 1).end;
+            pieces.push((0, count - first));
+        }
+        for (s, n) in pieces {
+            let r = st.journal.section_range(s).start..st.journal.section_range(s + n - 1).end;
+            if self.jcrypt.is_none() && self.jmac.is_none() {
+                self.mdev().write_at(
+                    base + r.start as u64,
+                    &st.journal.buf[r],
+                    WriteFlags::default(),
+                )?;
+                continue;
+            }
+            let mut out = st.journal.buf[r.clone()].to_vec();
+            self.seal_sections(st, s, &mut out);
             self.mdev()
-                .write_at(base, &st.journal.buf[..end2], WriteFlags::default())?;
+                .write_at(base + r.start as u64, &out, WriteFlags::default())?;
         }
         self.mdev().flush()
+    }
+
+    /// Stamps the journal MAC into (the kernel's `rw_section_mac`), then encrypts, the
+    /// sections copied into `out`, the first being section `first`.
+    fn seal_sections(&self, st: &State, first: u32, out: &mut [u8]) {
+        let section_bytes = st.journal.section_sectors() as usize * 512;
+        if let Some(m) = &self.jmac {
+            let salt = self.salt(&st.sb);
+            for (k, sec) in out.chunks_exact_mut(section_bytes).enumerate() {
+                let mac = m.section_mac(
+                    salt.as_ref(),
+                    first + k as u32,
+                    &st.journal.entry_sectors(sec),
+                );
+                for (j, share) in mac.chunks_exact(8).enumerate() {
+                    sec[Journal::mac_range(j as u32)].copy_from_slice(share);
+                }
+            }
+        }
+        if let Some(c) = &self.jcrypt {
+            c.apply(first, out, true);
+        }
+    }
+
+    /// Whether the journal MACs of sections `start..start+count` (wrapping) match; a
+    /// mismatch is logged, counted and fails the device with `EILSEQ` (the kernel's
+    /// `rw_section_mac` at replay).
+    fn check_section_macs(&self, st: &State, start: u32, count: u32) -> bool {
+        let Some(m) = &self.jmac else { return true };
+        let salt = self.salt(&st.sb);
+        for k in 0..count {
+            let i = (start + k) % st.journal.sections;
+            let sec = &st.journal.buf[st.journal.section_range(i)];
+            let mac = m.section_mac(salt.as_ref(), i, &st.journal.entry_sectors(sec));
+            let ok = (0..8u32).all(|j| {
+                cryptblk_cipher::secret::ct_eq(
+                    &sec[Journal::mac_range(j)],
+                    &mac[j as usize * 8..j as usize * 8 + 8],
+                )
+            });
+            if !ok {
+                eprintln!(
+                    "device-mapper: integrity: {}: Error on journal mac: section {i}",
+                    self.dev_spec
+                );
+                self.mismatches.fetch_add(1, Ordering::Relaxed);
+                self.fail(libc::EILSEQ);
+                return false;
+            }
+        }
+        true
     }
 
     /// The kernel's `dm_integrity_resume`: after a bitmap-mode crash, recalculates the tags
@@ -1009,6 +1146,9 @@ impl Core {
             let mut buf = std::mem::take(&mut st.journal.buf);
             self.mdev()
                 .read_at(self.layout.journal_offset(), &mut buf)?;
+            if let Some(c) = &self.jcrypt {
+                c.apply(0, &mut buf, false);
+            }
             st.journal.buf = buf;
         }
         let mut used = [false; N_COMMIT_IDS as usize];
@@ -1073,7 +1213,7 @@ impl Core {
                 let mut i = write_start;
                 'count: while write_sections < n {
                     for j in 0..st.journal.section_sectors() {
-                        if st.journal.stored_commit_id(i, j) != Journal::commit_id(i, j, want) {
+                        if st.journal.stored_commit_id(i, j) != st.journal.commit_id(i, j, want) {
                             break 'count;
                         }
                     }
@@ -1085,6 +1225,11 @@ impl Core {
                     write_sections += 1;
                 }
                 if !journal_empty {
+                    if !self.check_section_macs(st, write_start, write_sections) {
+                        // The device is failed: every I/O returns the error. Nothing is
+                        // written, so the journal stays on disk as it was found.
+                        return Ok(());
+                    }
                     self.apply_sections(st, write_start, write_sections, true)?;
                 }
             }
@@ -1331,8 +1476,20 @@ impl Core {
                 i = 0;
             }
         }
-        self.write_journal_sections(st, start, count)?;
-        self.apply_sections(st, start, count, false)?;
+        // A journal that cannot be written (or written home) fails the device, as the
+        // kernel's dm_integrity_io_error does: whichever path committed (a write, a flush,
+        // the timer), every later I/O returns the error.
+        let r = self
+            .write_journal_sections(st, start, count)
+            .and_then(|()| self.apply_sections(st, start, count, false));
+        if let Err(e) = r {
+            eprintln!(
+                "device-mapper: integrity: {}: Error on journal commit: {e}",
+                self.dev_spec
+            );
+            self.fail(e.raw_os_error().unwrap_or(libc::EIO));
+            return Err(e);
+        }
         st.uncommitted_section = st.free_section;
         st.n_uncommitted = 0;
         st.pending.clear();
@@ -1510,6 +1667,8 @@ impl Core {
         if self.cfg.read_only {
             return Ok(());
         }
+        // A failed device writes nothing more (its journal stays as it is on disk).
+        self.check_failed()?;
         let mut st = self.lock();
         if self.cfg.mode == IntegrityMode::Bitmap {
             // Clean: the area goes back to an empty journal and the bitmap is retired.
@@ -1761,14 +1920,20 @@ impl Target for Core {
         if c.legacy_recalculate {
             opts.push("legacy_recalculate".into());
         }
-        if let Some(alg) = &c.internal_hash {
-            let mut s = format!("internal_hash:{alg}");
-            if let Some(k) = &c.internal_hash_key {
+        // The kernel's order: internal_hash, journal_crypt, journal_mac.
+        let algs = [
+            ("internal_hash", &c.internal_hash, &c.internal_hash_key),
+            ("journal_crypt", &c.journal_crypt, &c.journal_crypt_key),
+            ("journal_mac", &c.journal_mac, &c.journal_mac_key),
+        ];
+        for (name, alg, key) in algs {
+            let Some(alg) = alg else { continue };
+            let mut s = format!("{name}:{alg}");
+            if let Some(k) = key {
+                s.push(':');
                 if show_keys {
-                    s.push(':');
                     s.push_str(&k.to_hex());
                 } else {
-                    s.push(':');
                     s.push_str(&"0".repeat(k.len() * 2));
                 }
             }
