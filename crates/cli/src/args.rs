@@ -232,6 +232,17 @@ pub struct IntegrityOpts {
     /// Format without `fix_hmac` (tags not salted with the superblock salt).
     #[arg(long, global = true)]
     pub integrity_legacy_hmac: bool,
+    /// integrity format|open: keep data alone on this device; superblock, journal and tags
+    /// go on the positional (metadata) device.
+    #[arg(long, global = true, value_name = "DEVICE")]
+    pub data_device: Option<PathBuf>,
+    /// integrity open: recalculate tags in the background (reads of blocks not yet
+    /// recalculated are not checked); resumes where an interrupted recalculation stopped.
+    #[arg(long, global = true)]
+    pub integrity_recalculate: bool,
+    /// integrity open: recalculate all tags again from the first sector.
+    #[arg(long, global = true)]
+    pub integrity_recalculate_reset: bool,
 }
 
 /// Actions, named as cryptsetup names them where cryptsetup has them.

@@ -8,6 +8,12 @@
 //! superblock, builds the kernel table line integritysetup would load and hands it to the
 //! same serving daemon as `open` and `dm create`. The integrity key travels only inside
 //! that table (through the daemon's pipe), never on a command line.
+//!
+//! With `--data-device D`, the positional device holds superblock, journal and tags and `D`
+//! only data (the kernel's `meta_device:` layout): the table names `D` as its device and
+//! the positional one as `meta_device:`, as integritysetup's does. `open
+//! --integrity-recalculate` (`--integrity-recalculate-reset`) adds `recalculate`
+//! (`reset_recalculate`): tags are recomputed in the background while the device serves.
 
 use super::volume::{self, open_file};
 use crate::args::{ExportArgs, IntegrityAction, IntegrityOpts, Opts};
@@ -183,6 +189,11 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
         ));
     }
     let dev = open_backing(device, false)?;
+    // With a data device, `dev` (the positional device) is the metadata device.
+    let data = match &o.data_device {
+        Some(d) => Some(open_backing(d, false)?),
+        None => None,
+    };
     volume::confirm(
         opts,
         &format!(
@@ -203,9 +214,12 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
     cfg.internal_hash_key = alg.key.clone();
     cfg.fix_padding = !o.integrity_legacy_padding;
     cfg.fix_hmac = !o.integrity_legacy_hmac;
-    let spec = device.display().to_string();
-    let sb =
-        IntegrityTarget::format(dev.clone(), &spec, None, cfg.clone(), false).map_err(|e| {
+    let (dev, meta, spec) = match (&data, &o.data_device) {
+        (Some(d), Some(p)) => (d.clone(), Some(dev), p.display().to_string()),
+        _ => (dev, None, device.display().to_string()),
+    };
+    let sb = IntegrityTarget::format(dev.clone(), &spec, meta.clone(), cfg.clone(), false)
+        .map_err(|e| {
             Failure::usage(format!(
                 "Cannot format integrity for device {}: {e}",
                 device.display()
@@ -230,7 +244,7 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
         }
         // Like integritysetup: through a temporary mapping without the journal.
         cfg.mode = IntegrityMode::Direct;
-        let t = IntegrityTarget::open(dev, &spec, None, cfg, None)
+        let t = IntegrityTarget::open(dev, &spec, meta, cfg, None)
             .map_err(|e| Failure::device(format!("Cannot open {spec} to wipe it: {e}")))?;
         wipe(&t, !quiet)?
     };
@@ -296,7 +310,17 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
             device.display()
         ))
     })?;
-    let dpath = volume::table_path(device)?;
+    let mpath = volume::table_path(device)?;
+    // The table's device is the data device; the positional one is then `meta_device:`.
+    let (dpath, meta_path) = match &o.data_device {
+        Some(d) => (volume::table_path(d)?, Some(mpath)),
+        None => (mpath, None),
+    };
+    if o.integrity_recalculate && o.integrity_recalculate_reset {
+        return Err(Failure::usage(
+            "Choose one of --integrity-recalculate and --integrity-recalculate-reset.",
+        ));
+    }
     let (mode, letter) = if o.integrity_recovery_mode {
         ("recovery", 'R')
     } else if o.integrity_bitmap_mode {
@@ -307,8 +331,16 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
         ("journal", 'J')
     };
     let mut params: Vec<String> = Vec::new();
+    if let Some(m) = &meta_path {
+        params.push(format!("meta_device:{}", m.display()));
+    }
     if sb.sector_size() != 512 {
         params.push(format!("block_size:{}", sb.sector_size()));
+    }
+    if o.integrity_recalculate_reset {
+        params.push("reset_recalculate".into());
+    } else if o.integrity_recalculate {
+        params.push("recalculate".into());
     }
     params.push(format!(
         "buffer_sectors:{}",
@@ -365,6 +397,7 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
         info: json!({
             "type": "INTEGRITY",
             "device": dpath.display().to_string(),
+            "metadata_device": meta_path.as_ref().map(|m| m.display().to_string()),
             "integrity": alg.kernel,
             "tag_size": sb.integrity_tag_size,
             "sector_size": sb.sector_size(),
@@ -443,6 +476,12 @@ fn status(name: &str, json_out: bool) -> ActionResult {
     let journal = t.mode == "J";
     let bitmap = t.mode == "B";
     let journal_bytes = t.num("journal_sectors").unwrap_or(0) * 512;
+    let meta_device = t.opt("meta_device").map(str::to_string);
+    // Status line `<mismatches> <provided> <recalc_sector|->` after `<start> <len> integrity`.
+    let recalc_sector: Option<u64> = status_line
+        .split_whitespace()
+        .nth(5)
+        .and_then(|v| v.parse().ok());
     if json_out {
         let mut v = json!({
             "name": name,
@@ -450,6 +489,8 @@ fn status(name: &str, json_out: bool) -> ActionResult {
             "tag_size": t.tag_size,
             "integrity": integrity,
             "device": t.device,
+            "metadata_device": meta_device,
+            "recalc_sector": recalc_sector,
             "sector_size": sector_size,
             "interleave_sectors": t.num("interleave_sectors"),
             "size": size_sectors,
@@ -478,7 +519,18 @@ fn status(name: &str, json_out: bool) -> ActionResult {
     println!("  type:    INTEGRITY");
     println!("  tag size: {}", t.tag_size);
     println!("  integrity: {integrity}");
-    println!("  device:  {}", t.device);
+    println!(
+        "  device:  {}{}",
+        t.device,
+        if meta_device.is_some() {
+            " (detached)"
+        } else {
+            ""
+        }
+    );
+    if let Some(m) = &meta_device {
+        println!("  metadata device:  {m}");
+    }
     println!("  sector size:  {sector_size} bytes");
     println!(
         "  interleave sectors: {}",
