@@ -651,11 +651,18 @@ pub enum DmAction {
         /// The table (keyless tables only; crypt keys go in --table-file or stdin).
         #[command(flatten)]
         table: TableArgs,
+        /// A lower mapping to create first, in the same daemon, from a table file ('-' for
+        /// standard input). Repeatable; created in the order given, each able to name the
+        /// ones before it (and the top table all of them) as NAME or /dev/mapper/NAME, as
+        /// `dmsetup create` of a stack does in the kernel.
+        #[arg(long = "lower", value_name = "NAME=TABLE_FILE")]
+        lower: Vec<String>,
         /// Where to serve it.
         #[command(flatten)]
         export: ExportArgs,
     },
-    /// Stop serving a mapping (flushes first).
+    /// Stop serving a mapping (flushes first). The top of a `--lower` stack takes its lower
+    /// mappings with it; a lower mapping is refused (busy) while another one uses it.
     Remove {
         /// Mapping name.
         name: String,

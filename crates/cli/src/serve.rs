@@ -5,13 +5,18 @@
 //! key, so it never appears on a command line or in the environment). The daemon builds the
 //! mapping, starts the export, binds its control socket, and only then answers `READY`, so the
 //! parent returns exactly when the export accepts I/O.
+//!
+//! One daemon may serve a stack: lower mappings (a LUKS2 `--integrity` volume's `<name>_dif`,
+//! or `dm create --lower` tables) live in the same registry under the exported top one, and
+//! each answers on its own control socket, so `dm ls|table|status|remove` see every mapping
+//! under its own name, as in the kernel.
 
 use crate::control;
 use crate::exit::{ExitCode, Failure};
 use cryptblk_dm::backing::FileOptions;
 use cryptblk_dm::crypt::CryptFlags;
 use cryptblk_dm::table::parse_table_lines;
-use cryptblk_dm::{BlockDevice, Mapping, Registry};
+use cryptblk_dm::{BlockDevice, Registry};
 use cryptblk_export::fuse::{FuseConfig, FuseExport};
 use cryptblk_export::nbd::{NbdConfig, NbdListen, NbdServer};
 use cryptblk_export::ublk::{UblkConfig, UblkExport};
@@ -66,16 +71,82 @@ impl Drop for ServeSpec {
     }
 }
 
-/// Starts a daemon for `spec` and waits until it serves (or failed). Returns the daemon's
-/// READY facts (pid, export address).
-pub fn spawn(spec: &ServeSpec) -> Result<Value, Failure> {
-    let ctl = control::socket_path(&spec.name)?;
-    if UnixStream::connect(&ctl).is_ok() {
-        return Err(Failure::new(
-            ExitCode::Busy,
-            format!("Device {} already exists.", spec.name),
-        ));
+/// A lower mapping of a stack that one daemon serves (`dm create --lower`): created before
+/// the top table, which names it as `NAME` or `/dev/mapper/NAME`. Its table may hold keys
+/// (an integrity line's `internal_hash:hmac(..):<key>`, a crypt line under another), so it
+/// travels like [`ServeSpec::table`], only through the daemon's pipe, and `status` never
+/// shows it (unlike the keyless `info.lower` tables of a LUKS2 `--integrity` open).
+#[derive(Serialize, Deserialize)]
+pub struct LowerTable {
+    /// Mapping name.
+    pub name: String,
+    /// The dm table, keys included.
+    pub table: String,
+}
+
+impl Drop for LowerTable {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.table);
     }
+}
+
+/// What `cryptblk __serve` reads from its stdin.
+#[derive(Serialize)]
+struct DaemonSpecRef<'a> {
+    spec: &'a ServeSpec,
+    lower: &'a [LowerTable],
+}
+
+/// The daemon's side of [`DaemonSpecRef`].
+#[derive(Deserialize)]
+struct DaemonSpec {
+    spec: ServeSpec,
+    #[serde(default)]
+    lower: Vec<LowerTable>,
+}
+
+/// Names of every lower mapping of `spec`'s stack, in creation order.
+fn lower_names(spec: &ServeSpec, secret_lower: &[LowerTable]) -> Vec<String> {
+    lower_tables(&spec.info)
+        .into_iter()
+        .map(|(n, _)| n)
+        .chain(secret_lower.iter().map(|l| l.name.clone()))
+        .collect()
+}
+
+/// Refuses a stack whose names clash among themselves (usage) or with a mapping another
+/// daemon serves (busy, as cryptsetup's "Device ... already exists.").
+fn check_stack_names(top: &str, lower: &[String]) -> Result<(), Failure> {
+    for (i, name) in lower.iter().enumerate() {
+        control::check_name(name)?;
+        if name == top {
+            return Err(Failure::usage(format!(
+                "lower mapping '{name}' has the name of the mapping it is under"
+            )));
+        }
+        if lower[..i].contains(name) {
+            return Err(Failure::usage(format!(
+                "lower mapping '{name}' is given twice"
+            )));
+        }
+    }
+    for name in std::iter::once(top).chain(lower.iter().map(String::as_str)) {
+        if UnixStream::connect(control::socket_path(name)?).is_ok() {
+            return Err(Failure::new(
+                ExitCode::Busy,
+                format!("Device {name} already exists."),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Starts a daemon for `spec` and waits until it serves (or failed). Returns the daemon's
+/// READY facts (pid, export address, lower mappings). `lower` (`dm create --lower`, else
+/// empty) are created first, in order, in the same registry, each answering on its own
+/// control socket.
+pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<Value, Failure> {
+    check_stack_names(&spec.name, &lower_names(spec, lower))?;
     let log = control::runtime_dir()?.join(format!("{}.log", spec.name));
     let log_file = std::fs::File::create(&log)?;
     let exe = std::env::current_exe()?;
@@ -98,7 +169,9 @@ pub fn spawn(spec: &ServeSpec) -> Result<Value, Failure> {
     let mut child = cmd.spawn()?;
     {
         let mut stdin = child.stdin.take().expect("stdin is piped");
-        let text = Zeroizing::new(serde_json::to_string(spec).expect("spec serialises"));
+        let text = Zeroizing::new(
+            serde_json::to_string(&DaemonSpecRef { spec, lower }).expect("spec serialises"),
+        );
         stdin.write_all(text.as_bytes())?;
     }
     let mut line = String::new();
@@ -134,7 +207,7 @@ pub fn daemon_main() -> i32 {
     if std::io::stdin().read_to_string(&mut text).is_err() {
         return 1;
     }
-    let spec: ServeSpec = match serde_json::from_str(&text) {
+    let DaemonSpec { spec, lower } = match serde_json::from_str(&text) {
         Ok(s) => s,
         Err(e) => {
             println!("ERROR 1 malformed serve spec: {e}");
@@ -143,7 +216,7 @@ pub fn daemon_main() -> i32 {
     };
     drop(text);
     let mut ready = std::io::stdout();
-    match serve(spec, |facts| {
+    match serve_stack(spec, lower, |facts| {
         let _ = writeln!(ready, "READY {facts}");
         let _ = ready.flush();
         // Closing stdout tells the parent we are up even if it stops reading.
@@ -192,25 +265,70 @@ impl Export {
     }
 }
 
+/// A control socket that answers for one lower mapping of the stack, so `dm table`,
+/// `dm status`, `dm remove` and `dm ls` see it under its own name, as in the kernel.
+struct LowerSocket {
+    name: String,
+    path: PathBuf,
+    listener: UnixListener,
+}
+
+/// Binds the control socket of `name` (replacing a stale one nobody answers on).
+fn bind_control(name: &str) -> Result<(PathBuf, UnixListener), Failure> {
+    let path = control::socket_path(name)?;
+    if UnixStream::connect(&path).is_ok() {
+        return Err(Failure::new(
+            ExitCode::Busy,
+            format!("Device {name} already exists."),
+        ));
+    }
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .map_err(|e| Failure::device(format!("cannot bind {}: {e}", path.display())))?;
+    Ok((path, listener))
+}
+
 /// Serves `spec` in this process until `close` or SIGTERM/SIGINT. `on_ready` is called once
-/// the export accepts I/O and the control socket answers.
-pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failure> {
+/// the export accepts I/O and the control sockets answer. Lower mappings are created first:
+/// the keyless ones of `spec.info.lower`, then `secret_lower` (`dm create --lower`). The top
+/// mapping is exported; every lower one answers on its own control socket; closing the top
+/// ends them all.
+pub fn serve_stack(
+    spec: ServeSpec,
+    secret_lower: Vec<LowerTable>,
+    on_ready: impl FnOnce(&Value),
+) -> Result<(), Failure> {
     block_termination_signals();
+    let lower_names = lower_names(&spec, &secret_lower);
+    check_stack_names(&spec.name, &lower_names)?;
     // A read-only volume opens every backing O_RDONLY, and its targets load read-only (an
     // integrity target then never writes: no journal replay to disk, no bitmap).
     let registry = Registry::with_file_options(FileOptions {
         read_only: spec.readonly,
         ..FileOptions::default()
     });
-    let lower = lower_tables(&spec.info);
-    for (name, table) in &lower {
-        registry
-            .create(name, table)
-            .map_err(|e| Failure::new(ExitCode::WrongDevice, format!("{name}: {e}")))?;
+    {
+        let keyless = lower_tables(&spec.info);
+        let tables = keyless.iter().map(|(n, t)| (n.as_str(), t.as_str())).chain(
+            secret_lower
+                .iter()
+                .map(|l| (l.name.as_str(), l.table.as_str())),
+        );
+        for (name, table) in tables {
+            registry
+                .create(name, table)
+                .map_err(|e| Failure::new(ExitCode::WrongDevice, format!("{name}: {e}")))?;
+        }
     }
-    let mapping = registry
-        .create(&spec.name, &spec.table)
-        .map_err(|e| Failure::new(ExitCode::WrongDevice, e.to_string()))?;
+    drop(secret_lower);
+    let mapping = registry.create(&spec.name, &spec.table).map_err(|e| {
+        let msg = e.to_string();
+        if lower_names.is_empty() {
+            Failure::new(ExitCode::WrongDevice, msg)
+        } else {
+            Failure::new(ExitCode::WrongDevice, format!("{}: {msg}", spec.name))
+        }
+    })?;
     let device: Arc<dyn BlockDevice> = mapping.clone();
     let export = match &spec.export {
         ExportSpec::NbdUnix(path) => {
@@ -252,29 +370,81 @@ pub fn serve(spec: ServeSpec, on_ready: impl FnOnce(&Value)) -> Result<(), Failu
         ExportSpec::None => Export::None,
     };
 
-    let ctl_path = control::socket_path(&spec.name)?;
-    let _ = std::fs::remove_file(&ctl_path);
-    let listener = UnixListener::bind(&ctl_path)
-        .map_err(|e| Failure::device(format!("cannot bind {}: {e}", ctl_path.display())))?;
+    let mut lower_sockets: Vec<LowerSocket> = Vec::new();
+    let mut bound = Ok(());
+    for name in &lower_names {
+        match bind_control(name) {
+            Ok((path, listener)) => lower_sockets.push(LowerSocket {
+                name: name.clone(),
+                path,
+                listener,
+            }),
+            Err(f) => {
+                bound = Err(f);
+                break;
+            }
+        }
+    }
+    let top = bound.and_then(|()| bind_control(&spec.name));
+    let (ctl_path, listener) = match top {
+        Ok(t) => t,
+        Err(f) => {
+            for s in &lower_sockets {
+                let _ = std::fs::remove_file(&s.path);
+            }
+            let _ = export.stop();
+            return Err(f);
+        }
+    };
     spawn_signal_watcher(ctl_path.clone());
 
-    let facts =
-        json!({ "name": spec.name, "pid": std::process::id(), "export": export.describe() });
+    let facts = json!({
+        "name": spec.name,
+        "pid": std::process::id(),
+        "export": export.describe(),
+        "lower": lower_names,
+    });
     on_ready(&facts);
 
     let stopping = AtomicBool::new(false);
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        handle_client(stream, &spec, &registry, &mapping, &export, &stopping);
+    let ctx = Ctx {
+        spec: &spec,
+        registry: &registry,
+        export: &export,
+        stopping: &stopping,
+        lower: &lower_names,
+    };
+    loop {
+        let Ok((which, stream)) = accept_next(&listener, &lower_sockets) else {
+            continue;
+        };
+        let target = which.map_or(spec.name.as_str(), |i| lower_sockets[i].name.as_str());
+        handle_client(stream, &ctx, target);
+        // A lower mapping removed with `dm remove` (possible once a reload of the top no
+        // longer uses it) stops answering under its name.
+        lower_sockets.retain(|s| {
+            let live = registry.lookup(&s.name).is_some();
+            if !live {
+                let _ = std::fs::remove_file(&s.path);
+            }
+            live
+        });
         if stopping.load(Ordering::SeqCst) {
             break;
         }
     }
     let flushed = mapping.flush();
     let stopped = export.stop();
+    drop(mapping);
     let _ = registry.remove(&spec.name);
-    for (name, _) in lower.iter().rev() {
+    for name in lower_names.iter().rev() {
+        if let Some(m) = registry.lookup(name) {
+            let _ = m.flush();
+        }
         let _ = registry.remove(name);
+    }
+    for s in &lower_sockets {
+        let _ = std::fs::remove_file(&s.path);
     }
     // Last: `close` waits for the socket to vanish, so it must mean "stopped and flushed"
     // (a ublk node gone, the backing written back) before a script reuses the backing.
@@ -307,15 +477,52 @@ fn start_nbd(device: Arc<dyn BlockDevice>, cfg: NbdConfig) -> Result<NbdServer, 
         .map_err(|e| Failure::device(format!("cannot start NBD server: {e}")))
 }
 
-/// One request per connection: read a JSON line, answer a JSON line.
-fn handle_client(
-    stream: UnixStream,
-    spec: &ServeSpec,
-    registry: &Registry,
-    mapping: &Arc<Mapping>,
-    export: &Export,
-    stopping: &AtomicBool,
-) {
+/// Waits for a client on the top mapping's control socket (`None`) or on the socket of
+/// lower mapping `Some(i)`.
+fn accept_next(
+    top: &UnixListener,
+    lower: &[LowerSocket],
+) -> std::io::Result<(Option<usize>, UnixStream)> {
+    use std::os::fd::AsRawFd;
+    let mut fds: Vec<libc::pollfd> = std::iter::once(top.as_raw_fd())
+        .chain(lower.iter().map(|s| s.listener.as_raw_fd()))
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if let Some(i) = fds.iter().position(|p| p.revents != 0) {
+            let listener = if i == 0 { top } else { &lower[i - 1].listener };
+            let (stream, _) = listener.accept()?;
+            return Ok((i.checked_sub(1), stream));
+        }
+    }
+}
+
+/// What requests need from the serving daemon.
+struct Ctx<'a> {
+    spec: &'a ServeSpec,
+    registry: &'a Registry,
+    export: &'a Export,
+    stopping: &'a AtomicBool,
+    /// The stack's lower mappings, in creation order.
+    lower: &'a [String],
+}
+
+/// One request per connection, for mapping `target` (the top or a lower one): read a JSON
+/// line, answer a JSON line.
+fn handle_client(stream: UnixStream, ctx: &Ctx, target: &str) {
     let mut line = String::new();
     let Ok(reader_stream) = stream.try_clone() else {
         return;
@@ -324,29 +531,106 @@ fn handle_client(
         return;
     }
     let answer = match serde_json::from_str::<Value>(&line) {
-        Ok(req) => answer(&req, spec, registry, mapping, export, stopping),
+        Ok(req) => answer(&req, ctx, target),
         Err(e) => control::err(ExitCode::WrongParameters, format!("malformed request: {e}")),
     };
     let mut w = stream;
     let _ = w.write_all(format!("{answer}\n").as_bytes());
 }
 
-fn answer(
-    req: &Value,
-    spec: &ServeSpec,
-    registry: &Registry,
-    mapping: &Arc<Mapping>,
-    export: &Export,
-    stopping: &AtomicBool,
-) -> Value {
+/// True if a table names device `name` (as `name` or `/dev/mapper/name`).
+fn table_names_device(table: &str, name: &str) -> bool {
+    let dev = format!("/dev/mapper/{name}");
+    parse_table_lines(table).is_ok_and(|lines| {
+        lines
+            .iter()
+            .any(|l| l.args.iter().any(|a| a == name || *a == dev))
+    })
+}
+
+/// `dm remove` of a lower mapping: refused while another mapping of the stack uses it in
+/// its live or staged table (the kernel's EBUSY), or while suspended (its flush would wait
+/// for a resume that this very loop must answer), else flushed and removed.
+fn remove_lower(registry: &Registry, name: &str) -> Value {
+    let users: Vec<String> = registry
+        .list()
+        .into_iter()
+        .filter(|other| {
+            other != name
+                && registry.lookup(other).is_some_and(|m| {
+                    table_names_device(&m.table(false), name)
+                        || m.staged_table(false)
+                            .is_some_and(|t| table_names_device(&t, name))
+                })
+        })
+        .collect();
+    if !users.is_empty() {
+        return control::err(
+            ExitCode::Busy,
+            format!("Device {name} is still in use (by {}).", users.join(", ")),
+        );
+    }
+    if let Some(m) = registry.lookup(name) {
+        if m.info().suspended {
+            return control::err(
+                ExitCode::Busy,
+                format!("Device {name} is suspended; resume it before removing it."),
+            );
+        }
+        if let Err(e) = m.flush() {
+            return control::err(
+                ExitCode::WrongDevice,
+                format!("flush of {name} failed: {e}"),
+            );
+        }
+    }
+    match registry.remove(name) {
+        Ok(()) => control::ok(json!({})),
+        Err(cryptblk_dm::DmError::Busy(_, why)) => control::err(
+            ExitCode::Busy,
+            format!("Device {name} is still in use ({why})."),
+        ),
+        Err(e) => control::err(ExitCode::WrongDevice, e.to_string()),
+    }
+}
+
+fn answer(req: &Value, ctx: &Ctx, target: &str) -> Value {
+    let Ctx {
+        spec,
+        registry,
+        export,
+        stopping,
+        lower,
+    } = *ctx;
+    let is_top = target == spec.name;
+    let cmd = req["cmd"].as_str().unwrap_or("");
+    if cmd == "close" && !is_top {
+        return remove_lower(registry, target);
+    }
+    let Some(mapping) = registry.lookup(target) else {
+        return control::err(
+            ExitCode::WrongDevice,
+            format!("Device {target} is not active."),
+        );
+    };
     let dm_err = |e: cryptblk_dm::DmError| control::err(ExitCode::WrongParameters, e.to_string());
-    match req["cmd"].as_str().unwrap_or("") {
+    match cmd {
         "status" => {
             let info = mapping.info();
             let pipelines = crypt_pipelines(&mapping.table(false));
+            // A lower mapping is not exported; it says which mapping serves it.
+            let (facts, exported) = if is_top {
+                (spec.info.clone(), export.describe())
+            } else {
+                (
+                    json!({ "type": "dm", "stacked_under": spec.name }),
+                    json!({ "kind": "none" }),
+                )
+            };
+            let lower: &[String] = if is_top { lower } else { &[] };
             control::ok(json!({
-                "name": spec.name,
-                "info": spec.info,
+                "name": target,
+                "info": facts,
                 "size": info.size,
                 "suspended": info.suspended,
                 "inflight": info.inflight,
@@ -354,7 +638,8 @@ fn answer(
                 "table": mapping.table(false),
                 "status": mapping.status(),
                 "pipeline": pipelines,
-                "export": export.describe(),
+                "export": exported,
+                "lower": lower,
                 "pid": std::process::id(),
             }))
         }
@@ -377,7 +662,7 @@ fn answer(
             let Some(text) = req["table"].as_str() else {
                 return control::err(ExitCode::WrongParameters, "reload needs a table");
             };
-            match registry.reload(&spec.name, text) {
+            match registry.reload(target, text) {
                 Ok(()) => control::ok(json!({})),
                 Err(e) => dm_err(e),
             }
@@ -396,7 +681,7 @@ fn answer(
                     let text = Zeroizing::new(text);
                     // dmsetup reload + suspend + resume: in-flight I/O drains, new I/O waits
                     // for the swap, nothing fails. Same registry, so the same open devices.
-                    match registry.reload(&spec.name, &text) {
+                    match registry.reload(target, &text) {
                         Ok(()) => {
                             mapping.suspend();
                             mapping.resume();
@@ -544,6 +829,18 @@ mod tests {
             "0 8 crypt capi:authenc(hmac(sha256),xts(aes))-random 00 0 /dev/x 0 4 \
              no_read_workqueue integrity:32:aead integrity_key_size:40 sector_size:4096\n"
         );
+    }
+
+    #[test]
+    fn users_of_a_lower_mapping_are_found_by_name_or_mapper_path() {
+        let t = "0 8 crypt capi:gcm(aes)-random 00 0 /dev/mapper/x_dif 0 1 integrity:28:aead\n";
+        assert!(table_names_device(t, "x_dif"));
+        assert!(!table_names_device(t, "x"));
+        assert!(table_names_device("0 8 linear x_dif 0\n", "x_dif"));
+        assert!(!table_names_device(
+            "0 8 linear /dev/mapper/x_dif2 0\n",
+            "x_dif"
+        ));
     }
 
     #[test]

@@ -4,19 +4,30 @@
 use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
 use crate::control;
 use crate::exit::{ActionResult, Failure};
-use crate::serve::{self, ExportSpec, ServeSpec};
+use crate::serve::{self, ExportSpec, LowerTable, ServeSpec};
 use serde_json::{json, Value};
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
 
 /// Starts serving `spec` as the export args ask: a daemon, or in the foreground.
 pub fn start(spec: ServeSpec, export: &ExportArgs, json_out: bool) -> ActionResult {
+    start_stack(spec, Vec::new(), export, json_out)
+}
+
+/// Like [`start`], with lower mappings created first in the same daemon.
+fn start_stack(
+    spec: ServeSpec,
+    lower: Vec<LowerTable>,
+    export: &ExportArgs,
+    json_out: bool,
+) -> ActionResult {
     if export.foreground {
-        return serve::serve(spec, |facts| {
+        return serve::serve_stack(spec, lower, |facts| {
             eprintln!("cryptblk: serving {}", describe(facts));
         });
     }
-    let facts = serve::spawn(&spec)?;
+    let facts = serve::spawn_stack(&spec, &lower)?;
     if json_out {
         println!("{facts}");
     }
@@ -94,22 +105,77 @@ pub fn read_table(args: &TableArgs) -> Result<Zeroizing<String>, Failure> {
             ))
         }
         (Some(t), None) => {
-            if has_crypt_key(t) {
+            if has_inline_key(t) {
                 return Err(Failure::usage(
-                    "refusing a crypt key on the command line (visible in the process list); use --table-file or standard input",
+                    "refusing a key on the command line (visible in the process list); use --table-file or standard input",
                 ));
             }
             Zeroizing::new(t.clone())
         }
-        (None, Some(p)) if p.as_os_str() == "-" => read_stdin()?,
-        (None, Some(p)) => {
-            Zeroizing::new(std::fs::read_to_string(p).map_err(|e| {
-                Failure::usage(format!("cannot read table file {}: {e}", p.display()))
-            })?)
-        }
+        (None, Some(p)) => read_table_file(p)?,
         (None, None) => read_stdin()?,
     };
     Ok(text)
+}
+
+/// Reads a table file, `-` being standard input.
+fn read_table_file(p: &Path) -> Result<Zeroizing<String>, Failure> {
+    if p.as_os_str() == "-" {
+        return read_stdin();
+    }
+    Ok(Zeroizing::new(std::fs::read_to_string(p).map_err(|e| {
+        Failure::usage(format!("cannot read table file {}: {e}", p.display()))
+    })?))
+}
+
+/// The `--lower NAME=TABLE_FILE` options of `dm create`, tables read in order. Only files
+/// (or standard input, once for the whole stack): lower tables may hold keys too.
+fn read_lower_tables(
+    top: &str,
+    top_from_stdin: bool,
+    given: &[String],
+) -> Result<Vec<LowerTable>, Failure> {
+    let mut parsed: Vec<(String, PathBuf)> = Vec::new();
+    for g in given {
+        let Some((name, file)) = g
+            .split_once('=')
+            .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+        else {
+            return Err(Failure::usage(format!(
+                "--lower wants NAME=TABLE_FILE, not '{g}'"
+            )));
+        };
+        let name = name.strip_prefix("/dev/mapper/").unwrap_or(name);
+        control::check_name(name)?;
+        if name == top {
+            return Err(Failure::usage(format!(
+                "lower mapping '{name}' has the name of the mapping it is under"
+            )));
+        }
+        if parsed.iter().any(|(n, _)| n == name) {
+            return Err(Failure::usage(format!(
+                "lower mapping '{name}' is given twice"
+            )));
+        }
+        parsed.push((name.to_string(), PathBuf::from(file)));
+    }
+    let stdin_users =
+        parsed.iter().filter(|(_, f)| f.as_os_str() == "-").count() + usize::from(top_from_stdin);
+    if stdin_users > 1 {
+        return Err(Failure::usage(
+            "only one table of the stack can come from standard input",
+        ));
+    }
+    parsed
+        .into_iter()
+        .map(|(name, file)| {
+            let table = read_table_file(&file)?;
+            Ok(LowerTable {
+                name,
+                table: table.to_string(),
+            })
+        })
+        .collect()
 }
 
 fn read_stdin() -> Result<Zeroizing<String>, Failure> {
@@ -118,11 +184,21 @@ fn read_stdin() -> Result<Zeroizing<String>, Failure> {
     Ok(s)
 }
 
-/// True if some crypt line has a key other than `-` (the null cipher's).
-fn has_crypt_key(table: &str) -> bool {
+/// True if some line carries a key: a crypt line's hex key (not `-`, the null cipher's, nor
+/// a `:<len>:<type>:<desc>` keyring reference), or an integrity line's keyed
+/// `internal_hash:`, `journal_crypt:` or `journal_mac:` (`<option>:<algorithm>:<hex key>`).
+fn has_inline_key(table: &str) -> bool {
     table.lines().any(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        f.len() > 4 && f[2] == "crypt" && f[4] != "-" && !f[4].starts_with(':')
+        let crypt = f.len() > 4 && f[2] == "crypt" && f[4] != "-" && !f[4].starts_with(':');
+        let integrity = f.len() > 2
+            && f[2] == "integrity"
+            && f.iter().any(|o| {
+                ["internal_hash:", "journal_crypt:", "journal_mac:"]
+                    .iter()
+                    .any(|p| o.strip_prefix(p).is_some_and(|rest| rest.contains(':')))
+            });
+        crypt || integrity
     })
 }
 
@@ -132,18 +208,27 @@ pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
         DmAction::Create {
             name,
             table,
+            lower,
             export,
         } => {
             control::check_name(name)?;
+            let export_to = export_spec(export)?;
+            let top_from_stdin = table.table.is_none()
+                && table
+                    .table_file
+                    .as_ref()
+                    .is_none_or(|p| p.as_os_str() == "-");
+            // Lower tables first: a missing file fails before anything is read from stdin.
+            let lower = read_lower_tables(name, top_from_stdin, lower)?;
             let text = read_table(table)?;
             let spec = ServeSpec {
                 name: name.clone(),
                 table: text.to_string(),
-                export: export_spec(export)?,
+                export: export_to,
                 readonly: false,
                 info: json!({ "type": "dm" }),
             };
-            start(spec, export, json_out)
+            start_stack(spec, lower, export, json_out)
         }
         DmAction::Remove { name } => close(name),
         DmAction::Table { name, showkeys } => {
@@ -299,4 +384,50 @@ pub fn refresh(name: &str, perf: &PerfArgs) -> ActionResult {
     let flags = perf.table_flags();
     control::request(name, &json!({ "cmd": "refresh", "flags": flags }))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_keys_are_spotted_in_crypt_and_integrity_lines() {
+        assert!(has_inline_key(
+            "0 8 crypt aes-xts-plain64 00ff 0 /dev/x 0\n"
+        ));
+        assert!(!has_inline_key("0 8 crypt cipher_null-ecb - 0 /dev/x 0\n"));
+        assert!(!has_inline_key(
+            "0 8 crypt aes-xts-plain64 :64:logon:cryptsetup:x 0 /dev/x 0\n"
+        ));
+        assert!(has_inline_key(
+            "0 8 integrity /dev/x 0 32 J 1 internal_hash:hmac(sha256):0011\n"
+        ));
+        assert!(has_inline_key(
+            "0 8 integrity /dev/x 0 32 J 2 internal_hash:crc32c journal_mac:hmac(sha1):aa\n"
+        ));
+        assert!(!has_inline_key(
+            "0 8 integrity /dev/x 0 4 J 1 internal_hash:crc32c\n"
+        ));
+        assert!(!has_inline_key("0 8 zero\n"));
+    }
+
+    #[test]
+    fn lower_options_are_checked_before_any_file_is_read() {
+        let bad = |given: &[&str]| {
+            let given: Vec<String> = given.iter().map(|s| s.to_string()).collect();
+            read_lower_tables("top", false, &given)
+                .err()
+                .expect("refused")
+                .message
+        };
+        assert!(bad(&["nameonly"]).contains("NAME=TABLE_FILE"));
+        assert!(bad(&["=f"]).contains("NAME=TABLE_FILE"));
+        assert!(bad(&["top=/nonexistent"]).contains("name of the mapping"));
+        assert!(bad(&["a=/nonexistent", "a=/nonexistent"]).contains("twice"));
+        assert!(bad(&["a b=/nonexistent"]).contains("invalid mapping name"));
+        assert!(bad(&["a=-", "b=-"]).contains("standard input"));
+        assert!(bad(&["a=/nonexistent"]).contains("cannot read table file"));
+        let err = read_lower_tables("top", true, &["a=-".to_string()]).err();
+        assert!(err.expect("refused").message.contains("standard input"));
+    }
 }
