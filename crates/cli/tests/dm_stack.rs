@@ -18,6 +18,9 @@
 //!   `dm remove` of the top ends both.
 //! - `flipped_tag_byte_is_eio_over_nbd`: one flipped byte of a sector's tag on the image
 //!   makes that read fail with EIO over NBD while its neighbours read.
+//! - `luks2_integrity_open_answers_for_its_dif_mapping`: `cryptblk open` of a kernel-made
+//!   LUKS2 `--integrity` image: `<name>_dif` answers `dm table`/`dm status` with the
+//!   kernel's lines and is busy while `<name>` uses it.
 //! - `stack_errors_leave_no_daemon`: a lower name that clashes, a missing table file, a top
 //!   table naming a lower mapping that does not exist, a lower table that does not load:
 //!   clear messages, cryptsetup's exit codes, no control socket or mapping left behind.
@@ -556,4 +559,37 @@ fn stack_errors_leave_no_daemon() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("refusing a key on the command line"), "{err}");
     gone(&["errinline"]);
+}
+
+#[test]
+fn luks2_integrity_open_answers_for_its_dif_mapping() {
+    // `cryptblk open` of a kernel-made LUKS2 --integrity image stacks <name>_dif under
+    // <name> in one daemon, as cryptsetup does; the lower one now answers under its name
+    // with the table and status line the kernel showed for its own kaead_dif.
+    if !require_tools() {
+        return;
+    }
+    let dir = tempdir();
+    let name = "gcm-random";
+    let img = unpack(name, dir.path());
+    let key = dir.path().join("pass.key");
+    std::fs::write(&key, "cryptblk-aead-fixture").unwrap();
+    let sock = dir.path().join("lk.sock");
+    let served = open_nbd(&img, &key, "lk", &sock, &[]);
+    let (kint, _, kstatus) = kernel_lines(name);
+    let ls = dm_ls();
+    assert!(ls.contains(&"lk".to_string()) && ls.contains(&"lk_dif".to_string()));
+    let ours = run_ok(cryptblk().args(["dm", "table", "lk_dif"]), b"");
+    assert_eq!(fields(&ours, 4), fields(&kint, 4), "integrity table");
+    let ours = run_ok(cryptblk().args(["dm", "status", "lk_dif"]), b"");
+    assert_eq!(Some(ours.trim().to_string()), kstatus, "integrity status");
+    let (code, _, err) = cryptblk_out(&["dm", "remove", "lk_dif"]);
+    assert_eq!(code, 5, "{err}");
+    assert_eq!(
+        nbd_read(&sock, 256 << 10),
+        kernel_pattern(256 << 10),
+        "kernel's pattern"
+    );
+    drop(served);
+    assert!(!dm_ls().iter().any(|n| n == "lk" || n == "lk_dif"));
 }
