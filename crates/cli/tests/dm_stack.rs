@@ -593,3 +593,34 @@ fn luks2_integrity_open_answers_for_its_dif_mapping() {
     drop(served);
     assert!(!dm_ls().iter().any(|n| n == "lk" || n == "lk_dif"));
 }
+
+#[test]
+fn lower_table_from_stdin_named_without_dev_mapper() {
+    // The lower table may come from standard input (`NAME=-`), and the top may name it
+    // bare, as the registry resolves mapping names either way.
+    if !require_tools() {
+        return;
+    }
+    let dir = tempdir();
+    let name = "d-gcm-random-tag12";
+    let img = unpack(name, dir.path());
+    let (int, crypt, _) = kernel_lines(name);
+    let int = int.replacen(" 7:0 ", &format!(" {} ", img.display()), 1);
+    let top_file = dir.path().join("bare.tbl");
+    std::fs::write(&top_file, crypt.replacen(" 254:0 ", " bare_int ", 1)).unwrap();
+    let sock = dir.path().join("bare.sock");
+    let facts = run_ok(
+        cryptblk()
+            .args(["--json", "dm", "create", "bare", "--table-file"])
+            .arg(&top_file)
+            .args(["--lower", "bare_int=-", "--nbd"])
+            .arg(&sock),
+        int.as_bytes(),
+    );
+    let served = Served::volume("bare");
+    assert!(facts.contains("\"lower\":[\"bare_int\"]"), "{facts}");
+    assert_eq!(nbd_read(&sock, 256 << 10), kernel_pattern(256 << 10));
+    let t = run_ok(cryptblk().args(["dm", "table", "bare_int"]), b"");
+    assert_eq!(fields(&t, 4), fields(&int, 4));
+    drop(served);
+}
