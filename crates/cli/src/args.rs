@@ -243,6 +243,27 @@ pub struct IntegrityOpts {
     /// integrity open: recalculate all tags again from the first sector.
     #[arg(long, global = true)]
     pub integrity_recalculate_reset: bool,
+    /// integrity format|open: encrypt the journal with this cipher: ctr-aes, cbc-aes,
+    /// chacha20 (the kernel's ctr(aes), cbc(aes), chacha20). Not stored on the device:
+    /// give it to every open.
+    #[arg(long, global = true)]
+    pub journal_crypt: Option<String>,
+    /// Read the journal encryption key from this file.
+    #[arg(long, global = true)]
+    pub journal_crypt_key_file: Option<PathBuf>,
+    /// Size of the journal encryption key in bytes.
+    #[arg(long, global = true)]
+    pub journal_crypt_key_size: Option<u32>,
+    /// integrity format|open: MAC the journal with this algorithm (hmac-sha256, ...;
+    /// the kernel's hmac(sha256)). Recorded in the superblock: required by every open.
+    #[arg(long, global = true)]
+    pub journal_integrity: Option<String>,
+    /// Read the journal MAC key from this file.
+    #[arg(long, global = true)]
+    pub journal_integrity_key_file: Option<PathBuf>,
+    /// Size of the journal MAC key in bytes.
+    #[arg(long, global = true)]
+    pub journal_integrity_key_size: Option<u32>,
 }
 
 /// Actions, named as cryptsetup names them where cryptsetup has them.

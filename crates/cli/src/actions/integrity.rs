@@ -214,6 +214,13 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
     cfg.internal_hash_key = alg.key.clone();
     cfg.fix_padding = !o.integrity_legacy_padding;
     cfg.fix_hmac = !o.integrity_legacy_hmac;
+    for (opt, alg, key) in journal_algorithms(o)? {
+        if opt == "journal_crypt" {
+            (cfg.journal_crypt, cfg.journal_crypt_key) = (Some(alg), Some(key));
+        } else {
+            (cfg.journal_mac, cfg.journal_mac_key) = (Some(alg), Some(key));
+        }
+    }
     let (dev, meta, spec) = match (&data, &o.data_device) {
         (Some(d), Some(p)) => (d.clone(), Some(dev), p.display().to_string()),
         _ => (dev, None, device.display().to_string()),
@@ -381,6 +388,9 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
         hash.push_str(&k.to_hex());
     }
     params.push(hash);
+    for (opt, alg, key) in journal_algorithms(o)? {
+        params.push(format!("{opt}:{alg}:{}", key.to_hex()));
+    }
     let table = format!(
         "0 {} integrity {} 0 {} {letter} {} {}",
         sb.provided_data_sectors,
@@ -640,6 +650,68 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
     println!("  root hash:   {}", f[11]);
     print_export(&a["export"]);
     Ok(())
+}
+
+/// `--journal-crypt` / `--journal-integrity` with their key files, as (table option,
+/// kernel algorithm name, key): integritysetup's `ctr-aes` is the kernel's `ctr(aes)`,
+/// `hmac-sha256` its `hmac(sha256)`; each needs a key file and key size.
+fn journal_algorithms(o: &IntegrityOpts) -> Result<Vec<(&'static str, String, SecretBytes)>, Failure> {
+    let given = [
+        (
+            "journal_crypt",
+            "journal encryption",
+            &o.journal_crypt,
+            &o.journal_crypt_key_file,
+            o.journal_crypt_key_size,
+        ),
+        (
+            "journal_mac",
+            "journal integrity",
+            &o.journal_integrity,
+            &o.journal_integrity_key_file,
+            o.journal_integrity_key_size,
+        ),
+    ];
+    let mut out = Vec::new();
+    for (opt, what, alg, file, size) in given {
+        let Some(alg) = alg else {
+            if file.is_some() || size.is_some() {
+                return Err(Failure::usage(format!(
+                    "A {what} key file or size needs the {what} algorithm."
+                )));
+            }
+            continue;
+        };
+        // integritysetup's crypt_parse_hash_integrity_mode: "mode-alg" is "mode(alg)".
+        if alg.contains(['(', ')']) {
+            return Err(Failure::usage(format!("Invalid {what} algorithm {alg}.")));
+        }
+        let kernel = match alg.split_once('-') {
+            Some((m, a)) if !a.starts_with(|c: char| c.is_ascii_digit()) => format!("{m}({a})"),
+            _ => alg.clone(),
+        };
+        let (Some(file), Some(size)) = (file, size) else {
+            return Err(Failure::usage(format!(
+                "Both {what} key file and key size options must be specified."
+            )));
+        };
+        if size == 0 || size > MAX_KEY_SIZE {
+            return Err(Failure::usage(format!(
+                "Invalid {what} key size {size}. Maximum is {MAX_KEY_SIZE} bytes."
+            )));
+        }
+        let bytes = SecretBytes::from_vec(std::fs::read(file).map_err(|e| {
+            Failure::usage(format!("Cannot read keyfile {} ({e}).", file.display()))
+        })?);
+        if bytes.len() < size as usize {
+            return Err(Failure::usage(format!(
+                "Cannot read {size} bytes from keyfile {}.",
+                file.display()
+            )));
+        }
+        out.push((opt, kernel, SecretBytes::from_slice(&bytes.as_bytes()[..size as usize])));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
