@@ -213,7 +213,11 @@ fn kernel_journal_crypt_images_replay_in_cryptblk() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!("needed a journal replay: {replayed:?}");
-    assert_eq!(replayed.len(), KERNEL_IMAGES.len(), "replayed only {replayed:?}");
+    assert_eq!(
+        replayed.len(),
+        KERNEL_IMAGES.len(),
+        "replayed only {replayed:?}"
+    );
 }
 
 #[test]
@@ -239,8 +243,7 @@ fn tampered_journal_mac_fails_device() {
         assert_eq!(l.journal_offset(), 4096);
         assert_eq!(l.journal_section_sectors, 168);
         for i in 0..l.journal_sections as u64 {
-            image[(l.journal_offset() + i * l.journal_section_sectors as u64 * 512) as usize] ^=
-                1;
+            image[(l.journal_offset() + i * l.journal_section_sectors as u64 * 512) as usize] ^= 1;
         }
         let disk = MemDisk::from_image(image.clone());
         let t = IntegrityTarget::open(
@@ -256,9 +259,15 @@ fn tampered_journal_mac_fails_device() {
         assert!(t.mismatches() >= 1, "{name}");
         assert!(t.flush().is_err(), "{name}");
         assert!(t.write_at(0, &[0u8; 512], WriteFlags::default()).is_err());
-        assert!(t.close().is_err(), "{name}: a failed device closes with its error");
+        assert!(
+            t.close().is_err(),
+            "{name}: a failed device closes with its error"
+        );
         drop(t);
-        assert!(disk.image() == image, "{name}: a failed replay wrote to the disk");
+        assert!(
+            disk.image() == image,
+            "{name}: a failed replay wrote to the disk"
+        );
         // The kernel, given the same tampered copy, also failed every read.
         let line = results
             .lines()
@@ -324,7 +333,12 @@ fn section_bytes(mac: bool) -> usize {
 /// An independent decryption of a journal (whole sections from section 0) with pyca's
 /// AES-CTR / AES-CBC / ChaCha20 and the kernel's derivation: one keystream under a zero IV
 /// over the journal (stream ciphers), or per-section CBC with IV = AES(le32(section)).
-fn pyca_decrypt_journal(alg: &str, key: &SecretBytes, section_bytes: usize, data: &[u8]) -> Vec<u8> {
+fn pyca_decrypt_journal(
+    alg: &str,
+    key: &SecretBytes,
+    section_bytes: usize,
+    data: &[u8],
+) -> Vec<u8> {
     const PY: &str = r#"
 import sys
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -370,7 +384,11 @@ fn cryptblk_journal_crypt_round_trip() {
         let block = &data[512..1016];
         let journal = &image[4096..4096 + (256 << 10)];
         let in_journal = journal.windows(block.len()).any(|w| w == block);
-        assert_eq!(in_journal, crypt.is_none(), "{name}: plain text in the journal");
+        assert_eq!(
+            in_journal,
+            crypt.is_none(),
+            "{name}: plain text in the journal"
+        );
         // pyca/cryptography, given the kernel's key derivation, decrypts it to the data.
         if let (Some(alg), true) = (crypt, common::require_pyca()) {
             let plain = pyca_decrypt_journal(alg, &crypt_key(), section_bytes(mac), journal);
@@ -420,7 +438,8 @@ fn journal_write_error_fails_device() {
         IntegrityTarget::format(mem.clone(), "fail", None, c.clone(), true).unwrap();
         let disk = CrashDisk::new(mem.clone(), i64::MAX, false);
         let t = IntegrityTarget::open(disk.clone(), "fail", None, c, None).unwrap();
-        t.write_at(0, &[1u8; 4096], WriteFlags { fua: true }).unwrap();
+        t.write_at(0, &[1u8; 4096], WriteFlags { fua: true })
+            .unwrap();
         // The disk dies: the next commit cannot write the journal.
         disk.budget.store(0, Ordering::SeqCst);
         let r = if fua {
@@ -436,7 +455,9 @@ fn journal_write_error_fails_device() {
         assert_eq!(common::errno(&e), libc::EIO);
         // Failed for good: reads of blocks already home (the disk still reads) fail too.
         let mut buf = [0u8; 4096];
-        let e = t.read_at(0, &mut buf).expect_err("the device must stay failed");
+        let e = t
+            .read_at(0, &mut buf)
+            .expect_err("the device must stay failed");
         assert_eq!(common::errno(&e), libc::EIO, "fua={fua}");
         assert!(t.flush().is_err());
         assert!(t

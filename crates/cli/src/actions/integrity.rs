@@ -655,7 +655,9 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
 /// `--journal-crypt` / `--journal-integrity` with their key files, as (table option,
 /// kernel algorithm name, key): integritysetup's `ctr-aes` is the kernel's `ctr(aes)`,
 /// `hmac-sha256` its `hmac(sha256)`; each needs a key file and key size.
-fn journal_algorithms(o: &IntegrityOpts) -> Result<Vec<(&'static str, String, SecretBytes)>, Failure> {
+fn journal_algorithms(
+    o: &IntegrityOpts,
+) -> Result<Vec<(&'static str, String, SecretBytes)>, Failure> {
     let given = [
         (
             "journal_crypt",
@@ -709,7 +711,11 @@ fn journal_algorithms(o: &IntegrityOpts) -> Result<Vec<(&'static str, String, Se
                 file.display()
             )));
         }
-        out.push((opt, kernel, SecretBytes::from_slice(&bytes.as_bytes()[..size as usize])));
+        out.push((
+            opt,
+            kernel,
+            SecretBytes::from_slice(&bytes.as_bytes()[..size as usize]),
+        ));
     }
     Ok(out)
 }

@@ -110,10 +110,10 @@ impl Drop for AesKey {
 enum Mode {
     /// Stream cipher: the keystream over the page-rounded journal.
     Xor(Zeroizing<Vec<u8>>),
-    /// AES-CBC per section with per-section IVs.
+    /// AES-CBC per section with per-section IVs (the expanded keys are large: boxed).
     Cbc {
-        enc: AesKey,
-        dec: AesKey,
+        enc: Box<AesKey>,
+        dec: Box<AesKey>,
         ivs: Vec<[u8; 16]>,
     },
 }
@@ -182,7 +182,11 @@ impl JournalCrypt {
                         b
                     })
                     .collect();
-                Mode::Cbc { enc, dec, ivs }
+                Mode::Cbc {
+                    enc: Box::new(enc),
+                    dec: Box::new(dec),
+                    ivs,
+                }
             }
             other => {
                 return Err(format!(
