@@ -16,6 +16,7 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("__serve") {
         std::process::exit(serve::daemon_main());
     }
+    quiet_on_closed_stdout();
     let cli = match args::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -34,6 +35,26 @@ fn main() {
         }
         std::process::exit(f.code as i32);
     }
+}
+
+/// A reader that stops early (`cryptblk status | head -1`) closes stdout, and Rust ignores
+/// SIGPIPE, so the next `println!` panics on EPIPE. Such a run did all it was asked for that
+/// anyone reads: end quietly with status 0, as `head`-fed tools do, instead of a panic
+/// message. The daemon (`__serve`) never prints to stdout and keeps the default hook.
+fn quiet_on_closed_stdout() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
 }
 
 fn run(cli: args::Cli) -> ActionResult {
