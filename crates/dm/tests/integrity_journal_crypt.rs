@@ -500,3 +500,53 @@ fn write_images_for_kernel() {
         std::fs::write(out.join(format!("ours-{name}.opts")), opts.join(" ")).unwrap();
     }
 }
+
+#[test]
+fn table_options_parse_and_print() {
+    let crypt = crypt_key().to_hex();
+    let mac = mac_key().to_hex();
+    let line = format!(
+        "/dev/x 0 4 J 3 internal_hash:crc32c journal_crypt:ctr(aes):{crypt} \
+         journal_mac:hmac(sha256):{mac}"
+    );
+    let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+    let (c, dev) = IntegrityConfig::parse(&args).unwrap();
+    assert_eq!(dev, "/dev/x");
+    assert_eq!(c.journal_crypt.as_deref(), Some("ctr(aes)"));
+    assert_eq!(
+        c.journal_crypt_key.as_ref().unwrap().as_bytes(),
+        crypt_key().as_bytes()
+    );
+    assert_eq!(c.journal_mac.as_deref(), Some("hmac(sha256)"));
+    assert_eq!(
+        c.journal_mac_key.as_ref().unwrap().as_bytes(),
+        mac_key().as_bytes()
+    );
+    // The target prints them back in the kernel's order, keys hidden unless asked for.
+    let t = IntegrityTarget::open(MemDisk::new(4 << 20), "/dev/x", None, c, None).unwrap();
+    let shown = t.table_params(true);
+    assert!(
+        shown.ends_with(&format!(
+            "internal_hash:crc32c journal_crypt:ctr(aes):{crypt} journal_mac:hmac(sha256):{mac}"
+        )),
+        "{shown}"
+    );
+    assert!(!t.table_params(false).contains(&crypt));
+    // Bad input is refused with a message, not a panic.
+    for bad in ["journal_crypt:ctr(aes):zz", "journal_mac:hmac(sha256):0g"] {
+        let args: Vec<String> = ["/dev/x", "0", "4", "J", "1", bad]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert!(IntegrityConfig::parse(&args).is_err(), "{bad}");
+    }
+    let mut c = config(IntegrityMode::Journal, Some("xts(aes)"), false);
+    c.journal_sectors = Some(512);
+    let e = IntegrityTarget::open(MemDisk::new(4 << 20), "x", None, c, None)
+        .err()
+        .unwrap();
+    assert!(e.contains("unsupported journal cipher"), "{e}");
+    let mut c = config(IntegrityMode::Journal, Some("ctr(aes)"), false);
+    c.journal_crypt_key = Some(SecretBytes::from_slice(&[1; 7]));
+    assert!(IntegrityTarget::open(MemDisk::new(4 << 20), "x", None, c, None).is_err());
+}
