@@ -173,6 +173,36 @@ fn cryptblk_out(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `cryptblk ARGS`, checked to succeed: its stdout.
+fn cryptblk_ok(args: &[&str]) -> String {
+    run_ok(cryptblk().args(args), b"")
+}
+
+/// `dm create TOP --table-file CRYPT [--lower LOWER]... --nbd SOCK`, expected to fail:
+/// (exit code, stdout, stderr).
+fn try_create_stack(
+    top: &str,
+    crypt: &Path,
+    lowers: &[String],
+    sock: &Path,
+) -> (i32, String, String) {
+    let mut args = vec![
+        "dm".to_string(),
+        "create".into(),
+        top.into(),
+        "--table-file".into(),
+        crypt.display().to_string(),
+    ];
+    for l in lowers {
+        args.push("--lower".into());
+        args.push(l.clone());
+    }
+    args.push("--nbd".into());
+    args.push(sock.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cryptblk_out(&args)
+}
+
 fn dm_ls() -> Vec<String> {
     let (code, out, err) = cryptblk_out(&["dm", "ls"]);
     assert_eq!(code, 0, "dm ls: {err}");
@@ -234,10 +264,10 @@ fn kernel_stacks_read_over_nbd() {
         );
         // The lower mapping answers under its own name with the kernel's line (the device
         // aside); the top shows the kernel's crypt line with the lower's name for 254:0.
-        let ours_int = run_ok(cryptblk().args(["dm", "table", &lower]), b"");
+        let ours_int = cryptblk_ok(&["dm", "table", &lower]);
         assert_eq!(fields(&ours_int, 4), fields(&kint, 4), "{name}: integrity");
         assert_eq!(fields(&ours_int, 0)[..3], fields(&kint, 0)[..3], "{name}");
-        let ours_crypt = run_ok(cryptblk().args(["dm", "table", &top, "--showkeys"]), b"");
+        let ours_crypt = cryptblk_ok(&["dm", "table", &top, "--showkeys"]);
         assert_eq!(
             fields(&ours_crypt, 0),
             fields(
@@ -246,13 +276,13 @@ fn kernel_stacks_read_over_nbd() {
             ),
             "{name}: crypt"
         );
-        let hidden = run_ok(cryptblk().args(["dm", "table", &top]), b"");
+        let hidden = cryptblk_ok(&["dm", "table", &top]);
         assert!(
             !hidden.contains(&fields(&kcrypt, 4)[0]),
             "{name}: key shown"
         );
         if let Some(kstatus) = kstatus {
-            let ours = run_ok(cryptblk().args(["dm", "status", &lower]), b"");
+            let ours = cryptblk_ok(&["dm", "status", &lower]);
             assert_eq!(ours.trim(), kstatus, "{name}: integrity status");
         }
         drop(served);
@@ -296,9 +326,9 @@ fn write_refresh_reload_and_busy_lower() {
     assert_eq!(code, 5, "close of a used lower: {err}");
     assert!(dm_ls().contains(&lower.to_string()));
     // An unused lower mapping can go, like `dmsetup remove` of an unopened device.
-    let t = run_ok(cryptblk().args(["dm", "table", "wr_spare"]), b"");
+    let t = cryptblk_ok(&["dm", "table", "wr_spare"]);
     assert_eq!(t.trim(), "0 8 zero");
-    run_ok(cryptblk().args(["dm", "remove", "wr_spare"]), b"");
+    cryptblk_ok(&["dm", "remove", "wr_spare"]);
     assert!(!dm_ls().contains(&"wr_spare".to_string()));
     let (code, _, err) = cryptblk_out(&["dm", "table", "wr_spare"]);
     assert_eq!(code, 4, "table of a removed lower: {err}");
@@ -308,7 +338,7 @@ fn write_refresh_reload_and_busy_lower() {
         cryptblk().args(["refresh", top, "--perf-no_read_workqueue"]),
         b"",
     );
-    let t = run_ok(cryptblk().args(["dm", "table", top]), b"");
+    let t = cryptblk_ok(&["dm", "table", top]);
     assert!(
         t.contains("no_read_workqueue")
             && t.contains("integrity:24:aead")
@@ -324,12 +354,12 @@ fn write_refresh_reload_and_busy_lower() {
             .arg(&crypt),
         b"",
     );
-    run_ok(cryptblk().args(["dm", "suspend", top]), b"");
-    run_ok(cryptblk().args(["dm", "resume", top]), b"");
-    let t = run_ok(cryptblk().args(["dm", "table", top]), b"");
+    cryptblk_ok(&["dm", "suspend", top]);
+    cryptblk_ok(&["dm", "resume", top]);
+    let t = cryptblk_ok(&["dm", "table", top]);
     assert!(!t.contains("no_read_workqueue"), "reloaded table: {t}");
     assert!(nbd_read(&sock, want.len()) == want, "read after reload");
-    let t = run_ok(cryptblk().args(["dm", "table", lower]), b"");
+    let t = cryptblk_ok(&["dm", "table", lower]);
     assert!(t.contains(" integrity "), "lower after reload: {t}");
     // A second write after the swaps, then close: the journal is committed on the image.
     let w = qemu_io(&sock, "write -P 0xa5 4096 8192");
@@ -436,17 +466,12 @@ fn stack_errors_leave_no_daemon() {
     );
     let _other = Served::volume("errtaken");
     let (int, crypt) = table_files(name, &img, "errclash", "errtaken", dir.path());
-    let (code, _, err) = cryptblk_out(&[
-        "dm",
-        "create",
+    let (code, _, err) = try_create_stack(
         "errclash",
-        "--table-file",
-        crypt.to_str().unwrap(),
-        "--lower",
-        &format!("errtaken={}", int.display()),
-        "--nbd",
-        sock.to_str().unwrap(),
-    ]);
+        &crypt,
+        &[format!("errtaken={}", int.display())],
+        &sock,
+    );
     assert_eq!(code, 5, "{err}");
     assert!(err.contains("Device errtaken already exists."), "{err}");
     gone(&["errclash"]);
@@ -461,21 +486,7 @@ fn stack_errors_leave_no_daemon() {
         ],
         vec!["no-equals-sign".to_string()],
     ] {
-        let mut args = vec![
-            "dm".to_string(),
-            "create".into(),
-            "errself".into(),
-            "--table-file".into(),
-            crypt.display().to_string(),
-        ];
-        for l in &lowers {
-            args.push("--lower".into());
-            args.push(l.clone());
-        }
-        args.push("--nbd".into());
-        args.push(sock.display().to_string());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (code, _, err) = cryptblk_out(&args);
+        let (code, _, err) = try_create_stack("errself", &crypt, &lowers, &sock);
         assert_eq!(code, 1, "{lowers:?}: {err}");
         assert!(err.contains("lower"), "{lowers:?}: {err}");
         gone(&["errself", "errtwice_dif"]);
@@ -485,17 +496,12 @@ fn stack_errors_leave_no_daemon() {
     let (int, crypt) = table_files(name, &img, "errmiss", "errmiss_dif", dir.path());
     let missing = dir.path().join("no-such.tbl");
     for (top_file, lower_file) in [(&crypt, &missing), (&missing, &int)] {
-        let (code, _, err) = cryptblk_out(&[
-            "dm",
-            "create",
+        let (code, _, err) = try_create_stack(
             "errmiss",
-            "--table-file",
-            top_file.to_str().unwrap(),
-            "--lower",
-            &format!("errmiss_dif={}", lower_file.display()),
-            "--nbd",
-            sock.to_str().unwrap(),
-        ]);
+            top_file,
+            &[format!("errmiss_dif={}", lower_file.display())],
+            &sock,
+        );
         assert_eq!(code, 1, "{err}");
         assert!(
             err.contains("cannot read table file") && err.contains("no-such.tbl"),
@@ -507,17 +513,12 @@ fn stack_errors_leave_no_daemon() {
     // The top names a lower mapping that is not in the stack: no such device (exit 4).
     let (int, _) = table_files(name, &img, "errname", "errname_dif", dir.path());
     let (_, crypt) = table_files(name, &img, "errname", "errname_nope", dir.path());
-    let (code, _, err) = cryptblk_out(&[
-        "dm",
-        "create",
+    let (code, _, err) = try_create_stack(
         "errname",
-        "--table-file",
-        crypt.to_str().unwrap(),
-        "--lower",
-        &format!("errname_dif={}", int.display()),
-        "--nbd",
-        sock.to_str().unwrap(),
-    ]);
+        &crypt,
+        &[format!("errname_dif={}", int.display())],
+        &sock,
+    );
     assert_eq!(code, 4, "{err}");
     assert!(
         err.contains("/dev/mapper/errname_nope") && err.contains("errname"),
@@ -528,17 +529,12 @@ fn stack_errors_leave_no_daemon() {
     // A lower table that does not load names the lower mapping.
     let bad = dir.path().join("bad-int.tbl");
     std::fs::write(&bad, "0 2448 integrity /nonexistent/disk 0 24 J 0\n").unwrap();
-    let (code, _, err) = cryptblk_out(&[
-        "dm",
-        "create",
+    let (code, _, err) = try_create_stack(
         "errname",
-        "--table-file",
-        crypt.to_str().unwrap(),
-        "--lower",
-        &format!("errname_nope={}", bad.display()),
-        "--nbd",
-        sock.to_str().unwrap(),
-    ]);
+        &crypt,
+        &[format!("errname_nope={}", bad.display())],
+        &sock,
+    );
     assert_eq!(code, 4, "{err}");
     assert!(
         err.contains("errname_nope") && err.contains("/nonexistent/disk"),
@@ -579,9 +575,9 @@ fn luks2_integrity_open_answers_for_its_dif_mapping() {
     let (kint, _, kstatus) = kernel_lines(name);
     let ls = dm_ls();
     assert!(ls.contains(&"lk".to_string()) && ls.contains(&"lk_dif".to_string()));
-    let ours = run_ok(cryptblk().args(["dm", "table", "lk_dif"]), b"");
+    let ours = cryptblk_ok(&["dm", "table", "lk_dif"]);
     assert_eq!(fields(&ours, 4), fields(&kint, 4), "integrity table");
-    let ours = run_ok(cryptblk().args(["dm", "status", "lk_dif"]), b"");
+    let ours = cryptblk_ok(&["dm", "status", "lk_dif"]);
     assert_eq!(Some(ours.trim().to_string()), kstatus, "integrity status");
     let (code, _, err) = cryptblk_out(&["dm", "remove", "lk_dif"]);
     assert_eq!(code, 5, "{err}");
@@ -620,7 +616,7 @@ fn lower_table_from_stdin_named_without_dev_mapper() {
     let served = Served::volume("bare");
     assert!(facts.contains("\"lower\":[\"bare_int\"]"), "{facts}");
     assert_eq!(nbd_read(&sock, 256 << 10), kernel_pattern(256 << 10));
-    let t = run_ok(cryptblk().args(["dm", "table", "bare_int"]), b"");
+    let t = cryptblk_ok(&["dm", "table", "bare_int"]);
     assert_eq!(fields(&t, 4), fields(&int, 4));
     drop(served);
 }
