@@ -18,10 +18,10 @@
 
 mod common;
 
-use common::{CrashDisk, MemDisk};
+use common::{open_file, CrashDisk, CutDisk, MemDisk};
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
-use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, Target, WriteFlags};
+use cryptblk_dm::{BlockDevice, Target, WriteFlags};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -77,14 +77,15 @@ fn config(mode: IntegrityMode, crypt: Option<&str>, mac: bool) -> IntegrityConfi
     c
 }
 
-fn open_file(p: &Path) -> Arc<dyn BlockDevice> {
-    Arc::new(FileBacking::open(p, FileOptions::default()).unwrap())
-}
-
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cryptblk-jc-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// The image at `img` opened as device `name` with config `c`.
+fn open_image(img: &Path, name: &str, c: IntegrityConfig) -> Result<IntegrityTarget, String> {
+    IntegrityTarget::open(open_file(img), name, None, c, None)
 }
 
 /// Reads the first `PATTERN_LEN` bytes.
@@ -115,14 +116,8 @@ fn kernel_journal_crypt_images_replay_in_cryptblk() {
         // Without replay (recovery mode) the home locations lack the last write: it is only
         // in the kernel's journal.
         let img = common::unpack_fixture(SET, &live, &dir);
-        let raw = IntegrityTarget::open(
-            open_file(&img),
-            &live,
-            None,
-            config(IntegrityMode::Recovery, crypt, mac),
-            None,
-        )
-        .unwrap_or_else(|e| panic!("{live} (recovery): {e}"));
+        let raw = open_image(&img, &live, config(IntegrityMode::Recovery, crypt, mac))
+            .unwrap_or_else(|e| panic!("{live} (recovery): {e}"));
         if read_pattern_area(&raw).unwrap() != want {
             replayed.push(name);
         }
@@ -136,14 +131,8 @@ fn kernel_journal_crypt_images_replay_in_cryptblk() {
         drop(raw);
 
         // Journal mode replays the encrypted / MACed journal: the kernel's data exactly.
-        let t = IntegrityTarget::open(
-            open_file(&img),
-            &live,
-            None,
-            config(IntegrityMode::Journal, crypt, mac),
-            None,
-        )
-        .unwrap_or_else(|e| panic!("{live}: {e}"));
+        let t = open_image(&img, &live, config(IntegrityMode::Journal, crypt, mac))
+            .unwrap_or_else(|e| panic!("{live}: {e}"));
         let got = read_pattern_area(&t).unwrap_or_else(|e| panic!("{live}: {e}"));
         assert!(got == want, "{live}: data differs from the kernel's");
         // integritysetup wiped everything else: all of it reads as zeros with valid tags.
@@ -164,14 +153,7 @@ fn kernel_journal_crypt_images_replay_in_cryptblk() {
         // A clean close leaves a journal the kernel's way (checked again on reopen).
         t.close().unwrap();
         drop(t);
-        let t = IntegrityTarget::open(
-            open_file(&img),
-            &live,
-            None,
-            config(IntegrityMode::Journal, crypt, mac),
-            None,
-        )
-        .unwrap();
+        let t = open_image(&img, &live, config(IntegrityMode::Journal, crypt, mac)).unwrap();
         assert!(read_pattern_area(&t).unwrap() == want, "{live} after close");
         drop(t);
         let _ = std::fs::remove_file(&img);
@@ -179,20 +161,14 @@ fn kernel_journal_crypt_images_replay_in_cryptblk() {
         // Wrong keys or missing options never give data.
         let img = common::unpack_fixture(SET, &live, &dir);
         if mac {
-            let e = IntegrityTarget::open(
-                open_file(&img),
-                &live,
-                None,
-                config(IntegrityMode::Journal, crypt, false),
-                None,
-            )
-            .err()
-            .unwrap_or_else(|| panic!("{live}: opened without journal_mac"));
+            let e = open_image(&img, &live, config(IntegrityMode::Journal, crypt, false))
+                .err()
+                .unwrap_or_else(|| panic!("{live}: opened without journal_mac"));
             assert!(e.contains("Journal mac mismatch"), "{live}: {e}");
             // A wrong MAC key: the superblock's MAC (fix_hmac) does not match.
             let mut c = config(IntegrityMode::Journal, crypt, true);
             c.journal_mac_key = Some(SecretBytes::from_slice(&[7; 32]));
-            let e = IntegrityTarget::open(open_file(&img), &live, None, c, None)
+            let e = open_image(&img, &live, c)
                 .err()
                 .unwrap_or_else(|| panic!("{live}: opened with a wrong MAC key"));
             assert!(e.contains("superblock"), "{live}: {e}");
@@ -202,7 +178,7 @@ fn kernel_journal_crypt_images_replay_in_cryptblk() {
             c.journal_crypt_key = Some(SecretBytes::from_slice(&[9; 32]));
             // Decrypted with another key the journal's commit ids are garbage: the device
             // fails rather than replaying anything.
-            if let Ok(t) = IntegrityTarget::open(open_file(&img), &live, None, c, None) {
+            if let Ok(t) = open_image(&img, &live, c) {
                 assert!(
                     read_pattern_area(&t).is_err(),
                     "{live}: read with a wrong journal key"
@@ -227,14 +203,7 @@ fn tampered_journal_mac_fails_device() {
     for (name, crypt) in [("jm-hmac", None), ("jc-ctr-hmac", Some("ctr(aes)"))] {
         let live = format!("{name}-live");
         let img = common::unpack_fixture(SET, &live, &dir);
-        let raw = IntegrityTarget::open(
-            open_file(&img),
-            &live,
-            None,
-            config(IntegrityMode::Recovery, crypt, true),
-            None,
-        )
-        .unwrap();
+        let raw = open_image(&img, &live, config(IntegrityMode::Recovery, crypt, true)).unwrap();
         let l = raw.layout().clone();
         drop(raw);
         // What lab-journal-crypt.sh flipped: bit 0 of the first entry's sector field of
@@ -277,30 +246,6 @@ fn tampered_journal_mac_fails_device() {
         let _ = std::fs::remove_file(&img);
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Passes `budget` writes, then fails everything: leaves committed journal entries that
-/// were never written home.
-struct CutDisk {
-    inner: Arc<dyn BlockDevice>,
-    budget: AtomicI64,
-}
-impl BlockDevice for CutDisk {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], f: WriteFlags) -> io::Result<()> {
-        if self.budget.fetch_sub(1, Ordering::SeqCst) > 0 {
-            return self.inner.write_at(offset, buf, f);
-        }
-        Err(io::Error::from_raw_os_error(libc::EIO))
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 /// A formatted 4 MiB device like the lab's (crc32c, 256 KiB journal, fix_padding,

@@ -11,12 +11,12 @@
 
 mod common;
 
+use common::{open_file, CutDisk};
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
-use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, WriteFlags};
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use cryptblk_dm::{BlockDevice, WriteFlags};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
 const PATTERN_LEN: usize = 256 << 10;
@@ -27,10 +27,6 @@ const FIXTURE_SET: &str = "integrity_fixtures";
 /// The pattern written through every mapping (xorshift64, seed 0x5eed).
 fn pattern() -> Vec<u8> {
     common::xorshift_pattern(0x5eed, PATTERN_LEN)
-}
-
-fn open_file(p: &Path) -> Arc<dyn BlockDevice> {
-    Arc::new(FileBacking::open(p, FileOptions::default()).unwrap())
 }
 
 /// (fixture, internal hash, block size) as made by lab-guest.sh.
@@ -118,30 +114,6 @@ fn kernel_images_open_in_cryptblk() {
         replayed > 0,
         "no fixture exercised the replay of a kernel-written journal"
     );
-}
-
-/// Passes `budget` writes, then fails everything: leaves committed journal entries that
-/// were never written home.
-struct CutDisk {
-    inner: Arc<dyn BlockDevice>,
-    budget: AtomicI64,
-}
-impl BlockDevice for CutDisk {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], f: WriteFlags) -> io::Result<()> {
-        if self.budget.fetch_sub(1, Ordering::SeqCst) > 0 {
-            return self.inner.write_at(offset, buf, f);
-        }
-        Err(io::Error::from_raw_os_error(libc::EIO))
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 #[test]

@@ -218,3 +218,39 @@ pub fn xorshift_pattern(seed: u64, len: usize) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// `p` opened as a file backing with default options.
+pub fn open_file(p: &std::path::Path) -> std::sync::Arc<dyn cryptblk_dm::BlockDevice> {
+    std::sync::Arc::new(
+        cryptblk_dm::FileBacking::open(p, cryptblk_dm::FileOptions::default()).unwrap(),
+    )
+}
+
+/// Passes `budget` writes, then fails everything: leaves committed journal entries that
+/// were never written home.
+pub struct CutDisk {
+    pub inner: std::sync::Arc<dyn cryptblk_dm::BlockDevice>,
+    pub budget: std::sync::atomic::AtomicI64,
+}
+
+impl cryptblk_dm::BlockDevice for CutDisk {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], f: cryptblk_dm::WriteFlags) -> std::io::Result<()> {
+        if self
+            .budget
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            > 0
+        {
+            return self.inner.write_at(offset, buf, f);
+        }
+        Err(std::io::Error::from_raw_os_error(libc::EIO))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
