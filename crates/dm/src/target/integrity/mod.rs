@@ -508,7 +508,9 @@ impl Core {
                     flags |= FLAG_FIXED_PADDING;
                 }
                 let mut salt = [0u8; 16];
-                if cfg.fix_hmac {
+                // As the kernel: fix_hmac sets the flag (and a salt) only where something
+                // is hashed with it, an internal hash or a journal MAC.
+                if cfg.fix_hmac && (cfg.internal_hash.is_some() || jmac.is_some()) {
                     flags |= FLAG_FIXED_HMAC;
                     salt.copy_from_slice(SecretBytes::random(16).as_bytes());
                 }
