@@ -37,10 +37,8 @@ fn fixture_dir() -> PathBuf {
 /// A fresh copy of fixture `name`'s image in `dir`.
 fn unpack(name: &str, dir: &Path) -> PathBuf {
     let src = fixture_dir().join(format!("{name}.img.xz"));
-    let out = Command::new("xz").arg("-dc").arg(&src).output().unwrap();
-    assert!(out.status.success(), "xz -dc {}", src.display());
     let dst = dir.join(format!("{name}.img"));
-    std::fs::write(&dst, out.stdout).unwrap();
+    unxz(&src, &dst);
     dst
 }
 
@@ -150,17 +148,7 @@ fn nbd_size(sock: &Path) -> u64 {
 
 /// One `qemu-io` command against the export; returns its stdout and stderr.
 fn qemu_io(sock: &Path, cmd: &str) -> String {
-    let out = run(
-        Command::new("qemu-io")
-            .args(["-f", "raw", "-c", cmd])
-            .arg(nbd_uri(sock)),
-        b"",
-    );
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    qemu_io_nbd(sock, cmd).1
 }
 
 /// `cryptblk ARGS`: (exit code, stdout, stderr).

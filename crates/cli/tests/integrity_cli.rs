@@ -284,24 +284,9 @@ fn dm_fixture(name: &str, dir: &Path) -> PathBuf {
         "/../dm/tests/integrity_fixtures"
     ))
     .join(format!("{name}.img.xz"));
-    let out = Command::new("xz").arg("-dc").arg(&src).output().unwrap();
-    assert!(out.status.success(), "xz -dc {}", src.display());
     let dst = dir.join(format!("{name}.img"));
-    std::fs::write(&dst, out.stdout).unwrap();
+    unxz(&src, &dst);
     dst
-}
-
-/// The pattern the lab wrote into the dm fixtures (xorshift64 from 0x5eed, 256 KiB).
-fn lab_pattern() -> Vec<u8> {
-    let mut x: u64 = 0x5eed;
-    let mut v = Vec::new();
-    while v.len() < 256 << 10 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v
 }
 
 fn fio_job(sock: &Path, verify_only: bool) -> Command {
@@ -328,20 +313,6 @@ fn fio_job(sock: &Path, verify_only: bool) -> Command {
 
 /// (image, open arguments, what the kernel wrote at offset 0 if anything)
 type Case<'a> = (PathBuf, Vec<&'a str>, Option<Vec<u8>>);
-
-fn open_nbd(img: &Path, name: &str, sock: &Path, args: &[&str]) -> Served {
-    run_ok(
-        cryptblk()
-            .args(["integrity", "open"])
-            .args(args)
-            .arg(img)
-            .arg(name)
-            .arg("--nbd")
-            .arg(sock),
-        b"",
-    );
-    Served::integrity(name)
-}
 
 #[test]
 fn kernel_and_cryptblk_devices_serve_over_nbd_with_fio_verify() {
@@ -415,7 +386,7 @@ fn kernel_and_cryptblk_devices_serve_over_nbd_with_fio_verify() {
     for (n, (img, args, pattern)) in cases.into_iter().enumerate() {
         let name = format!("t-int-{n}");
         {
-            let _s = open_nbd(&img, &name, &sock, &args);
+            let _s = integrity_open_nbd(&img, &name, &sock, &args);
             if let Some(want) = &pattern {
                 let out = dir.path().join("out.bin");
                 run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&out), b"");
@@ -432,7 +403,7 @@ fn kernel_and_cryptblk_devices_serve_over_nbd_with_fio_verify() {
         if let Some(d) = integritysetup_dump(&img) {
             assert!(d.contains_key("provided_data_sectors"), "{name}");
         }
-        let _s = open_nbd(&img, &name, &sock, &args);
+        let _s = integrity_open_nbd(&img, &name, &sock, &args);
         let mut fio = fio_job(&sock, true);
         let out = run_ok(fio.current_dir(dir.path()), b"");
         assert!(out.contains("\"error\" : 0"), "{name}: {out}");
@@ -474,7 +445,7 @@ fn status_reports_fields_and_counts_mismatches() {
     drop(f);
 
     let sock = dir.path().join("s.sock");
-    let _s = open_nbd(&img, "t-int-st", &sock, &[]);
+    let _s = integrity_open_nbd(&img, "t-int-st", &sock, &[]);
     let st = |json: bool| {
         let mut c = cryptblk();
         c.args(["integrity", "status", "t-int-st"]);
@@ -542,7 +513,7 @@ fn status_reports_fields_and_counts_mismatches() {
     drop(_s);
 
     // Recovery mode (-R): no tag checks, read-only; the corrupted block reads.
-    let _r = open_nbd(&img, "t-int-rec", &sock, &["--integrity-recovery-mode"]);
+    let _r = integrity_open_nbd(&img, "t-int-rec", &sock, &["--integrity-recovery-mode"]);
     run_ok(
         Command::new("nbdcopy")
             .arg(nbd_uri(&sock))

@@ -34,24 +34,9 @@ fn dump_fields(text: &str) -> BTreeMap<String, String> {
 
 fn unpack(name: &str, dir: &Path) -> PathBuf {
     let src = Path::new(FIXTURES).join(format!("{name}.img.xz"));
-    let out = Command::new("xz").arg("-dc").arg(&src).output().unwrap();
-    assert!(out.status.success(), "xz -dc {}", src.display());
     let dst = dir.join(format!("{name}.img"));
-    std::fs::write(&dst, out.stdout).unwrap();
+    unxz(&src, &dst);
     dst
-}
-
-/// The lab pattern (xorshift64 from 0x5eed, 256 KiB).
-fn lab_pattern() -> Vec<u8> {
-    let mut x: u64 = 0x5eed;
-    let mut v = Vec::new();
-    while v.len() < 256 << 10 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v
 }
 
 fn cryptblk_dump(meta: &Path) -> BTreeMap<String, String> {
@@ -226,16 +211,6 @@ fn kernel_data_device_image_serves_and_recalculation_works() {
 }
 
 fn open_nbd_dd(meta: &Path, data: &Path, name: &str, sock: &Path, args: &[&str]) -> Served {
-    run_ok(
-        cryptblk()
-            .args(["integrity", "open", "--data-device"])
-            .arg(data)
-            .args(args)
-            .arg(meta)
-            .arg(name)
-            .arg("--nbd")
-            .arg(sock),
-        b"",
-    );
-    Served::integrity(name)
+    let data = data.to_str().unwrap();
+    integrity_open_nbd(meta, name, sock, &[&["--data-device", data], args].concat())
 }

@@ -22,12 +22,6 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn unpack(src: &Path, dst: &Path) {
-    let out = Command::new("xz").arg("-dc").arg(src).output().unwrap();
-    assert!(out.status.success(), "xz -dc {}", src.display());
-    std::fs::write(dst, out.stdout).unwrap();
-}
-
 fn dm_fixture(name: &str) -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -50,14 +44,7 @@ fn sha256_file(path: &Path) -> String {
 /// The pattern the lab wrote into the dm fixtures (xorshift64 from 0x5eed, 256 KiB), then
 /// its last 8 KiB over its first 8 KiB.
 fn lab_pattern_tail_over_head() -> Vec<u8> {
-    let mut x: u64 = 0x5eed;
-    let mut v = Vec::new();
-    while v.len() < 256 << 10 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
+    let mut v = lab_pattern();
     let tail = v[v.len() - 8192..].to_vec();
     v[..8192].copy_from_slice(&tail);
     v
@@ -72,18 +59,8 @@ fn nbd_read_all(sock: &Path, out: &Path) -> Vec<u8> {
 
 /// A 4 KiB write at offset 0 with `qemu-io`; true if it succeeded.
 fn nbd_write_ok(sock: &Path) -> bool {
-    let out = run(
-        Command::new("qemu-io")
-            .args(["-f", "raw", "-c", "write -P 0x5a 0 4096"])
-            .arg(nbd_uri(sock)),
-        b"",
-    );
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.status.success() && text.contains("wrote 4096/4096 bytes") && !text.contains("failed")
+    let (ok, text) = qemu_io_nbd(sock, "write -P 0x5a 0 4096");
+    ok && text.contains("wrote 4096/4096 bytes") && !text.contains("failed")
 }
 
 /// Access modes (`O_ACCMODE` bits of `flags:` in fdinfo) of every descriptor any process
@@ -150,17 +127,12 @@ impl Drop for Immutable {
 }
 
 fn integrity_open(img: &Path, name: &str, sock: &Path, extra: &[&str]) -> Served {
-    run_ok(
-        cryptblk()
-            .args(["integrity", "open", "--integrity", "sha256"])
-            .args(extra)
-            .arg(img)
-            .arg(name)
-            .arg("--nbd")
-            .arg(sock),
-        b"",
-    );
-    Served::integrity(name)
+    integrity_open_nbd(
+        img,
+        name,
+        sock,
+        &[&["--integrity", "sha256"], extra].concat(),
+    )
 }
 
 #[test]
@@ -175,7 +147,7 @@ fn integrity_open_readonly_replays_in_memory_and_never_writes() {
 
     // Control: a read-write open replays the kernel's journal to the disk.
     let rw = dir.path().join("rw.img");
-    unpack(&dm_fixture("k-sha256-live"), &rw);
+    unxz(&dm_fixture("k-sha256-live"), &rw);
     let original = sha256_file(&rw);
     {
         let _s = integrity_open(&rw, &name, &sock, &[]);
@@ -191,7 +163,7 @@ fn integrity_open_readonly_replays_in_memory_and_never_writes() {
 
     // Read-only: same data (journal replayed in memory), file untouched.
     let ro = dir.path().join("ro.img");
-    unpack(&dm_fixture("k-sha256-live"), &ro);
+    unxz(&dm_fixture("k-sha256-live"), &ro);
     assert_eq!(sha256_file(&ro), original);
     {
         let _s = integrity_open(&ro, &name, &sock, &["--readonly"]);
@@ -245,7 +217,7 @@ fn luks2_integrity_open_readonly_never_writes() {
     let name = format!("t-luksro-{}", std::process::id() % 100000);
     for fixture in ["xts-plain64-hmac-sha256-512", "gcm-random-aead-4096"] {
         let img = dir.path().join(format!("{fixture}.img"));
-        unpack(&luks_fixture(fixture), &img);
+        unxz(&luks_fixture(fixture), &img);
         let original = sha256_file(&img);
         let _guard = Immutable::new(&img);
         {

@@ -45,22 +45,12 @@ fn nbd_head(sock: &Path, len: usize, scratch: &Path) -> Vec<u8> {
 
 /// True when a `len`-byte read at `off` succeeds (qemu-io over NBD).
 fn nbd_read_ok(sock: &Path, off: u64, len: usize) -> bool {
-    let out = run(
-        Command::new("qemu-io")
-            .args(["-f", "raw", "-c", &format!("read {off} {len}")])
-            .arg(nbd_uri(sock)),
-        b"",
-    );
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text) = qemu_io_nbd(sock, &format!("read {off} {len}"));
     assert!(
         text.contains("read failed") || text.contains(&format!("read {len}/{len} bytes")),
         "unexpected qemu-io output: {text}"
     );
-    out.status.success() && !text.contains("read failed")
+    ok && !text.contains("read failed")
 }
 
 fn kernel_fact(txt: &str, key: &str) -> String {
@@ -92,9 +82,7 @@ fn cryptsetup_made_integrity_volumes_open_in_cryptblk() {
     ] {
         let img = dir.path().join(format!("{name}.img"));
         let xz = fixtures().join(format!("{name}.img.xz"));
-        let out = Command::new("xz").arg("-dc").arg(&xz).output().unwrap();
-        assert!(out.status.success(), "xz -dc {}", xz.display());
-        std::fs::write(&img, &out.stdout).unwrap();
+        unxz(&xz, &img);
         let facts = std::fs::read_to_string(fixtures().join(format!("{name}.kernel.txt"))).unwrap();
 
         // luksDump: same text as cryptsetup's.

@@ -261,3 +261,54 @@ pub fn luks_format_integrity(cipher: &str, integrity: &str) -> Command {
     ]);
     c
 }
+
+/// `xz -dc SRC` written to `dst`, checked to succeed.
+pub fn unxz(src: &Path, dst: &Path) {
+    let out = Command::new("xz").arg("-dc").arg(src).output().unwrap();
+    assert!(out.status.success(), "xz -dc {}", src.display());
+    std::fs::write(dst, out.stdout).unwrap();
+}
+
+/// The pattern the lab wrote into the dm fixtures (xorshift64 from 0x5eed, 256 KiB).
+pub fn lab_pattern() -> Vec<u8> {
+    let mut x: u64 = 0x5eed;
+    let mut v = Vec::new();
+    while v.len() < 256 << 10 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v
+}
+
+/// `cryptblk integrity open ARGS.. IMG NAME --nbd SOCK`, checked to succeed.
+pub fn integrity_open_nbd(img: &Path, name: &str, sock: &Path, args: &[&str]) -> Served {
+    run_ok(
+        cryptblk()
+            .args(["integrity", "open"])
+            .args(args)
+            .arg(img)
+            .arg(name)
+            .arg("--nbd")
+            .arg(sock),
+        b"",
+    );
+    Served::integrity(name)
+}
+
+/// One `qemu-io -f raw -c CMD` against the export: (exit status success, stdout + stderr).
+pub fn qemu_io_nbd(sock: &Path, cmd: &str) -> (bool, String) {
+    let out = run(
+        Command::new("qemu-io")
+            .args(["-f", "raw", "-c", cmd])
+            .arg(nbd_uri(sock)),
+        b"",
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
