@@ -3,8 +3,12 @@
 //! wall time, so a busy machine perturbs it less. `cargo run --release -p cryptblk-dm
 //! --example fused_copy`.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::io;
 
+use common::cpu_ns;
 use cryptblk_cipher::{open_cipher, SectorCipher, SectorOptions};
 use cryptblk_dm::backing::RamDisk;
 use cryptblk_dm::device::{BlockDevice, CopyTransform, WriteFlags};
@@ -37,16 +41,6 @@ impl CopyTransform for Encrypt<'_> {
             .encrypt_to(pos as u64 / 512, src, dst)
             .map_err(io::Error::other)
     }
-}
-
-fn cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
