@@ -22,17 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-/// `integritysetup dump` (or cryptblk's) as field -> value.
-fn dump_fields(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            Some((k.to_string(), v.trim().to_string()))
-        })
-        .collect()
-}
-
 fn integritysetup_dump(img: &Path) -> Option<BTreeMap<String, String>> {
     let mut c = tool("integritysetup")?;
     Some(dump_fields(&run_ok(c.arg("dump").arg(img), b"")))

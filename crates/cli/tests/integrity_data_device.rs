@@ -22,16 +22,6 @@ const FIXTURES: &str = concat!(
     "/../dm/tests/integrity_recalc_fixtures"
 );
 
-fn dump_fields(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            Some((k.to_string(), v.trim().to_string()))
-        })
-        .collect()
-}
-
 fn unpack(name: &str, dir: &Path) -> PathBuf {
     let src = Path::new(FIXTURES).join(format!("{name}.img.xz"));
     let dst = dir.join(format!("{name}.img"));

@@ -312,3 +312,14 @@ pub fn qemu_io_nbd(sock: &Path, cmd: &str) -> (bool, String) {
     );
     (out.status.success(), text)
 }
+
+/// `integritysetup dump` (or cryptblk's) as field -> value.
+pub fn dump_fields(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
