@@ -17,6 +17,7 @@ pub mod hash;
 mod iv;
 mod lrw;
 mod measure;
+pub mod raw;
 mod registry;
 mod rustcrypto;
 pub mod secret;

@@ -19,15 +19,15 @@
 //! over plain text before encryption. With `fix_hmac` the superblock also carries
 //! `H(first 512 - digest bytes)` in the last digest bytes of its first sector.
 //!
-//! The AES and ChaCha20 primitives are AWS-LC's (through aws-lc-sys): the cipher crate's
-//! [`cryptblk_cipher::SectorCipher`] works per dm-crypt sector with dm-crypt IVs, which
-//! is not what the journal needs (one keystream across the journal, or CBC per section).
-
-use std::os::raw::c_uint;
+//! The AES and ChaCha20 primitives are AWS-LC's, from [`cryptblk_cipher::raw`]: the
+//! cipher crate's [`cryptblk_cipher::SectorCipher`] works per dm-crypt sector with dm-crypt
+//! IVs, which is not what the journal needs (one keystream across the journal, or CBC per
+//! section).
 
 use cryptblk_cipher::hash::HashAlgorithm;
+use cryptblk_cipher::raw::{chacha20_zero_nonce, RawAes};
 use cryptblk_cipher::SecretBytes;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 use super::journal::COMMIT_ID_BASES;
 
@@ -35,85 +35,13 @@ use super::journal::COMMIT_ID_BASES;
 /// sectors).
 pub const JOURNAL_MAC_SIZE: usize = 64;
 
-/// An expanded AES key of AWS-LC, wiped on drop.
-struct AesKey(aws_lc_sys::AES_KEY);
-
-impl AesKey {
-    fn new(key: &[u8], encrypt: bool) -> Result<Self, String> {
-        if ![16, 24, 32].contains(&key.len()) {
-            return Err(format!(
-                "invalid AES key size {} for the journal cipher (16, 24 or 32 bytes)",
-                key.len()
-            ));
-        }
-        // SAFETY: AES_KEY is plain data; the set-key functions fill it from `key`, whose
-        // length in bits they are given.
-        let mut k: aws_lc_sys::AES_KEY = unsafe { std::mem::zeroed() };
-        let bits = (key.len() * 8) as c_uint;
-        let r = unsafe {
-            if encrypt {
-                aws_lc_sys::AES_set_encrypt_key(key.as_ptr(), bits, &mut k)
-            } else {
-                aws_lc_sys::AES_set_decrypt_key(key.as_ptr(), bits, &mut k)
-            }
-        };
-        if r != 0 {
-            return Err("AES key setup failed".into());
-        }
-        Ok(AesKey(k))
-    }
-
-    /// AES-CBC over `buf` (a multiple of 16 bytes) in place.
-    fn cbc(&self, buf: &mut [u8], iv: &[u8; 16], encrypt: bool) {
-        let mut ivec = *iv;
-        // SAFETY: in and out are the same valid buffer (AWS-LC allows in-place CBC), the
-        // length is a multiple of the block size, `ivec` is 16 bytes.
-        unsafe {
-            aws_lc_sys::AES_cbc_encrypt(
-                buf.as_ptr(),
-                buf.as_mut_ptr(),
-                buf.len(),
-                &self.0,
-                ivec.as_mut_ptr(),
-                encrypt as i32,
-            )
-        }
-    }
-
-    /// AES-CTR keystream (128-bit big-endian counter from zero) XORed over `buf`.
-    fn ctr_zero_iv(&self, buf: &mut [u8]) {
-        let mut ivec = [0u8; 16];
-        let mut ecount = [0u8; 16];
-        let mut num: c_uint = 0;
-        // SAFETY: in-place CTR over a valid buffer; ivec/ecount are 16 bytes each.
-        unsafe {
-            aws_lc_sys::AES_ctr128_encrypt(
-                buf.as_ptr(),
-                buf.as_mut_ptr(),
-                buf.len(),
-                &self.0,
-                ivec.as_mut_ptr(),
-                ecount.as_mut_ptr(),
-                &mut num,
-            )
-        }
-        ecount.zeroize();
-    }
-}
-
-impl Drop for AesKey {
-    fn drop(&mut self) {
-        self.0.rd_key.zeroize();
-    }
-}
-
 enum Mode {
     /// Stream cipher: the keystream over the page-rounded journal.
     Xor(Zeroizing<Vec<u8>>),
     /// AES-CBC per section with per-section IVs (the expanded keys are large: boxed).
     Cbc {
-        enc: Box<AesKey>,
-        dec: Box<AesKey>,
+        enc: Box<RawAes>,
+        dec: Box<RawAes>,
         ivs: Vec<[u8; 16]>,
     },
 }
@@ -144,7 +72,7 @@ impl JournalCrypt {
         let mut commit_ids = COMMIT_ID_BASES;
         let mode = match alg {
             "ctr(aes)" => {
-                let k = AesKey::new(key, true)?;
+                let k = RawAes::new(key, true)?;
                 stream_mode(pages_bytes, &mut commit_ids, |b| k.ctr_zero_iv(b))
             }
             "chacha20" => {
@@ -155,25 +83,12 @@ impl JournalCrypt {
                     ));
                 }
                 stream_mode(pages_bytes, &mut commit_ids, |b| {
-                    let nonce = [0u8; 12];
-                    // SAFETY: in-place ChaCha20 (RFC 8439 layout: 32-bit counter from 0,
-                    // 96-bit zero nonce, as the kernel's 16-byte all-zero IV means) over a
-                    // valid buffer; key is 32 bytes, nonce 12.
-                    unsafe {
-                        aws_lc_sys::CRYPTO_chacha_20(
-                            b.as_mut_ptr(),
-                            b.as_ptr(),
-                            b.len(),
-                            key.as_ptr(),
-                            nonce.as_ptr(),
-                            0,
-                        )
-                    }
+                    chacha20_zero_nonce(key, b).expect("32-byte key checked above")
                 })
             }
             "cbc(aes)" => {
-                let enc = AesKey::new(key, true)?;
-                let dec = AesKey::new(key, false)?;
+                let enc = RawAes::new(key, true)?;
+                let dec = RawAes::new(key, false)?;
                 let ivs = (0..sections)
                     .map(|i| {
                         let mut b = [0u8; 16];
