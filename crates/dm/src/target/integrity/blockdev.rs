@@ -92,15 +92,4 @@ impl BlockDevice for Core {
             IntegrityMode::Recovery => Ok(()),
         }
     }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        let chunk = vec![0u8; len.min(1 << 20) as usize];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(chunk.len() as u64) as usize;
-            self.write_at(offset + done, &chunk[..n], WriteFlags::default())?;
-            done += n as u64;
-        }
-        Ok(())
-    }
 }
