@@ -590,3 +590,36 @@ fn journal_watermark_commits_unflushed_writes() {
         }
     }
 }
+
+/// `write_zeroes` through the target stores zeros with valid tags (they read back after a
+/// reopen), and a range past the end is refused before anything is written.
+#[test]
+fn write_zeroes_tags_zeros_and_refuses_out_of_range() {
+    let disk = MemDisk::new(8 << 20);
+    let c = cfg(IntegrityMode::Journal, "crc32c", 512);
+    IntegrityTarget::format(disk.clone(), "mem", None, c.clone(), true).unwrap();
+    let t = IntegrityTarget::open(disk.clone(), "mem", None, c.clone(), None).unwrap();
+    let data = pattern(64 * 512, 9);
+    t.write_at(0, &data, WriteFlags::default()).unwrap();
+    t.write_zeroes(8 * 512, 16 * 512).unwrap();
+    let size = t.size();
+    let mut tail = vec![0u8; 512];
+    t.read_at(size - 512, &mut tail).unwrap();
+    assert!(t.write_zeroes(size - 512, 2 * 512).is_err());
+    let mut after = vec![0u8; 512];
+    t.read_at(size - 512, &mut after).unwrap();
+    assert_eq!(
+        after, tail,
+        "a refused write_zeroes changed the last sector"
+    );
+    t.flush().unwrap();
+    t.close().unwrap();
+    drop(t);
+
+    let t = IntegrityTarget::open(disk, "mem", None, c, None).unwrap();
+    let mut back = vec![0u8; 64 * 512];
+    t.read_at(0, &mut back).unwrap();
+    let mut want = data.clone();
+    want[8 * 512..24 * 512].fill(0);
+    assert_eq!(back, want);
+}
