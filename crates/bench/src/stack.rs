@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::crypt::CryptTarget;
+use cryptblk_dm::targets::crypt::CryptTarget;
 use cryptblk_dm::{BlockDevice, Mapping, Registry};
 use cryptblk_export::{FuseConfig, FuseExport, NbdConfig, NbdServer};
 

@@ -14,8 +14,8 @@
 use crate::control;
 use crate::exit::{ExitCode, Failure};
 use cryptblk_dm::backing::FileOptions;
-use cryptblk_dm::crypt::CryptFlags;
 use cryptblk_dm::table::parse_table_lines;
+use cryptblk_dm::targets::crypt::CryptFlags;
 use cryptblk_dm::{BlockDevice, Registry};
 use cryptblk_export::fuse::{FuseConfig, FuseExport};
 use cryptblk_export::nbd::{NbdConfig, NbdListen, NbdServer};

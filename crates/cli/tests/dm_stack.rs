@@ -371,7 +371,7 @@ fn flipped_tag_byte_is_eio_over_nbd() {
     if !require_tools() {
         return;
     }
-    use cryptblk_dm::target::integrity::IntegrityTarget;
+    use cryptblk_dm::targets::integrity::IntegrityTarget;
     let dir = tempdir();
     let name = "d-gcm-random-tag12";
     let img = unpack(name, dir.path());

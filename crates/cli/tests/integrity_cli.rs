@@ -15,7 +15,7 @@
 mod common;
 use common::*;
 use cryptblk_cipher::hash::HashAlgorithm;
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -248,7 +248,7 @@ fn cryptsetup_integrity_compat_rows() {
             Arc::new(FileBacking::open(&img, FileOptions::default()).unwrap());
         let mut cfg = IntegrityConfig::new(
             IntegrityMode::Journal,
-            &cryptblk_dm::target::integrity::hash::kernel_name(&r.alg),
+            &cryptblk_dm::targets::integrity::hash::kernel_name(&r.alg),
         );
         cfg.block_size = r.sector;
         cfg.tag_size = (r.tag_size != 0).then_some(r.tag_size);

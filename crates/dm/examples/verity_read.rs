@@ -17,7 +17,7 @@ use std::sync::Arc;
 use common::cpu_ns;
 use cryptblk_dm::backing::RamDisk;
 use cryptblk_dm::device::{BlockDevice, WriteFlags};
-use cryptblk_dm::target::verity::{CorruptionMode, VerityConfig, VerityTarget};
+use cryptblk_dm::targets::verity::{CorruptionMode, VerityConfig, VerityTarget};
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::verity::{format, VerityParams};
 use sha2::Digest;

@@ -15,20 +15,19 @@
 //! ```
 
 pub mod backing;
-pub mod crypt;
 pub mod device;
 pub mod error;
 pub mod mapping;
 pub mod registry;
 pub mod table;
-pub mod target;
+pub mod targets;
 
 pub use backing::{parse_size, FileBacking, FileOptions, RamDisk};
-pub use crypt::{CryptFlags, CryptParams, CryptTarget, SplitPolicy};
 pub use device::{BlockDevice, WriteFlags, SECTOR_SIZE};
 pub use error::DmError;
 pub use mapping::{Mapping, MappingInfo};
 pub use registry::{DeviceResolver, Registry};
 pub use table::{parse_table_lines, Table, TableEntry, TableLine};
-pub use target::flakey::{FlakeyControl, FlakeyTarget, WriteFailure};
-pub use target::Target;
+pub use targets::crypt::{CryptFlags, CryptParams, CryptTarget, SplitPolicy};
+pub use targets::flakey::{FlakeyControl, FlakeyTarget, WriteFailure};
+pub use targets::Target;

@@ -208,7 +208,7 @@ impl Mapping {
     }
 
     /// Counters of every `crypt` target in the live table, in table order.
-    pub fn crypt_stats(&self) -> Vec<crate::crypt::CryptStatsSnapshot> {
+    pub fn crypt_stats(&self) -> Vec<crate::targets::crypt::CryptStatsSnapshot> {
         self.with_table(|t| {
             t.entries()
                 .iter()
@@ -315,7 +315,7 @@ fn tagged_target(
     table: &crate::table::Table,
     offset: u64,
     len: u64,
-) -> Option<(&std::sync::Arc<dyn crate::target::Target>, u64)> {
+) -> Option<(&std::sync::Arc<dyn crate::targets::Target>, u64)> {
     use crate::SECTOR_SIZE;
     table.entries().iter().find_map(|e| {
         let start = e.start * SECTOR_SIZE;

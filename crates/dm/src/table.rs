@@ -9,7 +9,7 @@ use zeroize::Zeroize;
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
 use crate::registry::DeviceResolver;
-use crate::target::{build_target, BuildContext, Target};
+use crate::targets::{build_target, BuildContext, Target};
 use crate::SECTOR_SIZE;
 
 /// One parsed (not yet built) table line.

@@ -27,7 +27,7 @@
 mod common;
 
 use cryptblk_cipher::hash::HashAlgorithm;
-use cryptblk_dm::target::integrity::IntegrityTarget;
+use cryptblk_dm::targets::integrity::IntegrityTarget;
 use cryptblk_dm::{BlockDevice, CryptTarget, Registry, WriteFlags};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -12,8 +12,8 @@ mod common;
 
 use common::{CrashDisk, MemDisk};
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::crypt::{CryptIntegrity, IntegrityKind};
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::crypt::{CryptIntegrity, IntegrityKind};
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, CryptFlags, CryptParams, CryptTarget, Registry, WriteFlags};
 use std::sync::Arc;
 

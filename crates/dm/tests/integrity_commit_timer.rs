@@ -17,7 +17,7 @@
 mod common;
 
 use common::Rng;
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, WriteFlags};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

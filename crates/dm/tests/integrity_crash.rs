@@ -10,7 +10,7 @@
 mod common;
 
 use common::{CrashDisk, MemDisk};
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, WriteFlags};
 use std::sync::atomic::Ordering;
 

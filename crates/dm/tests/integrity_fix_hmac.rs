@@ -5,8 +5,8 @@
 mod common;
 
 use common::MemDisk;
-use cryptblk_dm::target::integrity::superblock::FLAG_FIXED_HMAC;
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::superblock::FLAG_FIXED_HMAC;
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 
 fn format(cfg: IntegrityConfig) -> (bool, [u8; 16]) {
     let sb = IntegrityTarget::format(MemDisk::new(8 << 20), "mem", None, cfg, false).unwrap();

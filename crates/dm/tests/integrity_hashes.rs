@@ -8,7 +8,7 @@
 
 mod common;
 
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

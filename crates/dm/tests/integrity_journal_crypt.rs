@@ -20,7 +20,7 @@ mod common;
 
 use common::{open_file, CrashDisk, CutDisk, MemDisk};
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, Target, WriteFlags};
 use std::io;
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@ mod common;
 
 use common::{open_file, CutDisk};
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, WriteFlags};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicI64;

@@ -21,8 +21,8 @@
 mod common;
 
 use common::{fixture_text, unpack_fixture, xorshift_pattern, CrashDisk, MemDisk};
-use cryptblk_dm::target::integrity::superblock::Superblock;
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::superblock::Superblock;
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, Target, WriteFlags};
 use std::sync::Arc;
 

@@ -8,9 +8,9 @@ mod common;
 
 use common::MemDisk;
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::target::integrity::layout::Layout;
-use cryptblk_dm::target::integrity::superblock::FLAG_FIXED_PADDING;
-use cryptblk_dm::target::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::layout::Layout;
+use cryptblk_dm::targets::integrity::superblock::FLAG_FIXED_PADDING;
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, Registry, Target, WriteFlags};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -515,7 +515,7 @@ fn bitmap_mode_round_trip_and_mode_switch() {
     let t = IntegrityTarget::open(disk.clone(), "mem", None, b.clone(), None).unwrap();
     let sb = t.superblock();
     assert_eq!(sb.version, 3, "bitmap mode writes version 3");
-    assert!(sb.flags & cryptblk_dm::target::integrity::superblock::FLAG_DIRTY_BITMAP != 0);
+    assert!(sb.flags & cryptblk_dm::targets::integrity::superblock::FLAG_DIRTY_BITMAP != 0);
     let data = pattern(96 * 512, 8);
     t.write_at(512 * 40, &data, WriteFlags::default()).unwrap();
     // No flush, no close: a crash with dirty bits. Simulate torn tags by corrupting the

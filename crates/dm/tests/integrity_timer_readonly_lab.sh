@@ -1,6 +1,6 @@
 #!/bin/sh
 # Kernel facts behind cryptblk's dm-integrity commit timer and read-only opens (see
-# integrity_commit_timer.rs and src/target/integrity/mod.rs). Runs in the kernel lab:
+# integrity_commit_timer.rs and src/targets/integrity/mod.rs). Runs in the kernel lab:
 #   /work/shared/lab/run-in-vm.sh crates/dm/tests/integrity_timer_readonly_lab.sh
 # Not run by CI. Output on 2026-11-21 (kernel 6.12.117+deb12-amd64, tcg):
 #   commit_time=100 after 1s: new          (an unflushed O_DIRECT write was committed)

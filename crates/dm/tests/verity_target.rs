@@ -4,7 +4,7 @@
 //! kernel documents. Set CRYPTBLK_SKIP_VERITYSETUP=1 to skip explicitly without the tool.
 
 use cryptblk_cipher::hash::HashAlgorithm;
-use cryptblk_dm::target::verity::{CorruptionMode, VerityConfig, VerityTarget};
+use cryptblk_dm::targets::verity::{CorruptionMode, VerityConfig, VerityTarget};
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, Registry, Target, WriteFlags};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! `dump`), the format defaults, and the kernel table line that opens or formats them.
 //!
 //! As with the kernel, formatting is done by the `integrity` target itself when its table
-//! is loaded over an all-zero superblock area (see `cryptblk_dm::target::integrity`);
+//! is loaded over an all-zero superblock area (see `cryptblk_dm::targets::integrity`);
 //! `integritysetup format` clears that area and lets the kernel write the superblock and
 //! journal. This module therefore only reads superblocks and builds table lines.
 //!

@@ -216,7 +216,7 @@ impl CryptTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crypt::CryptFlags;
+    use crate::targets::crypt::CryptFlags;
 
     #[test]
     fn integrity_option_parses_and_prints_in_kernel_order() {

@@ -3,6 +3,7 @@
 //! A target is a [`BlockDevice`] whose offset 0 is its table line's `<start>`: the table
 //! passes target-relative offsets, like the kernel's `bi_sector - ti->begin`.
 
+pub mod crypt;
 pub mod delay;
 pub mod error;
 pub mod flakey;
@@ -110,7 +111,7 @@ pub fn build_target(ctx: &BuildContext<'_>) -> Result<Arc<dyn Target>, String> {
         "error" => Arc::new(error::ErrorTarget::from_args(ctx, args)?),
         "delay" => Arc::new(delay::DelayTarget::from_args(ctx, args)?),
         "flakey" => Arc::new(flakey::FlakeyTarget::from_args(ctx, args)?),
-        "crypt" => Arc::new(crate::crypt::CryptTarget::from_args(ctx, args)?),
+        "crypt" => Arc::new(crate::targets::crypt::CryptTarget::from_args(ctx, args)?),
         "verity" => Arc::new(verity::VerityTarget::from_args(ctx, args)?),
         "integrity" => Arc::new(integrity::IntegrityTarget::from_args(ctx, args)?),
         other => {

@@ -31,7 +31,7 @@ use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher, SectorOptions};
 
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
-use crate::target::{arg_u64, BuildContext, Target};
+use crate::targets::{arg_u64, BuildContext, Target};
 use crate::SECTOR_SIZE;
 
 pub use aead::{CryptIntegrity, IntegrityKind};

@@ -14,7 +14,7 @@ use cryptblk_cipher::SecretBytes;
 use super::layout::SB_SECTORS;
 use super::open::Core;
 use super::superblock::{FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_RECALCULATING};
-use crate::target::Target;
+use crate::targets::Target;
 
 /// dm-integrity operating mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,11 +146,11 @@ impl IntegrityConfig {
                 args.len()
             ));
         }
-        let start = crate::target::arg_u64(args, 1, "start")?;
+        let start = crate::targets::arg_u64(args, 1, "start")?;
         let tag_size = if args[2] == "-" {
             None
         } else {
-            let t = crate::target::arg_u32(args, 2, "tag_size")?;
+            let t = crate::targets::arg_u32(args, 2, "tag_size")?;
             if t == 0 {
                 return Err("invalid tag size 0".into());
             }
@@ -170,7 +170,7 @@ impl IntegrityConfig {
             ..IntegrityConfig::new(mode, "crc32c")
         };
         if args.len() > 4 {
-            let count = crate::target::arg_u64(args, 4, "#opt_params")? as usize;
+            let count = crate::targets::arg_u64(args, 4, "#opt_params")? as usize;
             let opts = &args[5..];
             if opts.len() != count {
                 return Err(format!(
