@@ -9,28 +9,8 @@ use cryptblk_format::kdf::{PbkdfKind as Kind, PbkdfRequest};
 use cryptblk_format::keyfile::{self, KeyFileLimits, KeySource};
 use cryptblk_format::luks1::Luks1Volume;
 use cryptblk_format::luks2::{KeyslotParams, Luks2Header, UnlockPurpose};
-use cryptblk_format::FormatError;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-
-impl From<FormatError> for Failure {
-    fn from(e: FormatError) -> Self {
-        let code = match &e {
-            FormatError::WrongPassphrase => ExitCode::NoPermission,
-            FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                ExitCode::WrongDevice
-            }
-            FormatError::Io { source, .. }
-                if source.kind() == std::io::ErrorKind::PermissionDenied =>
-            {
-                ExitCode::NoPermission
-            }
-            FormatError::TooSmall(_) => ExitCode::WrongDevice,
-            _ => ExitCode::WrongParameters,
-        };
-        Failure::new(code, e.to_string())
-    }
-}
 
 /// The data segment of an unlocked volume, as a crypt table needs it.
 #[derive(Debug, Clone)]
