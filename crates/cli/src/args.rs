@@ -494,20 +494,31 @@ impl PerfArgs {
     /// queued model: `--perf-no_read_workqueue` alone makes reads inline and leaves writes
     /// queued, as it would with cryptsetup.
     pub fn table_flags(&self) -> Vec<String> {
-        let explicit = self.queued
-            || self.same_cpu_crypt
-            || self.submit_from_crypt_cpus
-            || self.no_read_workqueue
-            || self.no_write_workqueue;
-        cryptblk_dm::CryptFlags {
+        self.activation().table_flags()
+    }
+
+    /// These flags as the library's activation flags.
+    pub fn activation(&self) -> cryptblk_volume::activation::CryptActivation {
+        cryptblk_volume::activation::CryptActivation {
             allow_discards: self.allow_discards,
             same_cpu_crypt: self.same_cpu_crypt,
             submit_from_crypt_cpus: self.submit_from_crypt_cpus,
-            no_read_workqueue: self.no_read_workqueue || !explicit,
-            no_write_workqueue: self.no_write_workqueue || !explicit,
-            ..Default::default()
+            no_read_workqueue: self.no_read_workqueue,
+            no_write_workqueue: self.no_write_workqueue,
+            queued: self.queued,
         }
-        .format()
+    }
+
+    /// Flags from the library's activation flags.
+    pub fn from_activation(a: &cryptblk_volume::activation::CryptActivation) -> Self {
+        PerfArgs {
+            allow_discards: a.allow_discards,
+            same_cpu_crypt: a.same_cpu_crypt,
+            submit_from_crypt_cpus: a.submit_from_crypt_cpus,
+            no_read_workqueue: a.no_read_workqueue,
+            no_write_workqueue: a.no_write_workqueue,
+            queued: a.queued,
+        }
     }
 }
 

@@ -289,7 +289,8 @@ fn mmss(secs: f64) -> String {
 
 /// Writes zeros with valid tags over the whole device; returns the bytes written.
 fn wipe(t: &IntegrityTarget, show: bool) -> Result<u64, Failure> {
-    let total = crate::progress::zero_fill(t, "Wiping", show)?;
+    let total =
+        cryptblk_volume::progress::zero_fill(t, "Wiping", &mut crate::progress::Bar::new(show))?;
     t.close()
         .map_err(|e| Failure::device(format!("Flushing after the wipe failed: {e}")))?;
     Ok(total)

@@ -9,51 +9,18 @@ use crate::exit::{ActionResult, ExitCode, Failure};
 use crate::serve::ServeSpec;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::hdrio::HeaderIo;
-use cryptblk_format::luks1::{Luks1FormatParams, Luks1Volume};
+use cryptblk_format::luks1::Luks1FormatParams;
 use cryptblk_format::luks2::{FormatParams, Luks2Header, UnlockPurpose};
 use cryptblk_format::plain::{PlainParams, PlainVolume};
+use cryptblk_volume::format::{parse_bytes, FormatRequest};
+use cryptblk_volume::luks::{self as lib, BackupKind, ConfigChange};
+use cryptblk_volume::luks2_integrity;
 use serde_json::json;
 use std::path::Path;
 
-/// Parses sizes such as `16384`, `16k`, `4m` (bytes).
-fn parse_bytes(text: &str, what: &str) -> Result<u64, Failure> {
-    let t = text.trim().to_ascii_lowercase();
-    let (num, mult) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        None => (t.as_str(), 1u64),
-        Some((i, _)) => {
-            let m = match &t[i..] {
-                "k" | "kib" | "kb" => 1 << 10,
-                "m" | "mib" | "mb" => 1 << 20,
-                "g" | "gib" | "gb" => 1 << 30,
-                _ => return Err(Failure::usage(format!("invalid {what} '{text}'"))),
-            };
-            (&t[..i], m)
-        }
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| Failure::usage(format!("invalid {what} '{text}'")))
-}
-
 /// The cipher and key size for a new volume, with cryptsetup 2.x defaults.
 fn cipher_and_key_bytes(opts: &Opts) -> Result<(String, usize), Failure> {
-    let cipher = opts
-        .cipher
-        .clone()
-        .unwrap_or_else(|| "aes-xts-plain64".into());
-    let bits = match opts.key_size {
-        Some(b) => b,
-        None if cipher.contains("xts") => 512,
-        None => 256,
-    };
-    if bits % 8 != 0 || bits == 0 {
-        return Err(Failure::usage(format!(
-            "Key size {bits} is not a multiple of 8 bits."
-        )));
-    }
-    cryptblk_cipher::CipherSpec::parse(&cipher)?.check_key_size(bits as usize / 8)?;
-    Ok((cipher, bits as usize / 8))
+    cryptblk_volume::format::cipher_and_key_bytes(opts.cipher.as_deref(), opts.key_size)
 }
 
 /// Formats `dev` (a header device) and returns the volume key and data offset in bytes.
@@ -99,7 +66,7 @@ fn format_header(
         .map(volume::read_volume_key_file)
         .transpose()?;
     let detached = opts.header.is_some();
-    match opts.volume_type {
+    let req = match opts.volume_type {
         Some(VolumeType::Luks1) => {
             if opts.sector_size.is_some_and(|s| s != 512) {
                 return Err(Failure::usage(
@@ -119,8 +86,7 @@ fn format_header(
             } else if detached {
                 p.data_offset_sectors = Some(0);
             }
-            let (v, key) = Luks1Volume::format(dev, &p, passphrase)?;
-            Ok((key, v.header().data_offset_bytes()))
+            FormatRequest::Luks1(Box::new(p))
         }
         Some(VolumeType::Luks2) | Some(VolumeType::Luks) | None => {
             let mut p = FormatParams {
@@ -145,13 +111,15 @@ fn format_header(
             if let Some(k) = &opts.luks2_keyslots_size {
                 p.keyslots_size = Some(parse_bytes(k, "--luks2-keyslots-size")?);
             }
-            let (h, key, _slot) = Luks2Header::format(dev, &p, passphrase)?;
-            Ok((key, h.data_offset()))
+            FormatRequest::Luks2(Box::new(p))
         }
-        Some(VolumeType::Plain) => Err(Failure::usage(
-            "plain volumes have no header to format; use open --type plain",
-        )),
-    }
+        Some(VolumeType::Plain) => {
+            return Err(Failure::usage(
+                "plain volumes have no header to format; use open --type plain",
+            ))
+        }
+    };
+    cryptblk_volume::format::format_header(dev, &req, passphrase)
 }
 
 /// `luksFormat <device> [<key file>]`.
@@ -172,7 +140,12 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
     let (vk, _) = format_header(opts, &f, pass.as_bytes())?;
     if opts.integrity.integrity.is_some() {
         let h = Luks2Header::read(&f)?;
-        super::luks_integrity::format_data(opts, &h, &vk, device)?;
+        let how = luks2_integrity::DataFormat {
+            legacy_padding: opts.integrity.integrity_legacy_padding,
+            no_wipe: opts.integrity.integrity_no_wipe,
+        };
+        let mut bar = crate::progress::Bar::new(!opts.batch_mode || opts.verbose);
+        luks2_integrity::format_data(&h, &vk, device, how, &mut bar)?;
     }
     Ok(())
 }
@@ -210,64 +183,6 @@ pub fn unlock(
     Ok((Some(slot), key))
 }
 
-/// The dm table of an unlocked volume (keys included: only ever sent over a pipe).
-pub fn crypt_table(
-    seg: &volume::Segment,
-    vk: &SecretBytes,
-    data_dev: &Path,
-    flags: &[String],
-) -> Result<String, Failure> {
-    if let Some(i) = &seg.integrity {
-        return Err(Failure::usage(format!(
-            "activating a volume with integrity ({i}) is not supported yet"
-        )));
-    }
-    cryptblk_cipher::CipherSpec::parse(&seg.cipher)?;
-    let path = volume::table_path(data_dev)?;
-    let dev_size = volume::device_size(data_dev)?;
-    let len = match seg.size {
-        Some(s) => s,
-        None => dev_size
-            .checked_sub(seg.offset)
-            .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                Failure::device(format!(
-                    "Device {} is too small (no data area after the header).",
-                    data_dev.display()
-                ))
-            })?,
-    };
-    let len = len - len % seg.sector_size as u64;
-    if len == 0 {
-        return Err(Failure::device(format!(
-            "Device {} is too small.",
-            data_dev.display()
-        )));
-    }
-    let mut opts: Vec<String> = flags.to_vec();
-    if seg.sector_size != 512 {
-        opts.push(format!("sector_size:{}", seg.sector_size));
-    }
-    let key = if seg.cipher.contains("cipher_null") {
-        "-".to_string()
-    } else {
-        vk.to_hex()
-    };
-    let mut t = format!(
-        "0 {} crypt {} {} {} {} {}",
-        len / 512,
-        seg.cipher,
-        key,
-        seg.iv_offset,
-        path.display(),
-        seg.offset / 512
-    );
-    if !opts.is_empty() {
-        t.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
-    }
-    Ok(t)
-}
-
 /// `open <device> [<name>]`.
 pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.volume_type == Some(VolumeType::Plain) {
@@ -277,7 +192,7 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
         return open_plain(opts, a);
     }
     persistent::check_options(opts, &a.perf)?;
-    let vol = Volume::load(opts, &a.device, false)?;
+    let vol = volume::load(opts, &a.device, false)?;
     let purpose = if opts.unbound {
         UnlockPurpose::Unbound
     } else if opts.test_passphrase {
@@ -314,7 +229,7 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
         let spec = integrity_spec(opts, a, &vol, h, &vk, name, &seg, &flags)?;
         return start_persistent(opts, a, &vol, spec, &flags);
     }
-    let table = crypt_table(&seg, &vk, &a.device, &flags.perf.table_flags())?;
+    let table = seg.crypt_table(&vk, &a.device, &flags.perf.table_flags())?;
     let spec = ServeSpec {
         name: name.to_string(),
         table,
@@ -396,7 +311,7 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
         .or_else(|| info["device"].as_str().map(Into::into))
         .ok_or_else(|| Failure::usage(format!("{name} does not say where its header is")))?;
     let uuid = info["uuid"].as_str().unwrap_or_default().to_string();
-    let stored = match Volume::load(opts, &device, false)? {
+    let stored = match volume::load(opts, &device, false)? {
         Volume::Luks2(h, _) if h.uuid() == uuid => h.config_flags(),
         Volume::Luks2(..) => {
             return Err(Failure::device(format!(
@@ -434,7 +349,7 @@ fn integrity_spec(
     if flags.perf.allow_discards {
         return Err(Failure::usage("Discard/TRIM is not supported."));
     }
-    let st = super::luks_integrity::stack(
+    let st = luks2_integrity::stack(
         h,
         vk,
         &a.device,
@@ -524,7 +439,7 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
         sector_size: pv.sector_size,
         integrity: None,
     };
-    let table = crypt_table(&seg, &pv.volume_key, &a.device, &a.perf.table_flags())?;
+    let table = seg.crypt_table(&pv.volume_key, &a.device, &a.perf.table_flags())?;
     let spec = ServeSpec {
         name: name.to_string(),
         table,
@@ -544,7 +459,7 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
 
 /// `luksDump`.
 pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
-    let vol = Volume::load(opts, device, false)?;
+    let vol = volume::load(opts, device, false)?;
     // `--unbound -S N` prints that keyslot's unbound key, as cryptsetup does.
     let (slot_unlocked, vk) = if opts.dump_volume_key || opts.unbound {
         volume::confirm(opts, "Header dump with volume key is sensitive information\nwhich allows access to encrypted partition without a passphrase.")?;
@@ -580,7 +495,7 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
 
 /// `luksAddKey <device> [<new key file>]`.
 pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
-    let mut vol = Volume::load(opts, device, true)?;
+    let mut vol = volume::load(opts, device, true)?;
     let (existing_slot, vk) = if let Some(p) = &opts.volume_key_file {
         let vk = volume::read_volume_key_file(p)?;
         vol.verify_volume_key(vk.as_bytes())?;
@@ -602,17 +517,13 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
     let _ = existing_slot;
     let new = volume::read_new_secret(new_key_file, "Enter new passphrase for key slot: ")?;
     let slot = opts.key_slot.map(|s| s as usize);
-    let added = match &mut vol {
-        Volume::Luks1(v) => v.add_key(
-            &vk,
-            new.as_bytes(),
-            slot,
-            &volume::pbkdf_request(opts, true)?,
-        )?,
-        Volume::Luks2(h, f) => {
-            h.add_keyslot(&*f, &vk, new.as_bytes(), &volume::keyslot_params(opts)?)?
-        }
-    };
+    let added = vol.add_key(
+        &vk,
+        new.as_bytes(),
+        slot,
+        &volume::pbkdf_request(opts, true)?,
+        &volume::keyslot_params(opts)?,
+    )?;
     if opts.verbose {
         eprintln!("Key slot {added} created.");
     }
@@ -621,7 +532,7 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
 
 /// `luksRemoveKey <device> [<key file>]`.
 pub fn remove_key(opts: &Opts, device: &Path, key_file: Option<&Path>) -> ActionResult {
-    let mut vol = Volume::load(opts, device, true)?;
+    let mut vol = volume::load(opts, device, true)?;
     let pass = volume::read_secret(
         &volume::key_source(opts, key_file),
         volume::limits(opts),
@@ -632,24 +543,16 @@ pub fn remove_key(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Action
         opts.key_slot.map(|s| s as usize),
         UnlockPurpose::Unbound,
     )?;
-    kill(&mut vol, slot)?;
+    vol.kill_slot(slot)?;
     if opts.verbose {
         eprintln!("Key slot {slot} removed.");
     }
     Ok(())
 }
 
-fn kill(vol: &mut Volume, slot: usize) -> ActionResult {
-    match vol {
-        Volume::Luks1(v) => v.kill_slot(slot)?,
-        Volume::Luks2(h, f) => h.remove_keyslot(&*f, slot)?,
-    }
-    Ok(())
-}
-
 /// `luksChangeKey <device> [<new key file>]`.
 pub fn change_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
-    let mut vol = Volume::load(opts, device, true)?;
+    let mut vol = volume::load(opts, device, true)?;
     let old = volume::read_secret(
         &volume::key_source(opts, None),
         volume::limits(opts),
@@ -662,35 +565,19 @@ pub fn change_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Ac
         UnlockPurpose::Unbound,
     )?;
     let new = volume::read_new_secret(new_key_file, "Enter new passphrase: ")?;
-    match &mut vol {
-        Volume::Luks1(v) => {
-            v.change_key(
-                old.as_bytes(),
-                opts.key_slot.map(|s| s as usize),
-                new.as_bytes(),
-                None,
-                &volume::pbkdf_request(opts, true)?,
-            )?;
-        }
-        Volume::Luks2(h, f) => {
-            let mut params = volume::keyslot_params(opts)?;
-            params.slot = None;
-            h.change_key(
-                &*f,
-                old.as_bytes(),
-                new.as_bytes(),
-                opts.key_slot.map(|s| s as usize),
-                &params,
-            )?;
-        }
-    }
-    Ok(())
+    vol.change_key(
+        old.as_bytes(),
+        new.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+        &volume::pbkdf_request(opts, true)?,
+        &volume::keyslot_params(opts)?,
+    )
 }
 
 /// `luksKillSlot <device> <slot> [<key file>]`: with --batch-mode no passphrase is needed,
 /// otherwise one of a remaining slot confirms, as in cryptsetup.
 pub fn kill_slot(opts: &Opts, device: &Path, slot: u32, key_file: Option<&Path>) -> ActionResult {
-    let mut vol = Volume::load(opts, device, true)?;
+    let mut vol = volume::load(opts, device, true)?;
     let slot = slot as usize;
     if !opts.batch_mode || opts.key_file.is_some() || key_file.is_some() {
         let pass = volume::read_secret(
@@ -700,7 +587,7 @@ pub fn kill_slot(opts: &Opts, device: &Path, slot: u32, key_file: Option<&Path>)
         )?;
         vol.unlock(pass.as_bytes(), None, UnlockPurpose::Unbound)?;
     }
-    kill(&mut vol, slot)
+    vol.kill_slot(slot)
 }
 
 /// `luksHeaderBackup <device> --header-backup-file <file>`.
@@ -718,18 +605,7 @@ pub fn header_backup(opts: &Opts, device: &Path) -> ActionResult {
             ),
         ));
     }
-    let vol = Volume::load(opts, device, false)?;
-    match &vol {
-        Volume::Luks1(v) => std::fs::write(out, v.header_backup()?)?,
-        Volume::Luks2(h, f) => {
-            let size = h.metadata_and_keyslots_size();
-            let file = std::fs::File::create(out)?;
-            file.set_len(size)?;
-            h.backup(f, &file)?;
-            file.sync_all()?;
-        }
-    }
-    Ok(())
+    volume::load(opts, device, false)?.backup_header(out)
 }
 
 /// `luksHeaderRestore <device> --header-backup-file <file>`: refuses a damaged or too small
@@ -739,65 +615,49 @@ pub fn header_restore(opts: &Opts, device: &Path) -> ActionResult {
         .header_backup_file
         .as_deref()
         .ok_or_else(|| Failure::usage("Option --header-backup-file is required."))?;
-    let backup_file = volume::open_file(src, false)?;
-    let target = volume::open_file(volume::header_path(opts, device), true)?;
-    match volume::probe_version(&backup_file) {
-        Some(1) => {
-            if volume::probe_version(&target) == Some(2) {
+    let header = volume::header_path(opts, device);
+    volume::open_file(src, false)?;
+    let current = {
+        volume::open_file(header, true)?;
+        lib::header_version(header)?
+    };
+    match lib::backup_kind(src)? {
+        BackupKind::Luks1 => {
+            if current == Some(2) {
                 return Err(Failure::usage(
                     "Header backup is LUKS1 but the device has a LUKS2 header.",
                 ));
             }
-            let bytes = std::fs::read(src)?;
-            if volume::probe_version(&target).is_none() {
+            if current.is_none() {
                 volume::confirm(opts, &format!("Device {} does not contain LUKS header. Replacing header can destroy data on that device.", device.display()))?;
             }
-            Luks1Volume::restore_header(target, &bytes)?;
         }
-        Some(2) => {
-            volume::confirm(
-                opts,
-                &format!(
-                    "Device {} will be overwritten with the header from the backup.",
-                    device.display()
-                ),
-            )?;
-            Luks2Header::restore(&target, &backup_file)?;
-        }
-        _ => {
-            return Err(Failure::usage(format!(
-                "Backup file {} doesn't contain valid LUKS header.",
-                src.display()
-            )))
-        }
+        BackupKind::Luks2 => volume::confirm(
+            opts,
+            &format!(
+                "Device {} will be overwritten with the header from the backup.",
+                device.display()
+            ),
+        )?,
     }
-    Ok(())
+    lib::restore_header(header, src)
 }
 
 /// `luksUUID [--uuid U]`.
 pub fn uuid(opts: &Opts, device: &Path) -> ActionResult {
     if opts.uuid.is_none() {
-        println!("{}", Volume::load(opts, device, false)?.uuid());
+        println!("{}", volume::load(opts, device, false)?.uuid());
         return Ok(());
     }
-    let mut vol = Volume::load(opts, device, true)?;
-    match &mut vol {
-        Volume::Luks1(v) => v.set_uuid(opts.uuid.as_deref())?,
-        Volume::Luks2(h, f) => {
-            h.set_uuid(opts.uuid.as_deref().unwrap_or_default())?;
-            h.write(&*f)?;
-        }
-    }
-    Ok(())
+    volume::load(opts, device, true)?.set_uuid(opts.uuid.as_deref())
 }
 
 /// `isLuks`: exit 0 for a LUKS device (of `--type`), 1 otherwise; silent unless -v.
 pub fn is_luks(opts: &Opts, device: &Path) -> ActionResult {
-    match Volume::load(opts, device, false) {
+    match volume::load(opts, device, false) {
         Ok(vol) => {
             if let Volume::Luks2(..) = vol {
-                let f = volume::open_file(volume::header_path(opts, device), false)?;
-                if let Some(s) = cryptblk_format::luks2::lvm2_signature_sector(&f) {
+                if let Some(s) = lib::lvm2_signature_sector(volume::header_path(opts, device))? {
                     return Err(Failure::usage(format!(
                         "Device contains ambiguous signatures (LVM2_member at sector {s}), cannot auto-recover LUKS2; use repair."
                     )));
@@ -823,47 +683,44 @@ pub fn is_luks(opts: &Opts, device: &Path) -> ActionResult {
 
 /// `erase`: wipes every keyslot.
 pub fn erase(opts: &Opts, device: &Path) -> ActionResult {
-    let mut vol = Volume::load(opts, device, true)?;
+    let mut vol = volume::load(opts, device, true)?;
     volume::confirm(opts, &format!("This operation will erase all keyslots on device {}.\nDevice will become unusable after this operation.", device.display()))?;
-    match &mut vol {
-        Volume::Luks1(v) => v.erase()?,
-        Volume::Luks2(h, f) => h.erase(&*f)?,
-    }
-    Ok(())
+    vol.erase()
 }
 
 /// `config --label/--subsystem/--priority -S N` (LUKS2).
 pub fn config(opts: &Opts, device: &Path) -> ActionResult {
-    let mut vol = Volume::load(opts, device, true)?;
-    let Volume::Luks2(h, f) = &mut vol else {
+    let mut vol = volume::load(opts, device, true)?;
+    if vol.luks2().is_none() {
         return Err(Failure::usage(
             "config is only supported for LUKS2 devices.",
         ));
+    }
+    let priority = match &opts.priority {
+        None => None,
+        Some(p) => {
+            let slot = opts
+                .key_slot
+                .ok_or_else(|| Failure::usage("Keyslot specification is required (-S)."))?;
+            let prio = match p.as_str() {
+                "ignore" => 0,
+                "normal" => 1,
+                "prefer" => 2,
+                _ => {
+                    return Err(Failure::usage(format!(
+                        "Unknown keyslot priority '{p}' (use prefer, normal or ignore)."
+                    )))
+                }
+            };
+            Some((slot as usize, prio))
+        }
     };
-    if let Some(l) = &opts.label {
-        h.set_label(l)?;
-    }
-    if let Some(s) = &opts.subsystem {
-        h.set_subsystem(s)?;
-    }
-    if let Some(p) = &opts.priority {
-        let slot = opts
-            .key_slot
-            .ok_or_else(|| Failure::usage("Keyslot specification is required (-S)."))?;
-        let prio = match p.as_str() {
-            "ignore" => 0,
-            "normal" => 1,
-            "prefer" => 2,
-            _ => {
-                return Err(Failure::usage(format!(
-                    "Unknown keyslot priority '{p}' (use prefer, normal or ignore)."
-                )))
-            }
-        };
-        h.set_priority(slot as usize, prio)?;
-    }
-    h.write(&*f)?;
-    Ok(())
+    let change = ConfigChange {
+        label: opts.label.clone(),
+        subsystem: opts.subsystem.clone(),
+        priority,
+    };
+    lib::configure(&mut vol, &change)
 }
 
 /// `convert --type luks1|luks2`: in place, as cryptsetup (not crash-safe there either, so
@@ -875,22 +732,19 @@ pub fn convert(opts: &Opts, device: &Path) -> ActionResult {
         _ => return Err(Failure::usage("convert needs --type luks1 or --type luks2")),
     };
     let path = volume::header_path(opts, device);
-    let f = volume::open_file(path, true)?;
-    match (volume::probe_version(&f), want) {
+    volume::open_file(path, true)?;
+    match (lib::header_version(path)?, want) {
         (Some(v), w) if v == w => Err(Failure::usage(format!(
             "Device {} is already LUKS{v}.",
             device.display()
         ))),
         (Some(1), 2) => {
             volume::confirm(opts, &format!("This operation will convert {} to LUKS2 format.\nMake a header backup first (luksHeaderBackup).", device.display()))?;
-            Luks2Header::convert_from_luks1(&f)?;
-            Ok(())
+            lib::convert(path, 2)
         }
         (Some(2), 1) => {
             volume::confirm(opts, &format!("This operation will convert {} to LUKS1 format.\nMake a header backup first (luksHeaderBackup).", device.display()))?;
-            let h = Luks2Header::read_for_write(&f)?;
-            h.convert_to_luks1(&f)?;
-            Ok(())
+            lib::convert(path, 1)
         }
         _ => Err(Failure::usage(format!(
             "Device {} is not a valid LUKS device.",
@@ -902,8 +756,9 @@ pub fn convert(opts: &Opts, device: &Path) -> ActionResult {
 /// `repair`: LUKS2 only, as cryptsetup: rebuilds both header copies from the valid one and
 /// removes an LVM2 label that makes the device's signature ambiguous.
 pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
-    let f = volume::open_file(volume::header_path(opts, device), true)?;
-    if volume::probe_version(&f) == Some(1) || opts.volume_type == Some(VolumeType::Luks1) {
+    let header = volume::header_path(opts, device);
+    volume::open_file(header, true)?;
+    if lib::header_version(header)? == Some(1) || opts.volume_type == Some(VolumeType::Luks1) {
         return Err(Failure::usage(
             "repair of LUKS1 metadata is not supported; restore a header backup instead",
         ));
@@ -915,21 +770,5 @@ pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
             device.display()
         ),
     )?;
-    cryptblk_format::luks2::repair_device(&f)?;
-    f.sync_all()?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_bytes("16k", "x").unwrap(), 16384);
-        assert_eq!(parse_bytes("4m", "x").unwrap(), 4 << 20);
-        assert_eq!(parse_bytes("512", "x").unwrap(), 512);
-        assert!(parse_bytes("12q", "x").is_err());
-        assert!(parse_bytes("k", "x").is_err());
-    }
+    lib::repair(header)
 }

@@ -1,0 +1,382 @@
+//! A LUKS volume of either version behind one interface: load (with cryptsetup's type check
+//! and auto-repair of a damaged LUKS2 copy before a change), unlock, the data segment, and
+//! the header-only operations (keyslots, UUID, label, erase, backup, restore, convert,
+//! repair).
+
+use crate::device::open_file;
+use crate::error::{Result, VolumeError};
+use crate::probe::luks_version;
+use crate::segment::Segment;
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::kdf::PbkdfRequest;
+use cryptblk_format::luks1::Luks1Volume;
+use cryptblk_format::luks2::{KeyslotParams, Luks2Header, UnlockPurpose};
+use std::fs::File;
+use std::path::Path;
+
+/// Which LUKS version an action accepts (cryptsetup's `--type luks|luks1|luks2`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LuksType {
+    /// Either version (`--type luks`, or no `--type`).
+    #[default]
+    Any,
+    /// LUKS1 only.
+    Luks1,
+    /// LUKS2 only.
+    Luks2,
+}
+
+/// An opened LUKS volume.
+pub enum Volume {
+    /// LUKS1.
+    Luks1(Box<Luks1Volume<File>>),
+    /// LUKS2 with its header device.
+    Luks2(Box<Luks2Header>, File),
+}
+
+/// A successful unlock: the keyslot that opened (none for a volume key given directly) and
+/// the volume key.
+pub struct Unlocked {
+    /// The keyslot whose passphrase matched.
+    pub slot: Option<usize>,
+    /// The volume key.
+    pub key: SecretBytes,
+}
+
+impl Volume {
+    /// Loads the LUKS header in `header` (the device itself or a detached header), refusing a
+    /// type other than `want`. With `write`, a damaged LUKS2 copy is rewritten from the good
+    /// one first, as cryptsetup's auto-recovery does before any change.
+    pub fn load(header: &Path, want: LuksType, write: bool) -> Result<Volume> {
+        let file = open_file(header, write)?;
+        let not_luks = || {
+            VolumeError::usage(format!(
+                "Device {} is not a valid LUKS device.",
+                header.display()
+            ))
+        };
+        // A damaged LUKS2 primary is still LUKS2 when the secondary copy survives.
+        let version = match luks_version(&file) {
+            Some(v) => v,
+            None if want != LuksType::Luks1 => match Luks2Header::read(&file) {
+                Ok(mut h) => {
+                    if write {
+                        h.check_requirements()?;
+                        h.repair(&file)?;
+                    }
+                    return Ok(Volume::Luks2(Box::new(h), file));
+                }
+                Err(_) => return Err(not_luks()),
+            },
+            None => return Err(not_luks()),
+        };
+        match (version, want) {
+            (1, LuksType::Any | LuksType::Luks1) => {
+                Ok(Volume::Luks1(Box::new(Luks1Volume::open(file)?)))
+            }
+            (2, LuksType::Any | LuksType::Luks2) => {
+                let h = if write {
+                    let mut h = Luks2Header::read_for_write(&file)?;
+                    if h.needs_repair() {
+                        h.repair(&file)?;
+                    }
+                    h
+                } else {
+                    Luks2Header::read(&file)?
+                };
+                Ok(Volume::Luks2(Box::new(h), file))
+            }
+            (1 | 2, _) => Err(not_luks()),
+            (v, _) => Err(VolumeError::usage(format!("Unsupported LUKS version {v}."))),
+        }
+    }
+
+    /// "LUKS1" or "LUKS2".
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Volume::Luks1(_) => "LUKS1",
+            Volume::Luks2(..) => "LUKS2",
+        }
+    }
+
+    /// The volume UUID.
+    pub fn uuid(&self) -> String {
+        match self {
+            Volume::Luks1(v) => v.header().uuid.clone(),
+            Volume::Luks2(h, _) => h.uuid().to_string(),
+        }
+    }
+
+    /// The LUKS2 header, if this is LUKS2.
+    pub fn luks2(&self) -> Option<&Luks2Header> {
+        match self {
+            Volume::Luks2(h, _) => Some(h),
+            Volume::Luks1(_) => None,
+        }
+    }
+
+    /// Activation flags stored in the header (LUKS2 `config.flags`; none for LUKS1).
+    pub fn stored_flags(&self) -> Vec<String> {
+        self.luks2()
+            .map(Luks2Header::config_flags)
+            .unwrap_or_default()
+    }
+
+    /// Unlocks with `passphrase`, from `slot` if given. `purpose` matters for LUKS2 only.
+    pub fn unlock(
+        &self,
+        passphrase: &[u8],
+        slot: Option<usize>,
+        purpose: UnlockPurpose,
+    ) -> Result<(usize, SecretBytes)> {
+        match self {
+            Volume::Luks1(v) => {
+                let u = v.unlock(passphrase, slot)?;
+                Ok((u.keyslot, u.volume_key))
+            }
+            Volume::Luks2(h, f) => {
+                let u = h.unlock(f, passphrase, slot, purpose)?;
+                Ok((u.slot, u.key))
+            }
+        }
+    }
+
+    /// Checks a volume key supplied directly (`--volume-key-file`).
+    pub fn verify_volume_key(&self, vk: &[u8]) -> Result<()> {
+        match self {
+            Volume::Luks1(v) => Ok(v.verify_volume_key(vk)?),
+            Volume::Luks2(h, _) => Ok(h.verify_volume_key(vk)?),
+        }
+    }
+
+    /// The data segment.
+    pub fn segment(&self) -> Result<Segment> {
+        match self {
+            Volume::Luks1(v) => {
+                let h = v.header();
+                Ok(Segment {
+                    cipher: h.cipher_spec(),
+                    offset: h.data_offset_bytes(),
+                    size: None,
+                    iv_offset: 0,
+                    sector_size: 512,
+                    integrity: None,
+                })
+            }
+            Volume::Luks2(h, _) => {
+                let s = h.default_segment()?;
+                Ok(Segment {
+                    cipher: s.encryption,
+                    offset: s.offset,
+                    size: s.size,
+                    iv_offset: s.iv_tweak,
+                    sector_size: s.sector_size,
+                    integrity: s.integrity,
+                })
+            }
+        }
+    }
+
+    /// Adds a keyslot for `new_passphrase` holding `vk`; `luks1_kdf` is used for LUKS1 and
+    /// `luks2` (KDF, AF hash, slot) for LUKS2. Returns the new slot.
+    pub fn add_key(
+        &mut self,
+        vk: &SecretBytes,
+        new_passphrase: &[u8],
+        slot: Option<usize>,
+        luks1_kdf: &PbkdfRequest,
+        luks2: &KeyslotParams,
+    ) -> Result<usize> {
+        Ok(match self {
+            Volume::Luks1(v) => v.add_key(vk, new_passphrase, slot, luks1_kdf)?,
+            Volume::Luks2(h, f) => h.add_keyslot(&*f, vk, new_passphrase, luks2)?,
+        })
+    }
+
+    /// Replaces the passphrase of the keyslot `old` opens (from `slot` if given).
+    pub fn change_key(
+        &mut self,
+        old: &[u8],
+        new: &[u8],
+        slot: Option<usize>,
+        luks1_kdf: &PbkdfRequest,
+        luks2: &KeyslotParams,
+    ) -> Result<()> {
+        match self {
+            Volume::Luks1(v) => {
+                v.change_key(old, slot, new, None, luks1_kdf)?;
+            }
+            Volume::Luks2(h, f) => {
+                let mut params = luks2.clone();
+                params.slot = None;
+                h.change_key(&*f, old, new, slot, &params)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wipes keyslot `slot`.
+    pub fn kill_slot(&mut self, slot: usize) -> Result<()> {
+        match self {
+            Volume::Luks1(v) => v.kill_slot(slot)?,
+            Volume::Luks2(h, f) => h.remove_keyslot(&*f, slot)?,
+        }
+        Ok(())
+    }
+
+    /// Wipes every keyslot (`erase`).
+    pub fn erase(&mut self) -> Result<()> {
+        match self {
+            Volume::Luks1(v) => v.erase()?,
+            Volume::Luks2(h, f) => h.erase(&*f)?,
+        }
+        Ok(())
+    }
+
+    /// Sets the UUID (`None`: a new random one).
+    pub fn set_uuid(&mut self, uuid: Option<&str>) -> Result<()> {
+        match self {
+            Volume::Luks1(v) => v.set_uuid(uuid)?,
+            Volume::Luks2(h, f) => {
+                h.set_uuid(uuid.unwrap_or_default())?;
+                h.write(&*f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a header backup to the new file `out` (which must not exist).
+    pub fn backup_header(&self, out: &Path) -> Result<()> {
+        match self {
+            Volume::Luks1(v) => std::fs::write(out, v.header_backup()?)?,
+            Volume::Luks2(h, f) => {
+                let size = h.metadata_and_keyslots_size();
+                let file = std::fs::File::create(out)?;
+                file.set_len(size)?;
+                h.backup(f, &file)?;
+                file.sync_all()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `config`: LUKS2 label, subsystem and keyslot priority, written crash-safely.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigChange {
+    /// New label.
+    pub label: Option<String>,
+    /// New subsystem.
+    pub subsystem: Option<String>,
+    /// Keyslot and its new priority (0 ignore, 1 normal, 2 prefer).
+    pub priority: Option<(usize, u8)>,
+}
+
+/// Applies a [`ConfigChange`] to a LUKS2 volume.
+pub fn configure(vol: &mut Volume, change: &ConfigChange) -> Result<()> {
+    let Volume::Luks2(h, f) = vol else {
+        return Err(VolumeError::usage(
+            "config is only supported for LUKS2 devices.",
+        ));
+    };
+    if let Some(l) = &change.label {
+        h.set_label(l)?;
+    }
+    if let Some(s) = &change.subsystem {
+        h.set_subsystem(s)?;
+    }
+    if let Some((slot, prio)) = change.priority {
+        h.set_priority(slot, prio)?;
+    }
+    h.write(&*f)?;
+    Ok(())
+}
+
+/// What a header backup file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackupKind {
+    /// A LUKS1 header.
+    Luks1,
+    /// A LUKS2 header.
+    Luks2,
+}
+
+/// The LUKS version of a header backup, or an error naming the file.
+pub fn backup_kind(backup: &Path) -> Result<BackupKind> {
+    let f = open_file(backup, false)?;
+    match luks_version(&f) {
+        Some(1) => Ok(BackupKind::Luks1),
+        Some(2) => Ok(BackupKind::Luks2),
+        _ => Err(VolumeError::usage(format!(
+            "Backup file {} doesn't contain valid LUKS header.",
+            backup.display()
+        ))),
+    }
+}
+
+/// Restores the header in `backup` onto `header` (the device or a detached header). The
+/// backup is checked whole before anything is written.
+pub fn restore_header(header: &Path, backup: &Path) -> Result<()> {
+    let backup_file = open_file(backup, false)?;
+    let target = open_file(header, true)?;
+    match backup_kind(backup)? {
+        BackupKind::Luks1 => {
+            if luks_version(&target) == Some(2) {
+                return Err(VolumeError::usage(
+                    "Header backup is LUKS1 but the device has a LUKS2 header.",
+                ));
+            }
+            let bytes = std::fs::read(backup)?;
+            Luks1Volume::restore_header(target, &bytes)?;
+        }
+        BackupKind::Luks2 => {
+            Luks2Header::restore(&target, &backup_file)?;
+        }
+    }
+    Ok(())
+}
+
+/// The LUKS version in the header at `header`, if any (for actions that ask before acting).
+pub fn header_version(header: &Path) -> Result<Option<u16>> {
+    Ok(luks_version(&open_file(header, false)?))
+}
+
+/// `convert`: LUKS1 <-> LUKS2 in place (`to` is 1 or 2). Not crash-safe in cryptsetup either:
+/// callers ask for confirmation first.
+pub fn convert(header: &Path, to: u16) -> Result<()> {
+    let f = open_file(header, true)?;
+    match (luks_version(&f), to) {
+        (Some(v), w) if v == w => Err(VolumeError::usage(format!(
+            "Device {} is already LUKS{v}.",
+            header.display()
+        ))),
+        (Some(1), 2) => {
+            Luks2Header::convert_from_luks1(&f)?;
+            Ok(())
+        }
+        (Some(2), 1) => {
+            let h = Luks2Header::read_for_write(&f)?;
+            h.convert_to_luks1(&f)?;
+            Ok(())
+        }
+        _ => Err(VolumeError::usage(format!(
+            "Device {} is not a valid LUKS device.",
+            header.display()
+        ))),
+    }
+}
+
+/// `repair` (LUKS2): rebuilds both header copies from the valid one and removes an LVM2 label
+/// that makes the device's signature ambiguous.
+pub fn repair(header: &Path) -> Result<()> {
+    let f = open_file(header, true)?;
+    cryptblk_format::luks2::repair_device(&f)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// The sector of an LVM2 label beside a LUKS2 header (an ambiguous signature), if any.
+pub fn lvm2_signature_sector(header: &Path) -> Result<Option<u64>> {
+    let f = open_file(header, false)?;
+    Ok(cryptblk_format::luks2::lvm2_signature_sector(&f))
+}
