@@ -42,6 +42,7 @@ pub mod format;
 pub mod luks;
 pub mod luks2_integrity;
 pub mod offline;
+pub mod plan;
 pub mod probe;
 pub mod progress;
 pub mod segment;

@@ -14,7 +14,7 @@ use cryptblk_format::luks2::{FormatParams, Luks2Header, UnlockPurpose};
 use cryptblk_format::plain::{PlainParams, PlainVolume};
 use cryptblk_volume::format::{parse_bytes, FormatRequest};
 use cryptblk_volume::luks::{self as lib, BackupKind, ConfigChange};
-use cryptblk_volume::luks2_integrity;
+use cryptblk_volume::{luks2_integrity, plan};
 use serde_json::json;
 use std::path::Path;
 
@@ -219,34 +219,26 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
         .as_deref()
         .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
     crate::control::check_name(name)?;
-    let seg = vol.segment()?;
-    let stored = match &vol {
-        Volume::Luks2(h, _) => h.config_flags(),
-        Volume::Luks1(_) => Vec::new(),
+    let flags = persistent::effective(opts, &a.perf, &vol.stored_flags());
+    let header = header_location(opts, &a.device);
+    let at = plan::LuksLocation {
+        device: &a.device,
+        header: Path::new(&header),
     };
-    let flags = persistent::effective(opts, &a.perf, &stored);
-    if let (Some(_), Volume::Luks2(h, _)) = (&seg.integrity, &vol) {
-        let spec = integrity_spec(opts, a, &vol, h, &vk, name, &seg, &flags)?;
-        return start_persistent(opts, a, &vol, spec, &flags);
-    }
-    let table = seg.crypt_table(&vk, &a.device, &flags.perf.table_flags())?;
-    let spec = ServeSpec {
-        name: name.to_string(),
-        table,
+    let plan = plan::luks(&vol, &vk, at, name, &flags.library())?;
+    let spec = serve_spec(plan, opts, a)?;
+    start_persistent(opts, a, &vol, spec, &flags)
+}
+
+/// What the daemon serves for `plan` with the export and read-only mode asked for.
+fn serve_spec(plan: plan::ActivationPlan, opts: &Opts, a: &OpenArgs) -> Result<ServeSpec, Failure> {
+    Ok(ServeSpec {
+        name: plan.name.clone(),
+        table: plan.table.to_string(),
         export: super::serving::export_spec(&a.export)?,
         readonly: opts.readonly,
-        info: json!({
-            "type": vol.type_name(),
-            "uuid": vol.uuid(),
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", vk.len() * 8),
-            "device": a.device.display().to_string(),
-            "header": header_location(opts, &a.device),
-            "sector_size": seg.sector_size,
-            "offset": format!("{} sectors", seg.offset / 512),
-        }),
-    };
-    start_persistent(opts, a, &vol, spec, &flags)
+        info: plan.info.clone(),
+    })
 }
 
 /// The header file as an absolute path, so that `refresh --persistent` finds it from any
@@ -332,59 +324,6 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
     Ok(())
 }
 
-/// What `open` serves for a LUKS2 volume with `--integrity`: `<name>_dif` (integrity)
-/// under `<name>` (crypt), both served by one daemon.
-#[allow(clippy::too_many_arguments)]
-fn integrity_spec(
-    opts: &Opts,
-    a: &OpenArgs,
-    vol: &Volume,
-    h: &Luks2Header,
-    vk: &SecretBytes,
-    name: &str,
-    seg: &volume::Segment,
-    flags: &persistent::Activation,
-) -> Result<ServeSpec, Failure> {
-    // As cryptsetup: discards cannot pass through dm-integrity (given or stored).
-    if flags.perf.allow_discards {
-        return Err(Failure::usage("Discard/TRIM is not supported."));
-    }
-    let st = luks2_integrity::stack(
-        h,
-        vk,
-        &a.device,
-        name,
-        // `--integrity-no-journal`, or the persistent LUKS2 flag cryptsetup stores for it.
-        flags.no_journal,
-        &flags.perf.table_flags(),
-    )?;
-    let l = &st.layout;
-    let mut info = json!({
-        "type": vol.type_name(),
-        "uuid": vol.uuid(),
-        "cipher": seg.cipher,
-        "keysize": format!("{} bits", l.encryption_key_size * 8),
-        "integrity": l.integrity.kind,
-        "integrity_tag_size": format!("{} bytes", l.tag_size),
-        "device": a.device.display().to_string(),
-        "header": header_location(opts, &a.device),
-        "sector_size": seg.sector_size,
-        "offset": "0 sectors",
-        "lower": [{ "name": st.lower_name, "table": st.lower_table }],
-    });
-    // As cryptsetup's status: an integrity key size only for keyed MACs.
-    if l.integrity_key_size > 0 {
-        info["integrity_keysize"] = json!(format!("{} bits", l.integrity_key_size * 8));
-    }
-    Ok(ServeSpec {
-        name: name.to_string(),
-        table: st.table.clone(),
-        export: super::serving::export_spec(&a.export)?,
-        readonly: opts.readonly,
-        info,
-    })
-}
-
 fn plain_params(opts: &Opts) -> Result<PlainParams, Failure> {
     let cipher = opts
         .cipher
@@ -431,30 +370,8 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
         .as_deref()
         .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
     crate::control::check_name(name)?;
-    let seg = volume::Segment {
-        cipher: pv.cipher_spec.clone(),
-        offset: pv.offset_sectors * 512,
-        size: Some(pv.size_sectors * 512),
-        iv_offset: pv.iv_offset_sectors,
-        sector_size: pv.sector_size,
-        integrity: None,
-    };
-    let table = seg.crypt_table(&pv.volume_key, &a.device, &a.perf.table_flags())?;
-    let spec = ServeSpec {
-        name: name.to_string(),
-        table,
-        export: super::serving::export_spec(&a.export)?,
-        readonly: opts.readonly,
-        info: json!({
-            "type": "PLAIN",
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", pv.volume_key.len() * 8),
-            "device": a.device.display().to_string(),
-            "sector_size": seg.sector_size,
-            "offset": format!("{} sectors", pv.offset_sectors),
-        }),
-    };
-    super::serving::start(spec, &a.export, opts.json)
+    let plan = plan::plain(&pv, &a.device, name, &a.perf.table_flags())?;
+    super::serving::start(serve_spec(plan, opts, a)?, &a.export, opts.json)
 }
 
 /// `luksDump`.

@@ -35,7 +35,8 @@ impl Activation {
         }
     }
 
-    fn to_lib(&self) -> lib::Activation {
+    /// These flags as the library's activation flags.
+    pub fn library(&self) -> lib::Activation {
         lib::Activation {
             crypt: self.perf.activation(),
             no_journal: self.no_journal,
@@ -59,7 +60,7 @@ pub fn check_options(opts: &Opts, perf: &PerfArgs) -> Result<(), Failure> {
 /// The flags an activation of a volume whose header stores `stored` uses; stored flags this
 /// build does not know are named with -v, as cryptsetup does.
 pub fn effective(opts: &Opts, perf: &PerfArgs, stored: &[String]) -> Activation {
-    let given = Activation::given(opts, perf).to_lib();
+    let given = Activation::given(opts, perf).library();
     let (used, unknown) = lib::Activation::effective(&given, opts.persistent, stored);
     if opts.verbose {
         for flag in unknown {
@@ -77,7 +78,7 @@ pub fn store(opts: &Opts, device: &Path, uuid: &str, given: &Activation) {
     if !opts.persistent {
         return;
     }
-    if let Err(e) = lib::store_flags(volume::header_path(opts, device), uuid, &given.to_lib()) {
+    if let Err(e) = lib::store_flags(volume::header_path(opts, device), uuid, &given.library()) {
         if !e.message.is_empty() {
             eprintln!("{}", e.message);
         }

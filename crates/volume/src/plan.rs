@@ -1,0 +1,146 @@
+//! Activation plans: what an unlocked volume becomes when it is activated, before anything is
+//! served. A plan holds the tables of the mappings to create (the top one keyed, lower ones
+//! keyless) and the facts `status` reports; the daemon (or a program embedding the library)
+//! builds the dm stack from it.
+
+use crate::activation::Activation;
+use crate::error::{Result, VolumeError};
+use crate::luks::Volume;
+use crate::luks2_integrity;
+use crate::segment::Segment;
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::plain::PlainVolume;
+use serde_json::{json, Value};
+use std::path::Path;
+use zeroize::Zeroizing;
+
+/// A mapping below the top one, created first in the same stack; its table holds no key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LowerMapping {
+    /// Mapping name (`<name>_dif` for LUKS2 integrity, as cryptsetup names it).
+    pub name: String,
+    /// Its dm table.
+    pub table: String,
+}
+
+/// What activating one volume creates.
+pub struct ActivationPlan {
+    /// Name of the top mapping.
+    pub name: String,
+    /// Its dm table, keys included: only ever sent through a pipe.
+    pub table: Zeroizing<String>,
+    /// Keyless mappings the top one stacks on, in creation order.
+    pub lower: Vec<LowerMapping>,
+    /// Facts for `status` (type, UUID, cipher, devices): never secrets.
+    pub info: Value,
+}
+
+/// Where a LUKS volume's header and data are.
+pub struct LuksLocation<'a> {
+    /// The data device.
+    pub device: &'a Path,
+    /// The header, as an absolute path (the device, or `--header`): `refresh --persistent`
+    /// finds it from any working directory.
+    pub header: &'a Path,
+}
+
+/// The plan that activates unlocked LUKS volume `vol` (key `vk`) as `name` with `flags`.
+pub fn luks(
+    vol: &Volume,
+    vk: &SecretBytes,
+    at: LuksLocation<'_>,
+    name: &str,
+    flags: &Activation,
+) -> Result<ActivationPlan> {
+    let seg = vol.segment()?;
+    if let (Some(_), Some(h)) = (&seg.integrity, vol.luks2()) {
+        // As cryptsetup: discards cannot pass through dm-integrity (given or stored).
+        if flags.crypt.allow_discards {
+            return Err(VolumeError::usage("Discard/TRIM is not supported."));
+        }
+        let st = luks2_integrity::stack(
+            h,
+            vk,
+            at.device,
+            name,
+            // `--integrity-no-journal`, or the persistent LUKS2 flag cryptsetup stores for it.
+            flags.no_journal,
+            &flags.crypt.table_flags(),
+        )?;
+        let l = &st.layout;
+        let mut info = json!({
+            "type": vol.type_name(),
+            "uuid": vol.uuid(),
+            "cipher": seg.cipher,
+            "keysize": format!("{} bits", l.encryption_key_size * 8),
+            "integrity": l.integrity.kind,
+            "integrity_tag_size": format!("{} bytes", l.tag_size),
+            "device": at.device.display().to_string(),
+            "header": at.header.display().to_string(),
+            "sector_size": seg.sector_size,
+            "offset": "0 sectors",
+            "lower": [{ "name": st.lower_name, "table": st.lower_table }],
+        });
+        // As cryptsetup's status: an integrity key size only for keyed MACs.
+        if l.integrity_key_size > 0 {
+            info["integrity_keysize"] = json!(format!("{} bits", l.integrity_key_size * 8));
+        }
+        return Ok(ActivationPlan {
+            name: name.to_string(),
+            table: Zeroizing::new(st.table.clone()),
+            lower: vec![LowerMapping {
+                name: st.lower_name.clone(),
+                table: st.lower_table.clone(),
+            }],
+            info,
+        });
+    }
+    let table = seg.crypt_table(vk, at.device, &flags.crypt.table_flags())?;
+    Ok(ActivationPlan {
+        name: name.to_string(),
+        table: Zeroizing::new(table),
+        lower: Vec::new(),
+        info: json!({
+            "type": vol.type_name(),
+            "uuid": vol.uuid(),
+            "cipher": seg.cipher,
+            "keysize": format!("{} bits", vk.len() * 8),
+            "device": at.device.display().to_string(),
+            "header": at.header.display().to_string(),
+            "sector_size": seg.sector_size,
+            "offset": format!("{} sectors", seg.offset / 512),
+        }),
+    })
+}
+
+/// The plan that activates plain dm-crypt volume `pv` on `device` as `name`; `crypt_flags`
+/// are the crypt table's activation options.
+pub fn plain(
+    pv: &PlainVolume,
+    device: &Path,
+    name: &str,
+    crypt_flags: &[String],
+) -> Result<ActivationPlan> {
+    let seg = Segment {
+        cipher: pv.cipher_spec.clone(),
+        offset: pv.offset_sectors * 512,
+        size: Some(pv.size_sectors * 512),
+        iv_offset: pv.iv_offset_sectors,
+        sector_size: pv.sector_size,
+        integrity: None,
+    };
+    let table = seg.crypt_table(&pv.volume_key, device, crypt_flags)?;
+    Ok(ActivationPlan {
+        name: name.to_string(),
+        table: Zeroizing::new(table),
+        lower: Vec::new(),
+        info: json!({
+            "type": "PLAIN",
+            "cipher": seg.cipher,
+            "keysize": format!("{} bits", pv.volume_key.len() * 8),
+            "device": device.display().to_string(),
+            "sector_size": seg.sector_size,
+            "offset": format!("{} sectors", pv.offset_sectors),
+        }),
+    })
+}
