@@ -46,6 +46,7 @@ pub mod plan;
 pub mod probe;
 pub mod progress;
 pub mod segment;
+pub mod verity;
 
 pub use error::{ErrorClass, Result, VolumeError};
 pub use luks::{LuksType, Volume};

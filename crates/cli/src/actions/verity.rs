@@ -1,14 +1,13 @@
 //! `verity format|verify|dump|open`: dm-verity volumes with veritysetup's layout and output;
 //! `integrity dump`, the integritysetup view of a dm-integrity superblock.
 
-use super::volume::{self, open_file};
+use super::volume::open_file;
 use crate::args::{Opts, VerityAction, VerityTreeArgs};
-use crate::exit::{ActionResult, ExitCode, Failure};
+use crate::exit::{ActionResult, Failure};
 use crate::serve::ServeSpec;
 use cryptblk_cipher::hash::HashAlgorithm;
-use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::verity::{self, VerityParams, VeritySuperblock};
-use serde_json::json;
+use cryptblk_volume::verity as lib;
 use std::path::Path;
 
 /// Runs one `verity` action.
@@ -25,15 +24,8 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             root_hash,
             hash_offset,
         } => {
-            let (params, root) = load(hash_device, *hash_offset, root_hash)?;
-            let d = open_file(data, false)?;
-            let h = open_file(hash_device, false)?;
-            verity::verify_strict(&d, &h, &params, &root).map_err(|e| {
-                Failure::new(
-                    ExitCode::WrongParameters,
-                    format!("Verification failed: {e}"),
-                )
-            })?;
+            let (params, root) = lib::load(hash_device, *hash_offset, root_hash)?;
+            lib::verify(data, hash_device, &params, &root)?;
             if opts.verbose {
                 eprintln!("Verification of data area succeeded.");
             }
@@ -62,88 +54,25 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             export,
         } => {
             crate::control::check_name(name)?;
-            let (params, root) = load(hash_device, *hash_offset, root_hash)?;
-            // Refuse a wrong root hash up front instead of serving a device whose every read
-            // fails; data blocks are only checked when read, as the kernel does.
-            if !stored_root_matches(&params, data, hash_device, &root)? {
-                return Err(Failure::usage("Root hash does not match the hash tree."));
-            }
-            let dpath = volume::table_path(data)?;
-            let hpath = volume::table_path(hash_device)?;
-            let sectors = params.data_blocks * params.data_block_size as u64 / 512;
-            let args =
-                params.table_params(&dpath.to_string_lossy(), &hpath.to_string_lossy(), &root)?;
+            let (params, root) = lib::load(hash_device, *hash_offset, root_hash)?;
+            let plan = lib::plan(data, hash_device, name, &params, &root)?;
             let spec = ServeSpec {
-                name: name.clone(),
-                table: format!("0 {sectors} verity {args}"),
+                name: plan.name.clone(),
+                table: plan.table.to_string(),
                 export: super::serving::export_spec(export)?,
                 readonly: true,
-                info: json!({ "type": "VERITY", "device": data.display().to_string() }),
+                info: plan.info.clone(),
             };
             super::serving::start(spec, export, opts.json)
         }
     }
 }
 
-/// True when `root` is the digest of the tree's top block as stored (or, for a one-block
-/// volume, of the data block itself).
-fn stored_root_matches(
-    params: &VerityParams,
-    data: &Path,
-    hash_device: &Path,
-    root: &[u8],
-) -> Result<bool, Failure> {
-    let g = params.geometry()?;
-    let block = match g.level_start.last() {
-        Some(&top) => {
-            let mut b = vec![0u8; params.hash_block_size as usize];
-            open_file(hash_device, false)?.read_at(top * params.hash_block_size as u64, &mut b)?;
-            b
-        }
-        None => {
-            let mut b = vec![0u8; params.data_block_size as usize];
-            open_file(data, false)?.read_at(0, &mut b)?;
-            b
-        }
-    };
-    Ok(params.block_digest(&block) == root)
-}
-
-/// Parameters from the superblock at `hash_offset`, and the root hash parsed from hex.
-fn load(
-    hash_device: &Path,
-    hash_offset: u64,
-    root_hex: &str,
-) -> Result<(VerityParams, Vec<u8>), Failure> {
-    let h = open_file(hash_device, false)?;
-    let sb = VeritySuperblock::read(&h, hash_offset)?;
-    let params = sb.params(hash_offset)?;
-    let root = hex::decode(root_hex)
-        .map_err(|_| Failure::usage(format!("Invalid root hash '{root_hex}' (expected hex).")))?;
-    if root.len() != params.algorithm.output_len() {
-        return Err(Failure::usage(format!(
-            "Invalid root hash length {} for {} (expected {} bytes).",
-            root.len(),
-            params.algorithm.name(),
-            params.algorithm.output_len()
-        )));
-    }
-    Ok((params, root))
-}
-
 /// `verity format`: prints what veritysetup prints, the root hash last.
 fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> ActionResult {
-    let d = open_file(data, false)?;
-    let same = std::fs::canonicalize(data).ok() == std::fs::canonicalize(hash_device).ok();
-    if !hash_device.exists() {
-        std::fs::File::create(hash_device)?;
-    }
-    let h = open_file(hash_device, true)?;
-    let data_size = d.size()?;
     let data_blocks = match t.data_blocks {
         Some(n) => n,
-        None if same && t.hash_offset > 0 => t.hash_offset / t.data_block_size as u64,
-        None => data_size / t.data_block_size as u64,
+        None => lib::default_data_blocks(data, hash_device, t.hash_offset, t.data_block_size)?,
     };
     let mut p = VerityParams::defaults(data_blocks);
     p.hash_type = t.hash_type;
@@ -163,11 +92,7 @@ fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> A
             uuid::Uuid::parse_str(u).map_err(|_| Failure::usage(format!("Invalid UUID '{u}'.")))?;
         p.uuid = Some(*parsed.as_bytes());
     }
-    let done = if same {
-        verity::format(&h, &h, &p)
-    } else {
-        verity::format(&d, &h, &p)
-    }?;
+    let done = lib::format(data, hash_device, &p)?;
     print!(
         "{}",
         verity::dump(
