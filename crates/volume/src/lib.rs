@@ -39,6 +39,7 @@ pub mod activation;
 pub mod device;
 pub mod error;
 pub mod format;
+pub mod integrity;
 pub mod luks;
 pub mod luks2_integrity;
 pub mod offline;

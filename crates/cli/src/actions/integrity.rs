@@ -15,31 +15,16 @@
 //! --integrity-recalculate` (`--integrity-recalculate-reset`) adds `recalculate`
 //! (`reset_recalculate`): tags are recomputed in the background while the device serves.
 
-use super::volume::{self, open_file};
+use super::volume;
 use crate::args::{ExportArgs, IntegrityAction, IntegrityOpts, Opts};
 use crate::control;
 use crate::exit::{ActionResult, ExitCode, Failure};
 use crate::serve::ServeSpec;
-use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::targets::integrity::hash::{kernel_name, InternalHash};
-use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
-use cryptblk_dm::{BlockDevice, FileBacking, FileOptions};
-use cryptblk_format::integrity::IntegritySuperblock;
+use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode};
+use cryptblk_volume::integrity::{self as lib, Algorithm};
 use serde_json::{json, Value};
-use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
-
-/// integritysetup's default algorithm.
-const DEFAULT_INTEGRITY: &str = "crc32c";
-/// Longest key integritysetup reads from `--integrity-key-file`.
-const MAX_KEY_SIZE: u32 = 4096;
-/// Bytes written per wipe request (cryptsetup's DEFAULT_WIPE_BLOCK).
-/// Superblock flag `fix_padding`.
-const FLAG_FIXED_PADDING: u32 = 0x8;
-/// Superblock flag `fix_hmac`.
-const FLAG_FIXED_HMAC: u32 = 0x10;
 
 /// Runs one `integrity` action.
 pub fn integrity(opts: &Opts, action: &IntegrityAction) -> ActionResult {
@@ -56,107 +41,30 @@ pub fn integrity(opts: &Opts, action: &IntegrityAction) -> ActionResult {
     }
 }
 
-/// The algorithm as given (integritysetup spelling) and its kernel name, checked with the
-/// key: an unknown name or a key that does not fit the algorithm is refused here, before
-/// anything is written.
-struct Algorithm {
-    /// `--integrity` as given (`hmac-sha256`).
-    user: String,
-    /// Kernel crypto API name (`hmac(sha256)`).
-    kernel: String,
-    /// The key of a keyed algorithm.
-    key: Option<SecretBytes>,
-    /// Digest size in bytes.
-    digest_size: usize,
-}
-
+/// The algorithm and internal hash key from the options, checked.
 fn algorithm(o: &IntegrityOpts) -> Result<Algorithm, Failure> {
-    let user = o
-        .integrity
-        .clone()
-        .unwrap_or_else(|| DEFAULT_INTEGRITY.to_string());
-    let kernel = kernel_name(&user);
-    let key = read_key(o)?;
-    let hash = InternalHash::new(&kernel, key.clone()).map_err(|e| {
-        let what = if e.contains("needs a key") {
-            format!(
-                "Integrity algorithm {user} needs a key: use --integrity-key-file and --integrity-key-size."
-            )
-        } else if e.contains("takes no key") {
-            format!("Integrity algorithm {user} takes no key (drop --integrity-key-file).")
-        } else {
-            format!("Integrity algorithm {user} is not supported ({e}).")
-        };
-        Failure::usage(what)
-    })?;
-    Ok(Algorithm {
-        user,
-        kernel,
-        key,
-        digest_size: hash.digest_size(),
-    })
+    let key = lib::read_key(o.integrity_key_file.as_deref(), o.integrity_key_size)?;
+    Algorithm::new(o.integrity.as_deref(), key)
 }
 
-/// `--integrity-key-file` + `--integrity-key-size`, with integritysetup's rules: both or
-/// neither, at most 4096 bytes, and the file must hold that many.
-fn read_key(o: &IntegrityOpts) -> Result<Option<SecretBytes>, Failure> {
-    let (file, size) = match (&o.integrity_key_file, o.integrity_key_size) {
-        (None, None) => return Ok(None),
-        (Some(f), Some(s)) => (f, s),
-        _ => {
-            return Err(Failure::usage(
-                "Both key file and key size options must be specified.",
-            ))
-        }
-    };
-    if size == 0 || size > MAX_KEY_SIZE {
-        return Err(Failure::usage(format!(
-            "Invalid --integrity-key-size size {size}. Maximum is {MAX_KEY_SIZE} bytes."
-        )));
-    }
-    let mut f = std::fs::File::open(file)
-        .map_err(|e| Failure::usage(format!("Cannot read keyfile {} ({e}).", file.display())))?;
-    let mut key = SecretBytes::zeroed(size as usize);
-    let mut got = 0;
-    while got < key.len() {
-        match f.read(&mut key.as_mut_bytes()[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(Failure::usage(format!(
-                    "Cannot read keyfile {} ({e}).",
-                    file.display()
-                )))
-            }
-        }
-    }
-    if got != key.len() {
-        return Err(Failure::usage(format!(
-            "Cannot read {size} bytes from keyfile {}.",
-            file.display()
-        )));
-    }
-    Ok(Some(key))
-}
-
-fn open_backing(device: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>, Failure> {
-    // Fail like the rest of the CLI for a missing device, with cryptsetup's exit code.
-    drop(open_file(device, !read_only)?);
-    let b = FileBacking::open(
-        device,
-        FileOptions {
-            read_only,
-            ..Default::default()
+/// `--journal-crypt*` and `--journal-integrity*`, keys read and checked.
+fn journal_algorithms(o: &IntegrityOpts) -> Result<Vec<lib::JournalKey>, Failure> {
+    lib::journal_keys(&[
+        lib::JournalRequest {
+            option: "journal_crypt",
+            what: "journal encryption",
+            algorithm: o.journal_crypt.as_deref(),
+            key_file: o.journal_crypt_key_file.as_deref(),
+            key_size: o.journal_crypt_key_size,
         },
-    )
-    .map_err(|e| {
-        Failure::device(format!(
-            "Device {} does not exist or access denied ({e}).",
-            device.display()
-        ))
-    })?;
-    Ok(Arc::new(b))
+        lib::JournalRequest {
+            option: "journal_mac",
+            what: "journal integrity",
+            algorithm: o.journal_integrity.as_deref(),
+            key_file: o.journal_integrity_key_file.as_deref(),
+            key_size: o.journal_integrity_key_size,
+        },
+    ])
 }
 
 /// `integrity format <device>`.
@@ -188,12 +96,8 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
             "--integrity-recovery-mode and --integrity-no-journal apply to open, not format.",
         ));
     }
-    let dev = open_backing(device, false)?;
-    // With a data device, `dev` (the positional device) is the metadata device.
-    let data = match &o.data_device {
-        Some(d) => Some(open_backing(d, false)?),
-        None => None,
-    };
+    // With a data device, the positional device holds only the metadata.
+    let devices = lib::Devices::open(device, o.data_device.as_deref())?;
     volume::confirm(
         opts,
         &format!(
@@ -214,24 +118,9 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
     cfg.internal_hash_key = alg.key.clone();
     cfg.fix_padding = !o.integrity_legacy_padding;
     cfg.fix_hmac = !o.integrity_legacy_hmac;
-    for (opt, alg, key) in journal_algorithms(o)? {
-        if opt == "journal_crypt" {
-            (cfg.journal_crypt, cfg.journal_crypt_key) = (Some(alg), Some(key));
-        } else {
-            (cfg.journal_mac, cfg.journal_mac_key) = (Some(alg), Some(key));
-        }
-    }
-    let (dev, meta, spec) = match (&data, &o.data_device) {
-        (Some(d), Some(p)) => (d.clone(), Some(dev), p.display().to_string()),
-        _ => (dev, None, device.display().to_string()),
-    };
-    let sb = IntegrityTarget::format(dev.clone(), &spec, meta.clone(), cfg.clone(), false)
-        .map_err(|e| {
-            Failure::usage(format!(
-                "Cannot format integrity for device {}: {e}",
-                device.display()
-            ))
-        })?;
+    lib::apply_journal_keys(&mut cfg, &journal_algorithms(o)?);
+    let spec = devices.spec().to_string();
+    let sb = devices.format(&cfg, device)?;
     let quiet = opts.batch_mode || opts.json;
     if !quiet {
         println!(
@@ -249,11 +138,7 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
                  You can interrupt this by pressing CTRL+c (rest of not wiped device will contain invalid checksum)."
             );
         }
-        // Like integritysetup: through a temporary mapping without the journal.
-        cfg.mode = IntegrityMode::Direct;
-        let t = IntegrityTarget::open(dev, &spec, meta, cfg, None)
-            .map_err(|e| Failure::device(format!("Cannot open {spec} to wipe it: {e}")))?;
-        wipe(&t, !quiet)?
+        devices.wipe(&cfg, &mut crate::progress::Bar::new(!quiet))?
     };
     if opts.json {
         println!(
@@ -287,15 +172,6 @@ fn mmss(secs: f64) -> String {
     format!("{:02}:{:06.3}", m as u64, secs - m * 60.0)
 }
 
-/// Writes zeros with valid tags over the whole device; returns the bytes written.
-fn wipe(t: &IntegrityTarget, show: bool) -> Result<u64, Failure> {
-    let total =
-        cryptblk_volume::progress::zero_fill(t, "Wiping", &mut crate::progress::Bar::new(show))?;
-    t.close()
-        .map_err(|e| Failure::device(format!("Flushing after the wipe failed: {e}")))?;
-    Ok(total)
-}
-
 /// `integrity open <device> <name>`.
 fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionResult {
     control::check_name(name)?;
@@ -310,110 +186,53 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
             "Choose one of --integrity-no-journal, --integrity-bitmap-mode and --integrity-recovery-mode.",
         ));
     }
-    let alg = algorithm(o)?;
-    let f = open_file(device, false)?;
-    let sb = IntegritySuperblock::read(&f, 0).map_err(|_| {
-        Failure::usage(format!(
-            "Device {} is not a valid INTEGRITY device.",
-            device.display()
-        ))
-    })?;
-    let mpath = volume::table_path(device)?;
-    // The table's device is the data device; the positional one is then `meta_device:`.
-    let (dpath, meta_path) = match &o.data_device {
-        Some(d) => (volume::table_path(d)?, Some(mpath)),
-        None => (mpath, None),
-    };
     if o.integrity_recalculate && o.integrity_recalculate_reset {
         return Err(Failure::usage(
             "Choose one of --integrity-recalculate and --integrity-recalculate-reset.",
         ));
     }
-    let (mode, letter) = if o.integrity_recovery_mode {
-        ("recovery", 'R')
+    let alg = algorithm(o)?;
+    let mode = if o.integrity_recovery_mode {
+        lib::OpenMode::Recovery
     } else if o.integrity_bitmap_mode {
-        ("bitmap", 'B')
+        lib::OpenMode::Bitmap
     } else if o.integrity_no_journal {
-        ("direct", 'D')
+        lib::OpenMode::Direct
     } else {
-        ("journal", 'J')
+        lib::OpenMode::Journal
     };
-    let mut params: Vec<String> = Vec::new();
-    if let Some(m) = &meta_path {
-        params.push(format!("meta_device:{}", m.display()));
-    }
-    if sb.sector_size() != 512 {
-        params.push(format!("block_size:{}", sb.sector_size()));
-    }
-    if o.integrity_recalculate_reset {
-        params.push("reset_recalculate".into());
+    let recalculate = if o.integrity_recalculate_reset {
+        Some(lib::Recalculate::Reset)
     } else if o.integrity_recalculate {
-        params.push("recalculate".into());
-    }
-    params.push(format!(
-        "buffer_sectors:{}",
-        o.buffer_sectors.unwrap_or(128).max(1)
-    ));
-    if letter == 'J' {
-        params.push(format!(
-            "journal_watermark:{}",
-            o.journal_watermark.unwrap_or(50)
-        ));
-        params.push(format!(
-            "commit_time:{}",
-            o.journal_commit_time.unwrap_or(10000)
-        ));
-    }
-    if letter == 'B' {
-        if let Some(n) = o.bitmap_sectors_per_bit {
-            if n == 0 || !n.is_power_of_two() {
-                return Err(Failure::usage(format!(
-                    "Invalid --bitmap-sectors-per-bit {n} (a power of two)."
-                )));
-            }
-            params.push(format!("sectors_per_bit:{n}"));
-        }
-        if let Some(ms) = o.bitmap_flush_time {
-            params.push(format!("bitmap_flush_interval:{ms}"));
-        }
-    }
-    if sb.flags & FLAG_FIXED_PADDING != 0 {
-        params.push("fix_padding".into());
-    }
-    if sb.flags & FLAG_FIXED_HMAC != 0 {
-        params.push("fix_hmac".into());
-    }
-    let mut hash = format!("internal_hash:{}", alg.kernel);
-    if let Some(k) = &alg.key {
-        hash.push(':');
-        hash.push_str(&k.to_hex());
-    }
-    params.push(hash);
-    for (opt, alg, key) in journal_algorithms(o)? {
-        params.push(format!("{opt}:{alg}:{}", key.to_hex()));
-    }
-    let table = format!(
-        "0 {} integrity {} 0 {} {letter} {} {}",
-        sb.provided_data_sectors,
-        dpath.display(),
-        sb.integrity_tag_size,
-        params.len(),
-        params.join(" ")
-    );
+        Some(lib::Recalculate::Resume)
+    } else {
+        None
+    };
+    let options = lib::OpenOptions {
+        mode,
+        recalculate,
+        buffer_sectors: o.buffer_sectors,
+        journal_watermark: o.journal_watermark,
+        commit_time: o.journal_commit_time,
+        sectors_per_bit: o.bitmap_sectors_per_bit,
+        bitmap_flush_interval: o.bitmap_flush_time,
+        readonly: opts.readonly,
+    };
+    let journals = journal_algorithms(o)?;
+    let plan = lib::plan(
+        device,
+        o.data_device.as_deref(),
+        name,
+        &alg,
+        &journals,
+        &options,
+    )?;
     let spec = ServeSpec {
-        name: name.to_string(),
-        table,
+        name: plan.name.clone(),
+        table: plan.table.to_string(),
         export: super::serving::export_spec(export)?,
-        readonly: letter == 'R' || opts.readonly,
-        info: json!({
-            "type": "INTEGRITY",
-            "device": dpath.display().to_string(),
-            "metadata_device": meta_path.as_ref().map(|m| m.display().to_string()),
-            "integrity": alg.kernel,
-            "tag_size": sb.integrity_tag_size,
-            "sector_size": sb.sector_size(),
-            "mode": mode,
-        }),
+        readonly: mode == lib::OpenMode::Recovery || opts.readonly,
+        info: plan.info.clone(),
     };
     super::serving::start(spec, export, opts.json)
 }
@@ -656,71 +475,6 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
 /// `--journal-crypt` / `--journal-integrity` with their key files, as (table option,
 /// kernel algorithm name, key): integritysetup's `ctr-aes` is the kernel's `ctr(aes)`,
 /// `hmac-sha256` its `hmac(sha256)`; each needs a key file and key size.
-fn journal_algorithms(
-    o: &IntegrityOpts,
-) -> Result<Vec<(&'static str, String, SecretBytes)>, Failure> {
-    let given = [
-        (
-            "journal_crypt",
-            "journal encryption",
-            &o.journal_crypt,
-            &o.journal_crypt_key_file,
-            o.journal_crypt_key_size,
-        ),
-        (
-            "journal_mac",
-            "journal integrity",
-            &o.journal_integrity,
-            &o.journal_integrity_key_file,
-            o.journal_integrity_key_size,
-        ),
-    ];
-    let mut out = Vec::new();
-    for (opt, what, alg, file, size) in given {
-        let Some(alg) = alg else {
-            if file.is_some() || size.is_some() {
-                return Err(Failure::usage(format!(
-                    "A {what} key file or size needs the {what} algorithm."
-                )));
-            }
-            continue;
-        };
-        // integritysetup's crypt_parse_hash_integrity_mode: "mode-alg" is "mode(alg)".
-        if alg.contains(['(', ')']) {
-            return Err(Failure::usage(format!("Invalid {what} algorithm {alg}.")));
-        }
-        let kernel = match alg.split_once('-') {
-            Some((m, a)) if !a.starts_with(|c: char| c.is_ascii_digit()) => format!("{m}({a})"),
-            _ => alg.clone(),
-        };
-        let (Some(file), Some(size)) = (file, size) else {
-            return Err(Failure::usage(format!(
-                "Both {what} key file and key size options must be specified."
-            )));
-        };
-        if size == 0 || size > MAX_KEY_SIZE {
-            return Err(Failure::usage(format!(
-                "Invalid {what} key size {size}. Maximum is {MAX_KEY_SIZE} bytes."
-            )));
-        }
-        let bytes = SecretBytes::from_vec(std::fs::read(file).map_err(|e| {
-            Failure::usage(format!("Cannot read keyfile {} ({e}).", file.display()))
-        })?);
-        if bytes.len() < size as usize {
-            return Err(Failure::usage(format!(
-                "Cannot read {size} bytes from keyfile {}.",
-                file.display()
-            )));
-        }
-        out.push((
-            opt,
-            kernel,
-            SecretBytes::from_slice(&bytes.as_bytes()[..size as usize]),
-        ));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use cryptblk_cipher::SecretBytes;
 use cryptblk_format::kdf::{PbkdfKind as Kind, PbkdfRequest};
 use cryptblk_format::keyfile::{self, KeyFileLimits, KeySource};
 use cryptblk_format::luks2::KeyslotParams;
-pub use cryptblk_volume::device::{device_size, open_file, table_path};
+pub use cryptblk_volume::device::{device_size, open_file};
 pub use cryptblk_volume::{LuksType, Segment, Volume};
 use std::path::Path;
 
