@@ -37,7 +37,7 @@ pub fn integrity(opts: &Opts, action: &IntegrityAction) -> ActionResult {
         } => open(opts, device, name, export),
         IntegrityAction::Close { name } => super::serving::close(name),
         IntegrityAction::Status { name } => status(name, opts.json),
-        IntegrityAction::Dump { device } => super::verity::integrity_dump(device),
+        IntegrityAction::Dump { device } => dump(device),
     }
 }
 
@@ -475,6 +475,18 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
 /// `--journal-crypt` / `--journal-integrity` with their key files, as (table option,
 /// kernel algorithm name, key): integritysetup's `ctr-aes` is the kernel's `ctr(aes)`,
 /// `hmac-sha256` its `hmac(sha256)`; each needs a key file and key size.
+/// `integrity dump <device>`: the superblock at sector 0, printed as integritysetup does.
+fn dump(device: &Path) -> ActionResult {
+    let f = volume::open_file(device, false)?;
+    let sb = cryptblk_format::integrity::IntegritySuperblock::read(&f, 0)?;
+    let name = device
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    print!("{}", sb.dump(&name));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,4 @@
-//! `verity format|verify|dump|open`: dm-verity volumes with veritysetup's layout and output;
-//! `integrity dump`, the integritysetup view of a dm-integrity superblock.
+//! `verity format|verify|dump|open`: dm-verity volumes with veritysetup's layout and output.
 
 use super::volume::open_file;
 use crate::args::{Opts, VerityAction, VerityTreeArgs};
@@ -102,17 +101,5 @@ fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> A
         )?
     );
     println!("Root hash:      \t{}", hex::encode(&done.root_hash));
-    Ok(())
-}
-
-/// `integrity dump <device>`: the superblock at sector 0, printed as integritysetup does.
-pub fn integrity_dump(device: &Path) -> ActionResult {
-    let f = open_file(device, false)?;
-    let sb = cryptblk_format::integrity::IntegritySuperblock::read(&f, 0)?;
-    let name = device
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    print!("{}", sb.dump(&name));
     Ok(())
 }
