@@ -1,0 +1,560 @@
+//! The control protocol as types: what a client asks a daemon ([`Request`]) and what it
+//! answers ([`Response`]), one JSON line each way.
+//!
+//! A request travels in a versioned envelope, `{"v":1,"request":{"cmd":"status"}}`. The
+//! request sits inside the envelope rather than beside `v` so that a daemon from before
+//! versions (protocol 0, which read `cmd` at the top level) sees no command and answers
+//! "unknown request" without acting on it: a newer client can never suspend, reload or close
+//! an older daemon by accident before it notices the mismatch. Every answer carries the
+//! daemon's version too: `{"v":1,"ok":true,...payload}` or
+//! `{"v":1,"ok":false,"code":<exit class>,"error":"<message>"}`.
+
+use crate::error::{ErrorClass, VolumeError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt;
+use std::path::PathBuf;
+
+/// The control protocol this build speaks. Raise it whenever a request or an answer changes
+/// meaning or shape; daemons and clients of different versions refuse each other.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A control request, as the daemon serving a mapping receives it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    /// The mapping's [`Status`] report.
+    Status,
+    /// The live table; crypt keys and keyed integrity options only if `showkeys`.
+    Table {
+        /// Show key material instead of hiding it.
+        #[serde(default)]
+        showkeys: bool,
+    },
+    /// Flush, stop the export and end the daemon (the top mapping), or remove one lower
+    /// mapping of the stack (`dm remove` of a lower name).
+    Close,
+    /// Suspend I/O (waits for requests in flight).
+    Suspend,
+    /// Resume I/O, swapping in a table staged by [`Request::Reload`].
+    Resume,
+    /// Stage a new table, made live by the next [`Request::Resume`].
+    Reload {
+        /// The table text, keys included (never shown in `Debug`, wiped on drop).
+        table: String,
+    },
+    /// Replace the activation flags of every crypt line live (reload, suspend, resume).
+    Refresh {
+        /// The crypt flags as dm table words (`allow_discards`, `no_read_workqueue`, ...).
+        #[serde(default)]
+        flags: Vec<String>,
+    },
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if let Request::Reload { table } = self {
+            zeroize::Zeroize::zeroize(table);
+        }
+    }
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::Status => f.write_str("Status"),
+            Request::Table { showkeys } => {
+                f.debug_struct("Table").field("showkeys", showkeys).finish()
+            }
+            Request::Close => f.write_str("Close"),
+            Request::Suspend => f.write_str("Suspend"),
+            Request::Resume => f.write_str("Resume"),
+            // The table may hold a volume key.
+            Request::Reload { .. } => f.write_str("Reload { .. }"),
+            Request::Refresh { flags } => f.debug_struct("Refresh").field("flags", flags).finish(),
+        }
+    }
+}
+
+/// The envelope a request travels in.
+#[derive(Serialize, Deserialize)]
+struct RequestEnvelope<R> {
+    v: u32,
+    request: R,
+}
+
+impl Request {
+    /// The request as one line on the wire (newline included), in the envelope of
+    /// [`PROTOCOL_VERSION`].
+    pub fn encode(&self) -> String {
+        let env = RequestEnvelope {
+            v: PROTOCOL_VERSION,
+            request: self,
+        };
+        let mut line = serde_json::to_string(&env).expect("requests serialise");
+        line.push('\n');
+        line
+    }
+
+    /// The daemon's side of [`Request::encode`]: the request in `line`, or the error answer
+    /// for a malformed request or one of another protocol version.
+    pub fn decode(line: &str) -> Result<Request, Response> {
+        let value: Value = serde_json::from_str(line).map_err(|e| {
+            Response::error(
+                ErrorClass::WrongParameters,
+                format!("malformed request: {e}"),
+            )
+        })?;
+        // A request without `v` comes from a cryptblk older than versions: protocol 0.
+        let version = value.get("v").map_or(Some(0), Value::as_u64);
+        if version != Some(u64::from(PROTOCOL_VERSION)) {
+            let theirs = version.map_or_else(|| value["v"].to_string(), |v| v.to_string());
+            return Err(Response::error(
+                ErrorClass::WrongParameters,
+                format!(
+                    "this daemon speaks control protocol {PROTOCOL_VERSION}, the request is \
+                     protocol {theirs}; use the cryptblk version that opened the volume"
+                ),
+            ));
+        }
+        let env: RequestEnvelope<Request> = serde_json::from_value(value).map_err(|e| {
+            Response::error(
+                ErrorClass::WrongParameters,
+                format!("malformed request: {e}"),
+            )
+        })?;
+        Ok(env.request)
+    }
+}
+
+/// How a crypt line's I/O in one direction is processed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Queueing {
+    /// In the submitting thread (`no_read_workqueue` / `no_write_workqueue`).
+    Inline,
+    /// Through the crypt worker queue.
+    Queued,
+}
+
+impl Queueing {
+    /// The word `status` prints: `inline` or `queued`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Queueing::Inline => "inline",
+            Queueing::Queued => "queued",
+        }
+    }
+}
+
+/// The pipeline of one crypt line of the live table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pipeline {
+    /// Start sector of the line.
+    pub start: u64,
+    /// How reads are decrypted.
+    pub read: Queueing,
+    /// How writes are encrypted.
+    pub write: Queueing,
+    /// The line's optional arguments as the kernel prints them.
+    pub flags: Vec<String>,
+}
+
+/// The export serving a mapping, as `status` and the daemon's READY line describe it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ExportInfo {
+    /// An NBD server.
+    Nbd {
+        /// The address clients connect to (`nbd+unix:///...`, `nbd://host:port/...`).
+        uri: String,
+    },
+    /// A FUSE mount holding the volume as one file.
+    Fuse {
+        /// The file clients open.
+        file: PathBuf,
+    },
+    /// A ublk block device.
+    Ublk {
+        /// The device node, `/dev/ublkb<N>`.
+        dev: PathBuf,
+        /// Hardware queues.
+        queues: u16,
+        /// Requests in flight per queue.
+        depth: u16,
+    },
+    /// Not exported (lower mappings, `--export none` stacks).
+    None,
+}
+
+/// The answer to [`Request::Status`]: the fields `cryptblk status --json` prints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The mapping's name.
+    pub name: String,
+    /// Facts the opener recorded (volume type, device, UUID, cipher, ...), never secrets; a
+    /// lower mapping says which mapping serves it (`stacked_under`).
+    pub info: Value,
+    /// Size of the live table in bytes.
+    pub size: u64,
+    /// True while suspended.
+    pub suspended: bool,
+    /// Requests in flight.
+    pub inflight: u64,
+    /// Served read-only.
+    pub readonly: bool,
+    /// The live table, keys hidden.
+    pub table: String,
+    /// The live status line(s).
+    pub status: String,
+    /// One entry per crypt line of the live table.
+    pub pipeline: Vec<Pipeline>,
+    /// The export (none for a lower mapping).
+    pub export: ExportInfo,
+    /// The stack's lower mappings, in creation order (empty for a lower mapping).
+    pub lower: Vec<String>,
+    /// The daemon's process id.
+    pub pid: u32,
+}
+
+impl Status {
+    /// The report as `cryptblk status --json` prints it: `"ok": true`, then the fields in
+    /// declaration order (the shape scripts read before the protocol had versions).
+    pub fn to_json(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        out.insert("ok".into(), Value::Bool(true));
+        if let Value::Object(fields) = serde_json::to_value(self).expect("status serialises") {
+            out.extend(fields);
+        }
+        Value::Object(out)
+    }
+}
+
+/// A daemon's answer to one [`Request`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    /// Done, nothing to report (`close`, `suspend`, `resume`, `reload`).
+    Done,
+    /// The report asked for by [`Request::Status`].
+    Status(Box<Status>),
+    /// A table: the live one for [`Request::Table`], the new one after [`Request::Refresh`].
+    Table(String),
+    /// The request was refused.
+    Error {
+        /// The error class (cryptsetup's exit code).
+        class: ErrorClass,
+        /// One line for the user.
+        message: String,
+    },
+}
+
+/// Payload fields of an answer on the wire, after `v` and `ok`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireBody<'a> {
+    Done {},
+    Status(&'a Status),
+    Table { table: &'a str },
+    Error { code: i32, error: &'a str },
+}
+
+#[derive(Serialize)]
+struct WireAnswer<'a> {
+    v: u32,
+    ok: bool,
+    #[serde(flatten)]
+    body: WireBody<'a>,
+}
+
+/// How a client reads an answer: the daemon's version, then success or refusal.
+#[derive(Deserialize)]
+struct WireHead {
+    v: Option<u64>,
+    #[serde(default)]
+    ok: bool,
+    code: Option<i64>,
+    error: Option<String>,
+}
+
+/// Why a client could not use an answer.
+#[derive(Debug)]
+pub(crate) enum AnswerError {
+    /// The daemon speaks another protocol version (0: one from before versions).
+    Version(u64),
+    /// Not an answer at all.
+    Malformed(String),
+}
+
+impl Response {
+    /// A refusal of class `class`.
+    pub fn error(class: ErrorClass, message: impl Into<String>) -> Self {
+        Response::Error {
+            class,
+            message: message.into(),
+        }
+    }
+
+    /// The answer as one line on the wire (newline included), tagged with
+    /// [`PROTOCOL_VERSION`].
+    pub fn encode(&self) -> String {
+        let (ok, body) = match self {
+            Response::Done => (true, WireBody::Done {}),
+            Response::Status(s) => (true, WireBody::Status(s)),
+            Response::Table(t) => (true, WireBody::Table { table: t }),
+            Response::Error { class, message } => (
+                false,
+                WireBody::Error {
+                    code: *class as i32,
+                    error: message,
+                },
+            ),
+        };
+        let wire = WireAnswer {
+            v: PROTOCOL_VERSION,
+            ok,
+            body,
+        };
+        let mut line = serde_json::to_string(&wire).expect("answers serialise");
+        line.push('\n');
+        line
+    }
+
+    /// The client's side of [`Response::encode`]: the answer to `req` in `line`. A refusal
+    /// decodes to [`Response::Error`].
+    pub(crate) fn decode(line: &str, req: &Request) -> Result<Response, AnswerError> {
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| AnswerError::Malformed(e.to_string()))?;
+        let head: WireHead = serde_json::from_value(value.clone())
+            .map_err(|e| AnswerError::Malformed(e.to_string()))?;
+        let version = head.v.unwrap_or(0);
+        if version != u64::from(PROTOCOL_VERSION) {
+            return Err(AnswerError::Version(version));
+        }
+        if !head.ok {
+            return Ok(Response::Error {
+                class: head.code.map_or(ErrorClass::WrongParameters, class_of_code),
+                message: head
+                    .error
+                    .unwrap_or_else(|| "daemon refused the request".to_string()),
+            });
+        }
+        let malformed = |e: serde_json::Error| AnswerError::Malformed(e.to_string());
+        Ok(match req {
+            Request::Status => {
+                Response::Status(Box::new(serde_json::from_value(value).map_err(malformed)?))
+            }
+            Request::Table { .. } | Request::Refresh { .. } => {
+                #[derive(Deserialize)]
+                struct TableAnswer {
+                    table: String,
+                }
+                let t: TableAnswer = serde_json::from_value(value).map_err(malformed)?;
+                Response::Table(t.table)
+            }
+            Request::Close | Request::Suspend | Request::Resume | Request::Reload { .. } => {
+                Response::Done
+            }
+        })
+    }
+
+    /// The answer as a result: a refusal becomes the [`VolumeError`] it describes.
+    pub fn into_result(self) -> Result<Response, VolumeError> {
+        match self {
+            Response::Error { class, message } => Err(VolumeError::new(class, message)),
+            other => Ok(other),
+        }
+    }
+}
+
+/// The class a daemon's `code` names. Unlike [`ErrorClass::from_code`], an unknown code is a
+/// usage error: the daemon refused the request itself, the device was never at fault.
+fn class_of_code(code: i64) -> ErrorClass {
+    match code {
+        2 => ErrorClass::NoPermission,
+        4 => ErrorClass::WrongDevice,
+        5 => ErrorClass::Busy,
+        _ => ErrorClass::WrongParameters,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status() -> Status {
+        Status {
+            name: "v".into(),
+            info: json!({ "type": "LUKS2", "cipher": "aes-xts-plain64", "keysize": 512 }),
+            size: 8 << 20,
+            suspended: false,
+            inflight: 0,
+            readonly: true,
+            table: "0 16384 crypt aes-xts-plain64 - 0 /dev/x 4096\n".into(),
+            status: "0 16384 crypt\n".into(),
+            pipeline: vec![Pipeline {
+                start: 0,
+                read: Queueing::Inline,
+                write: Queueing::Queued,
+                flags: vec!["no_read_workqueue".into()],
+            }],
+            export: ExportInfo::Ublk {
+                dev: "/dev/ublkb0".into(),
+                queues: 2,
+                depth: 128,
+            },
+            lower: vec!["v_dif".into()],
+            pid: 42,
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_in_their_envelope() {
+        let all = [
+            Request::Status,
+            Request::Table { showkeys: true },
+            Request::Table { showkeys: false },
+            Request::Close,
+            Request::Suspend,
+            Request::Resume,
+            Request::Reload {
+                table: "0 8 zero\n".into(),
+            },
+            Request::Refresh {
+                flags: vec!["allow_discards".into()],
+            },
+        ];
+        for r in all {
+            let line = r.encode();
+            assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+            assert_eq!(Request::decode(&line).unwrap(), r, "{line}");
+        }
+        assert_eq!(
+            Request::Table { showkeys: true }.encode(),
+            "{\"v\":1,\"request\":{\"cmd\":\"table\",\"showkeys\":true}}\n"
+        );
+        assert_eq!(
+            Request::Refresh { flags: vec![] }.encode(),
+            "{\"v\":1,\"request\":{\"cmd\":\"refresh\",\"flags\":[]}}\n"
+        );
+    }
+
+    #[test]
+    fn a_daemon_refuses_requests_of_other_versions_and_malformed_ones() {
+        let refusal = |line: &str| match Request::decode(line) {
+            Err(Response::Error { class, message }) => {
+                assert_eq!(class, ErrorClass::WrongParameters);
+                message
+            }
+            other => panic!("{line} was not refused: {other:?}"),
+        };
+        // A client from before versions.
+        let m = refusal("{\"cmd\":\"close\"}");
+        assert!(
+            m.contains("speaks control protocol 1, the request is protocol 0"),
+            "{m}"
+        );
+        let m = refusal("{\"v\":2,\"request\":{\"cmd\":\"status\"}}");
+        assert!(m.contains("the request is protocol 2"), "{m}");
+        let m = refusal("{\"v\":\"one\",\"request\":{\"cmd\":\"status\"}}");
+        assert!(m.contains("the request is protocol \"one\""), "{m}");
+        assert!(refusal("{\"v\":1,\"request\":{\"cmd\":\"explode\"}}").contains("malformed"));
+        assert!(refusal("{\"v\":1,\"request\":{\"cmd\":\"reload\"}}").contains("table"));
+        assert!(refusal("not json").contains("malformed request"));
+    }
+
+    #[test]
+    fn answers_round_trip_for_the_request_they_answer() {
+        let s = status();
+        let cases = [
+            (Request::Status, Response::Status(Box::new(s.clone()))),
+            (
+                Request::Table { showkeys: false },
+                Response::Table("0 8 zero\n".into()),
+            ),
+            (
+                Request::Refresh { flags: vec![] },
+                Response::Table("0 8 zero\n".into()),
+            ),
+            (Request::Close, Response::Done),
+            (Request::Resume, Response::Done),
+            (
+                Request::Suspend,
+                Response::error(ErrorClass::Busy, "Device x is still in use (by y)."),
+            ),
+        ];
+        for (req, answer) in cases {
+            let line = answer.encode();
+            assert!(line.starts_with("{\"v\":1,\"ok\":"), "{line}");
+            assert_eq!(Response::decode(&line, &req).unwrap(), answer, "{line}");
+        }
+        assert_eq!(
+            Response::error(ErrorClass::Busy, "busy").encode(),
+            "{\"v\":1,\"ok\":false,\"code\":5,\"error\":\"busy\"}\n"
+        );
+        assert_eq!(Response::Done.encode(), "{\"v\":1,\"ok\":true}\n");
+    }
+
+    #[test]
+    fn a_client_spots_daemons_of_other_versions() {
+        // What a daemon from before versions answers to an envelope: it finds no `cmd`.
+        let old = "{\"ok\":false,\"code\":1,\"error\":\"unknown request ''\"}\n";
+        assert!(matches!(
+            Response::decode(old, &Request::Status),
+            Err(AnswerError::Version(0))
+        ));
+        let newer = "{\"v\":2,\"ok\":true}\n";
+        assert!(matches!(
+            Response::decode(newer, &Request::Close),
+            Err(AnswerError::Version(2))
+        ));
+        assert!(matches!(
+            Response::decode("{\"v\":1,\"ok\":true}\n", &Request::Status),
+            Err(AnswerError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn status_json_keeps_the_field_order_scripts_read() {
+        let v = status().to_json();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "ok",
+                "name",
+                "info",
+                "size",
+                "suspended",
+                "inflight",
+                "readonly",
+                "table",
+                "status",
+                "pipeline",
+                "export",
+                "lower",
+                "pid"
+            ]
+        );
+        assert_eq!(
+            v["export"].to_string(),
+            "{\"kind\":\"ublk\",\"dev\":\"/dev/ublkb0\",\"queues\":2,\"depth\":128}"
+        );
+        assert_eq!(
+            v["pipeline"].to_string(),
+            "[{\"start\":0,\"read\":\"inline\",\"write\":\"queued\",\"flags\":[\"no_read_workqueue\"]}]"
+        );
+        assert_eq!(
+            serde_json::to_string(&ExportInfo::None).unwrap(),
+            "{\"kind\":\"none\"}"
+        );
+    }
+
+    #[test]
+    fn reload_tables_stay_out_of_debug_output() {
+        let r = Request::Reload {
+            table: "0 8 crypt aes-xts-plain64 00ff 0 /dev/x 0".into(),
+        };
+        assert_eq!(format!("{r:?}"), "Reload { .. }");
+    }
+}
