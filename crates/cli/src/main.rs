@@ -2,10 +2,14 @@
 
 mod actions;
 mod args;
-mod control;
+mod daemon;
 mod exit;
 mod progress;
-mod serve;
+
+// The client side of the control protocol lives in the library; `crate::control` and
+// `crate::serve` stay the paths the actions use.
+use cryptblk_volume::control;
+use daemon as serve;
 
 use args::Action;
 use clap::Parser;
@@ -14,7 +18,7 @@ use exit::{ActionResult, ExitCode, Failure};
 fn main() {
     // The daemon reads its spec from stdin and must not parse user options.
     if std::env::args().nth(1).as_deref() == Some("__serve") {
-        std::process::exit(serve::daemon_main());
+        std::process::exit(daemon::daemon_main());
     }
     quiet_on_closed_stdout();
     let cli = match args::Cli::try_parse() {

@@ -283,25 +283,25 @@ impl IntegrityTable {
 /// `integrity status <name>`: integritysetup's report, from the live table and status line
 /// (`<mismatches> <provided sectors> -`), or JSON.
 fn status(name: &str, json_out: bool) -> ActionResult {
-    let a = control::request(name, &json!({ "cmd": "status" }))?;
-    let table = a["table"].as_str().unwrap_or("");
+    let a = control::status(name)?;
+    let table = a.table.as_str();
     let t = IntegrityTable::parse(table.lines().next().unwrap_or(""))
         .ok_or_else(|| Failure::usage(format!("Device {name} is not an integrity device.")))?;
-    let status_line = a["status"].as_str().unwrap_or("");
+    let status_line = a.status.as_str();
     let failures: u64 = status_line
         .split_whitespace()
         .nth(3)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let info = &a["info"];
+    let info = &a.info;
     let sector_size = t.num("block_size").unwrap_or(512);
     let integrity = t
         .opt("internal_hash")
         .map(|h| h.split(':').next().unwrap_or(h).to_string())
         .or_else(|| info["integrity"].as_str().map(str::to_string))
         .unwrap_or_default();
-    let size_sectors = a["size"].as_u64().unwrap_or(0) / 512;
-    let readonly = a["readonly"].as_bool() == Some(true);
+    let size_sectors = a.size / 512;
+    let readonly = a.readonly;
     let recovery = t.mode == "R";
     let journal = t.mode == "J";
     let bitmap = t.mode == "B";
@@ -331,7 +331,7 @@ fn status(name: &str, json_out: bool) -> ActionResult {
             },
             "failures": failures,
             "mismatches": failures,
-            "export": a["export"],
+            "export": a.export,
         });
         if journal {
             v["journal_size"] = json!(journal_bytes);
@@ -396,7 +396,7 @@ fn status(name: &str, json_out: bool) -> ActionResult {
     } else {
         println!("  journal: not active");
     }
-    print_export(&a["export"]);
+    print_export(&json!(a.export));
     Ok(())
 }
 
@@ -414,8 +414,8 @@ fn print_export(e: &Value) {
 
 /// `verity status <name>`: veritysetup's report from the live verity table, or JSON.
 pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
-    let a = control::request(name, &json!({ "cmd": "status" }))?;
-    let table = a["table"].as_str().unwrap_or("");
+    let a = control::status(name)?;
+    let table = a.table.as_str();
     // <start> <len> verity <version> <data_dev> <hash_dev> <data_bs> <hash_bs>
     // <#blocks> <hash_start> <alg> <digest> <salt> [opts]
     let f: Vec<&str> = table.split_whitespace().collect();
@@ -427,9 +427,9 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
     }
     let hash_bs: u64 = f[7].parse().unwrap_or(4096);
     let hash_start: u64 = f[9].parse().unwrap_or(0);
-    let status_line = a["status"].as_str().unwrap_or("");
+    let status_line = a.status.as_str();
     let verified = status_line.split_whitespace().nth(3) == Some("V");
-    let size = a["size"].as_u64().unwrap_or(0) / 512;
+    let size = a.size / 512;
     let salt = if f[12] == "-" { "-" } else { f[12] };
     let v = json!({
         "name": name,
@@ -448,7 +448,7 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
         // sectors.
         "hash_offset": hash_start * hash_bs / 512,
         "root_hash": f[11],
-        "export": a["export"],
+        "export": a.export,
     });
     if json_out {
         println!("{v}");
@@ -468,7 +468,7 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
     println!("  hash device: {}", f[5]);
     println!("  hash offset: {} sectors", v["hash_offset"]);
     println!("  root hash:   {}", f[11]);
-    print_export(&a["export"]);
+    print_export(&json!(a.export));
     Ok(())
 }
 

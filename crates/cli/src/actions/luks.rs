@@ -283,8 +283,8 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
              open with --integrity-no-journal (add --persistent to store it)",
         ));
     }
-    let st = crate::control::request(name, &json!({ "cmd": "status" }))?;
-    let info = &st["info"];
+    let st = crate::control::status(name)?;
+    let info = &st.info;
     let kind = info["type"].as_str().unwrap_or_default();
     if kind == "PLAIN" {
         // Nothing stored, nothing to store (cryptsetup ignores --persistent for plain

@@ -2,9 +2,9 @@
 //! start-a-daemon path that `open` also uses.
 
 use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
-use crate::control;
+use crate::control::{self, ExportInfo, Request};
+use crate::daemon::{self, ExportSpec, LowerTable, ServeSpec};
 use crate::exit::{ActionResult, Failure};
-use crate::serve::{self, ExportSpec, LowerTable, ServeSpec};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -23,11 +23,11 @@ fn start_stack(
     json_out: bool,
 ) -> ActionResult {
     if export.foreground {
-        return serve::serve_stack(spec, lower, |facts| {
+        return daemon::serve_stack(spec, lower, |facts| {
             eprintln!("cryptblk: serving {}", describe(facts));
         });
     }
-    let facts = serve::spawn_stack(&spec, &lower)?;
+    let facts = daemon::spawn_stack(&spec, &lower)?;
     if json_out {
         println!("{facts}");
     }
@@ -232,33 +232,29 @@ pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
         }
         DmAction::Remove { name } => close(name),
         DmAction::Table { name, showkeys } => {
-            if *showkeys {
-                // The daemon holds the key; showing it needs the table with keys.
-                let a = control::request(name, &json!({ "cmd": "table", "showkeys": true }))?;
-                print!("{}", ensure_newline(a["table"].as_str().unwrap_or("")));
-            } else {
-                let a = control::request(name, &json!({ "cmd": "table" }))?;
-                print!("{}", ensure_newline(a["table"].as_str().unwrap_or("")));
-            }
+            // The daemon holds the key; showing it needs the table with keys.
+            let table = Zeroizing::new(control::table(name, *showkeys)?);
+            print!("{}", ensure_newline(&table));
             Ok(())
         }
         DmAction::Reload { name, table } => {
             let text = read_table(table)?;
-            control::request(name, &json!({ "cmd": "reload", "table": text.as_str() }))?;
+            control::request(
+                name,
+                &Request::Reload {
+                    table: text.to_string(),
+                },
+            )?;
             Ok(())
         }
-        DmAction::Suspend { name } => {
-            control::request(name, &json!({ "cmd": "suspend" })).map(|_| ())
-        }
-        DmAction::Resume { name } => {
-            control::request(name, &json!({ "cmd": "resume" })).map(|_| ())
-        }
+        DmAction::Suspend { name } => control::request(name, &Request::Suspend).map(|_| ()),
+        DmAction::Resume { name } => control::request(name, &Request::Resume).map(|_| ()),
         DmAction::Status { name } => {
-            let a = control::request(name, &json!({ "cmd": "status" }))?;
+            let a = control::status(name)?;
             if json_out {
-                println!("{a}");
+                println!("{}", a.to_json());
             } else {
-                print!("{}", ensure_newline(a["status"].as_str().unwrap_or("")));
+                print!("{}", ensure_newline(&a.status));
             }
             Ok(())
         }
@@ -288,7 +284,7 @@ fn ensure_newline(s: &str) -> String {
 
 /// `close <name>`: flush, stop the export, end the daemon.
 pub fn close(name: &str) -> ActionResult {
-    control::request(name, &json!({ "cmd": "close" }))?;
+    control::request(name, &Request::Close)?;
     // The daemon removes its socket once the export has stopped; wait for that so a script
     // can reuse the name or the backing file right after `close` returns.
     let path = control::socket_path(name)?;
@@ -306,12 +302,12 @@ pub fn close(name: &str) -> ActionResult {
 
 /// `status <name>`, like `cryptsetup status` (or JSON).
 pub fn status(name: &str, json_out: bool) -> ActionResult {
-    let a = control::request(name, &json!({ "cmd": "status" }))?;
+    let a = control::status(name)?;
     if json_out {
-        println!("{a}");
+        println!("{}", a.to_json());
         return Ok(());
     }
-    let info = &a["info"];
+    let info = &a.info;
     println!("/dev/mapper/{name} is active.");
     let field = |k: &str| {
         info[k]
@@ -336,53 +332,37 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
             );
         }
     }
-    println!(
-        "  size:        {} sectors",
-        a["size"].as_u64().unwrap_or(0) / 512
-    );
+    println!("  size:        {} sectors", a.size / 512);
     println!(
         "  mode:        {}",
-        if a["readonly"].as_bool() == Some(true) {
-            "readonly"
-        } else {
-            "read/write"
-        }
+        if a.readonly { "readonly" } else { "read/write" }
     );
-    for p in a["pipeline"].as_array().into_iter().flatten() {
-        let flags: Vec<&str> = p["flags"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f.as_str())
-            .collect();
+    for p in &a.pipeline {
         println!(
             "  pipeline:    read {}, write {}{}",
-            p["read"].as_str().unwrap_or("?"),
-            p["write"].as_str().unwrap_or("?"),
-            if flags.is_empty() {
+            p.read.as_str(),
+            p.write.as_str(),
+            if p.flags.is_empty() {
                 String::new()
             } else {
-                format!(" (flags: {})", flags.join(" "))
+                format!(" (flags: {})", p.flags.join(" "))
             }
         );
     }
-    if let Some(uri) = a["export"]["uri"].as_str() {
-        println!("  export:      nbd {uri}");
+    match &a.export {
+        ExportInfo::Nbd { uri } => println!("  export:      nbd {uri}"),
+        ExportInfo::Fuse { file } => println!("  export:      fuse {}", file.display()),
+        // The plain report never named ublk devices or their absence.
+        ExportInfo::Ublk { .. } | ExportInfo::None => {}
     }
-    if let Some(file) = a["export"]["file"].as_str() {
-        println!("  export:      fuse {file}");
-    }
-    println!(
-        "  status:      {}",
-        a["status"].as_str().unwrap_or("").trim()
-    );
+    println!("  status:      {}", a.status.trim());
     Ok(())
 }
 
 /// `refresh <name> --perf-...`: swap the crypt flags on the live device.
 pub fn refresh(name: &str, perf: &PerfArgs) -> ActionResult {
     let flags = perf.table_flags();
-    control::request(name, &json!({ "cmd": "refresh", "flags": flags }))?;
+    control::request(name, &Request::Refresh { flags })?;
     Ok(())
 }
 

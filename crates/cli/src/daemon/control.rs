@@ -1,0 +1,289 @@
+//! The daemon's control sockets: one for the top mapping and one per lower mapping, each
+//! answering one [`Request`] per connection with one [`Response`]; and termination signals,
+//! which take the same path as a `close` request.
+
+use super::stack::Stack;
+use super::tables;
+use crate::exit::{ExitCode, Failure};
+use cryptblk_volume::control::{self as client, Request, Response, Status};
+use serde_json::json;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use zeroize::Zeroizing;
+
+/// A control socket that answers for one lower mapping of the stack, so `dm table`,
+/// `dm status`, `dm remove` and `dm ls` see it under its own name, as in the kernel.
+struct LowerSocket {
+    name: String,
+    path: PathBuf,
+    listener: UnixListener,
+}
+
+/// The bound control sockets of a stack.
+pub(super) struct Sockets {
+    top_path: PathBuf,
+    top: UnixListener,
+    lower: Vec<LowerSocket>,
+}
+
+impl Sockets {
+    /// Binds the sockets of every lower mapping, then the top one's; on failure, removes
+    /// those already bound.
+    pub(super) fn bind(top: &str, lower: &[String]) -> Result<Sockets, Failure> {
+        let mut lower_sockets: Vec<LowerSocket> = Vec::new();
+        let mut bound = Ok(());
+        for name in lower {
+            match bind_control(name) {
+                Ok((path, listener)) => lower_sockets.push(LowerSocket {
+                    name: name.clone(),
+                    path,
+                    listener,
+                }),
+                Err(f) => {
+                    bound = Err(f);
+                    break;
+                }
+            }
+        }
+        match bound.and_then(|()| bind_control(top)) {
+            Ok((top_path, top)) => Ok(Sockets {
+                top_path,
+                top,
+                lower: lower_sockets,
+            }),
+            Err(f) => {
+                for s in &lower_sockets {
+                    let _ = std::fs::remove_file(&s.path);
+                }
+                Err(f)
+            }
+        }
+    }
+
+    /// The top mapping's socket.
+    pub(super) fn top_path(&self) -> &Path {
+        &self.top_path
+    }
+
+    /// Removes every socket file, the top mapping's last (`close` waits for that one).
+    pub(super) fn remove(self) {
+        for s in &self.lower {
+            let _ = std::fs::remove_file(&s.path);
+        }
+        let _ = std::fs::remove_file(&self.top_path);
+    }
+}
+
+/// Binds the control socket of `name` (replacing a stale one nobody answers on).
+fn bind_control(name: &str) -> Result<(PathBuf, UnixListener), Failure> {
+    let path = client::socket_path(name)?;
+    if UnixStream::connect(&path).is_ok() {
+        return Err(Failure::new(
+            ExitCode::Busy,
+            format!("Device {name} already exists."),
+        ));
+    }
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .map_err(|e| Failure::device(format!("cannot bind {}: {e}", path.display())))?;
+    Ok((path, listener))
+}
+
+/// Answers requests on `sockets` until the top mapping is closed. A lower mapping removed
+/// with `dm remove` (possible once a reload of the top no longer uses it) stops answering
+/// under its name.
+pub(super) fn serve(stack: &Stack, sockets: &mut Sockets) {
+    let stopping = AtomicBool::new(false);
+    loop {
+        let Ok((which, stream)) = accept_next(&sockets.top, &sockets.lower) else {
+            continue;
+        };
+        let target = which.map_or(stack.spec().name.as_str(), |i| {
+            sockets.lower[i].name.as_str()
+        });
+        handle_client(stream, stack, &stopping, target);
+        sockets.lower.retain(|s| {
+            let live = stack.registry().lookup(&s.name).is_some();
+            if !live {
+                let _ = std::fs::remove_file(&s.path);
+            }
+            live
+        });
+        if stopping.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+}
+
+/// Waits for a client on the top mapping's control socket (`None`) or on the socket of
+/// lower mapping `Some(i)`.
+fn accept_next(
+    top: &UnixListener,
+    lower: &[LowerSocket],
+) -> std::io::Result<(Option<usize>, UnixStream)> {
+    use std::os::fd::AsRawFd;
+    let mut fds: Vec<libc::pollfd> = std::iter::once(top.as_raw_fd())
+        .chain(lower.iter().map(|s| s.listener.as_raw_fd()))
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if let Some(i) = fds.iter().position(|p| p.revents != 0) {
+            let listener = if i == 0 { top } else { &lower[i - 1].listener };
+            let (stream, _) = listener.accept()?;
+            return Ok((i.checked_sub(1), stream));
+        }
+    }
+}
+
+/// One request per connection, for mapping `target` (the top or a lower one): read a line,
+/// answer a line.
+fn handle_client(stream: UnixStream, stack: &Stack, stopping: &AtomicBool, target: &str) {
+    // A reload line holds the table's keys.
+    let mut line = Zeroizing::new(String::new());
+    let Ok(reader_stream) = stream.try_clone() else {
+        return;
+    };
+    if BufReader::new(reader_stream).read_line(&mut line).is_err() {
+        return;
+    }
+    let answer = match Request::decode(&line) {
+        Ok(req) => answer(&req, stack, stopping, target),
+        Err(refusal) => refusal,
+    };
+    let mut w = stream;
+    let _ = w.write_all(answer.encode().as_bytes());
+}
+
+fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> Response {
+    let spec = stack.spec();
+    let registry = stack.registry();
+    let is_top = target == spec.name;
+    if matches!(req, Request::Close) && !is_top {
+        return stack.remove_lower(target);
+    }
+    let Some(mapping) = registry.lookup(target) else {
+        return Response::error(
+            ExitCode::WrongDevice,
+            format!("Device {target} is not active."),
+        );
+    };
+    let dm_err =
+        |e: cryptblk_dm::DmError| Response::error(ExitCode::WrongParameters, e.to_string());
+    match req {
+        Request::Status => {
+            let info = mapping.info();
+            let table = mapping.table(false);
+            // A lower mapping is not exported; it says which mapping serves it.
+            let (facts, export) = if is_top {
+                (spec.info.clone(), stack.export_info())
+            } else {
+                (
+                    json!({ "type": "dm", "stacked_under": spec.name }),
+                    client::ExportInfo::None,
+                )
+            };
+            Response::Status(Box::new(Status {
+                name: target.to_string(),
+                info: facts,
+                size: info.size,
+                suspended: info.suspended,
+                inflight: info.inflight as u64,
+                readonly: spec.readonly,
+                pipeline: tables::crypt_pipelines(&table),
+                table,
+                status: mapping.status(),
+                export,
+                lower: if is_top {
+                    stack.lower().to_vec()
+                } else {
+                    Vec::new()
+                },
+                pid: std::process::id(),
+            }))
+        }
+        Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),
+        Request::Close => {
+            stopping.store(true, Ordering::SeqCst);
+            Response::Done
+        }
+        Request::Suspend => {
+            mapping.suspend();
+            Response::Done
+        }
+        Request::Resume => {
+            mapping.resume();
+            Response::Done
+        }
+        Request::Reload { table } => match registry.reload(target, table) {
+            Ok(()) => Response::Done,
+            Err(e) => dm_err(e),
+        },
+        Request::Refresh { flags } => match tables::refreshed_table(&mapping.table(true), flags) {
+            Ok(text) => {
+                let text = Zeroizing::new(text);
+                // dmsetup reload + suspend + resume: in-flight I/O drains, new I/O waits
+                // for the swap, nothing fails. Same registry, so the same open devices.
+                match registry.reload(target, &text) {
+                    Ok(()) => {
+                        mapping.suspend();
+                        mapping.resume();
+                        Response::Table(mapping.table(false))
+                    }
+                    Err(e) => dm_err(e),
+                }
+            }
+            Err(msg) => Response::error(ExitCode::WrongParameters, msg),
+        },
+    }
+}
+
+/// Blocks SIGTERM/SIGINT/SIGHUP in this thread (and all threads started later), so one
+/// watcher thread can receive them synchronously.
+pub(super) fn block_termination_signals() {
+    // SAFETY: plain libc signal-mask calls on a local sigset.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// On SIGTERM/SIGINT/SIGHUP, asks our own control socket to close, so termination takes the
+/// same path as `cryptblk close`: flush, stop the export, exit.
+pub(super) fn spawn_signal_watcher(ctl: PathBuf) {
+    std::thread::spawn(move || {
+        // SAFETY: sigwait on a set of signals this process has blocked.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGHUP);
+            let mut sig = 0;
+            libc::sigwait(&set, &mut sig);
+        }
+        if let Ok(mut s) = UnixStream::connect(&ctl) {
+            let _ = s.write_all(Request::Close.encode().as_bytes());
+            let mut sink = String::new();
+            let _ = BufReader::new(s).read_line(&mut sink);
+        }
+    });
+}

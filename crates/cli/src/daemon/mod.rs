@@ -1,0 +1,196 @@
+//! The daemon that keeps a mapping alive and serves it: one process per open volume.
+//!
+//! `open` and `dm create` unlock and build the table in the foreground, then start
+//! `cryptblk __serve` and hand it a [`ServeSpec`] over a pipe (the table carries the volume
+//! key, so it never appears on a command line or in the environment). The daemon builds the
+//! mapping, starts the export, binds its control socket, and only then answers `READY`, so the
+//! parent returns exactly when the export accepts I/O.
+//!
+//! One daemon may serve a stack: lower mappings (a LUKS2 `--integrity` volume's `<name>_dif`,
+//! or `dm create --lower` tables) live in the same registry under the exported top one, and
+//! each answers on its own control socket, so `dm ls|table|status|remove` see every mapping
+//! under its own name, as in the kernel.
+//!
+//! Modules, one job each: [`spawn`] starts the process and hands over the spec, [`stack`]
+//! builds and tears down the mappings and the export, [`control`] answers control requests
+//! and turns signals into `close`, [`tables`] reads and rewrites table text for requests.
+
+mod control;
+mod spawn;
+mod stack;
+mod tables;
+
+pub use spawn::spawn_stack;
+
+use crate::exit::{ExitCode, Failure};
+use cryptblk_volume::control as client;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+/// How a mapping is exported.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ExportSpec {
+    /// NBD on a Unix socket at this path.
+    NbdUnix(PathBuf),
+    /// NBD on TCP at this address (loopback unless the user names another).
+    NbdTcp(String),
+    /// A FUSE mount at this directory holding one file, `disk`.
+    Fuse(PathBuf),
+    /// The kernel block device /dev/ublkbN; `queues` None means one per CPU.
+    Ublk {
+        /// Hardware queues (threads).
+        queues: Option<u16>,
+        /// Requests in flight per queue.
+        depth: u16,
+    },
+    /// No export: only the control socket (useful for stacking and tests).
+    None,
+}
+
+/// Everything the daemon needs. Contains key material: only ever sent through a pipe.
+#[derive(Serialize, Deserialize)]
+pub struct ServeSpec {
+    /// Mapping name.
+    pub name: String,
+    /// The dm table, keys included.
+    pub table: String,
+    /// The export.
+    pub export: ExportSpec,
+    /// Serve read-only.
+    pub readonly: bool,
+    /// Facts for `status` (volume type, device, UUID, cipher...): never secrets.
+    pub info: Value,
+}
+
+impl Drop for ServeSpec {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.table);
+    }
+}
+
+/// A lower mapping of a stack that one daemon serves (`dm create --lower`): created before
+/// the top table, which names it as `NAME` or `/dev/mapper/NAME`. Its table may hold keys
+/// (an integrity line's `internal_hash:hmac(..):<key>`, a crypt line under another), so it
+/// travels like [`ServeSpec::table`], only through the daemon's pipe, and `status` never
+/// shows it (unlike the keyless `info.lower` tables of a LUKS2 `--integrity` open).
+#[derive(Serialize, Deserialize)]
+pub struct LowerTable {
+    /// Mapping name.
+    pub name: String,
+    /// The dm table, keys included.
+    pub table: String,
+}
+
+impl Drop for LowerTable {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.table);
+    }
+}
+
+/// Entry point of `cryptblk __serve`: reads the spec from stdin, serves until closed.
+pub fn daemon_main() -> i32 {
+    let (spec, lower) = match spawn::read_handover() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match serve_stack(spec, lower, spawn::report_ready) {
+        Ok(()) => 0,
+        Err(f) => {
+            spawn::report_error(&f);
+            eprintln!("cryptblk daemon: {}", f.message);
+            f.code as i32
+        }
+    }
+}
+
+/// Serves `spec` in this process until `close` or SIGTERM/SIGINT. `on_ready` is called once
+/// the export accepts I/O and the control sockets answer. Lower mappings are created first:
+/// the keyless ones of `spec.info.lower`, then `secret_lower` (`dm create --lower`). The top
+/// mapping is exported; every lower one answers on its own control socket; closing the top
+/// ends them all.
+pub fn serve_stack(
+    spec: ServeSpec,
+    secret_lower: Vec<LowerTable>,
+    on_ready: impl FnOnce(&Value),
+) -> Result<(), Failure> {
+    control::block_termination_signals();
+    let lower_names = lower_names(&spec, &secret_lower);
+    check_stack_names(&spec.name, &lower_names)?;
+    let stack = stack::Stack::build(spec, secret_lower, lower_names)?;
+    let mut sockets = match control::Sockets::bind(&stack.spec().name, stack.lower()) {
+        Ok(s) => s,
+        Err(f) => {
+            stack.abandon();
+            return Err(f);
+        }
+    };
+    control::spawn_signal_watcher(sockets.top_path().to_path_buf());
+    on_ready(&json!({
+        "name": stack.spec().name,
+        "pid": std::process::id(),
+        "export": stack.export_info(),
+        "lower": stack.lower(),
+    }));
+    control::serve(&stack, &mut sockets);
+    let closed = stack.close();
+    // Last: `close` waits for the socket to vanish, so it must mean "stopped and flushed"
+    // (a ublk node gone, the backing written back) before a script reuses the backing.
+    sockets.remove();
+    closed
+}
+
+/// Names of every lower mapping of `spec`'s stack, in creation order.
+fn lower_names(spec: &ServeSpec, secret_lower: &[LowerTable]) -> Vec<String> {
+    lower_tables(&spec.info)
+        .into_iter()
+        .map(|(n, _)| n)
+        .chain(secret_lower.iter().map(|l| l.name.clone()))
+        .collect()
+}
+
+/// Refuses a stack whose names clash among themselves (usage) or with a mapping another
+/// daemon serves (busy, as cryptsetup's "Device ... already exists.").
+fn check_stack_names(top: &str, lower: &[String]) -> Result<(), Failure> {
+    for (i, name) in lower.iter().enumerate() {
+        client::check_name(name)?;
+        if name == top {
+            return Err(Failure::usage(format!(
+                "lower mapping '{name}' has the name of the mapping it is under"
+            )));
+        }
+        if lower[..i].contains(name) {
+            return Err(Failure::usage(format!(
+                "lower mapping '{name}' is given twice"
+            )));
+        }
+    }
+    for name in std::iter::once(top).chain(lower.iter().map(String::as_str)) {
+        if UnixStream::connect(client::socket_path(name)?).is_ok() {
+            return Err(Failure::new(
+                ExitCode::Busy,
+                format!("Device {name} already exists."),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Keyless lower layers to create, in order, before the top table, which stacks on them
+/// by name (LUKS2 `--integrity`: the `<name>_dif` integrity mapping under dm-crypt). They
+/// travel in `info.lower` as `[{"name": ..., "table": ...}]` because their tables hold no
+/// secret and `status` may show them.
+fn lower_tables(info: &Value) -> Vec<(String, String)> {
+    info["lower"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| {
+            Some((
+                l["name"].as_str()?.to_string(),
+                l["table"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}

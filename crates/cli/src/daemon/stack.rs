@@ -1,0 +1,250 @@
+//! The stack one daemon serves: the registry with its lower mappings and the top mapping,
+//! the export of the top one, and their teardown in order on close.
+
+use super::{lower_tables, tables, ExportSpec, LowerTable, ServeSpec};
+use crate::exit::{ExitCode, Failure};
+use cryptblk_dm::backing::FileOptions;
+use cryptblk_dm::{BlockDevice, Mapping, Registry};
+use cryptblk_export::fuse::{FuseConfig, FuseExport};
+use cryptblk_export::nbd::{NbdConfig, NbdListen, NbdServer};
+use cryptblk_export::ublk::{UblkConfig, UblkExport};
+use cryptblk_volume::control::{ExportInfo, Response};
+use std::sync::Arc;
+
+/// A running export, stopped on close.
+enum Export {
+    Nbd(NbdServer),
+    Fuse(FuseExport),
+    Ublk(UblkExport),
+    None,
+}
+
+impl Export {
+    /// Starts the export `spec` asks for on `device`.
+    fn start(spec: &ServeSpec, device: Arc<dyn BlockDevice>) -> Result<Export, Failure> {
+        Ok(match &spec.export {
+            ExportSpec::NbdUnix(path) => {
+                let mut cfg = NbdConfig::unix(path);
+                cfg.read_only = spec.readonly;
+                cfg.description = format!("cryptblk {}", spec.name);
+                Export::Nbd(start_nbd(device, cfg)?)
+            }
+            ExportSpec::NbdTcp(addr) => {
+                let sock = addr.parse().map_err(|_| {
+                    Failure::usage(format!("invalid NBD address '{addr}' (want host:port)"))
+                })?;
+                let mut cfg = NbdConfig::new(NbdListen::Tcp(sock));
+                cfg.read_only = spec.readonly;
+                Export::Nbd(start_nbd(device, cfg)?)
+            }
+            ExportSpec::Fuse(dir) => {
+                let mut cfg = FuseConfig::new(dir);
+                cfg.read_only = spec.readonly;
+                Export::Fuse(FuseExport::mount(device, cfg).map_err(|e| {
+                    Failure::device(format!(
+                        "cannot mount FUSE export at {}: {e}",
+                        dir.display()
+                    ))
+                })?)
+            }
+            ExportSpec::Ublk { queues, depth } => {
+                let cfg = UblkConfig {
+                    queues: *queues,
+                    queue_depth: *depth,
+                    read_only: spec.readonly,
+                    ..UblkConfig::default()
+                };
+                Export::Ublk(
+                    UblkExport::start(device, cfg)
+                        .map_err(|e| Failure::device(format!("cannot start ublk export: {e}")))?,
+                )
+            }
+            ExportSpec::None => Export::None,
+        })
+    }
+
+    fn describe(&self) -> ExportInfo {
+        match self {
+            Export::Nbd(s) => ExportInfo::Nbd { uri: s.uri() },
+            Export::Fuse(f) => ExportInfo::Fuse {
+                file: f.file_path().to_path_buf(),
+            },
+            Export::Ublk(u) => ExportInfo::Ublk {
+                dev: u.dev_path(),
+                queues: u.queues(),
+                depth: u.queue_depth(),
+            },
+            Export::None => ExportInfo::None,
+        }
+    }
+
+    fn stop(self) -> Result<(), String> {
+        match self {
+            Export::Nbd(s) => s.stop().map_err(|e| e.to_string()),
+            Export::Fuse(mut f) => f.unmount().map_err(|e| e.to_string()),
+            Export::Ublk(u) => u.stop().map_err(|e| e.to_string()),
+            Export::None => Ok(()),
+        }
+    }
+}
+
+fn start_nbd(device: Arc<dyn BlockDevice>, cfg: NbdConfig) -> Result<NbdServer, Failure> {
+    NbdServer::start(device, cfg)
+        .map_err(|e| Failure::device(format!("cannot start NBD server: {e}")))
+}
+
+/// The mappings and the export of one daemon.
+pub(super) struct Stack {
+    spec: ServeSpec,
+    registry: Registry,
+    /// The top (exported) mapping.
+    mapping: Arc<Mapping>,
+    export: Export,
+    /// The lower mappings, in creation order.
+    lower: Vec<String>,
+}
+
+impl Stack {
+    /// Creates the lower mappings (the keyless ones of `spec.info.lower`, then
+    /// `secret_lower`), the top one, and its export. `lower` names them all, in that order.
+    pub(super) fn build(
+        spec: ServeSpec,
+        secret_lower: Vec<LowerTable>,
+        lower: Vec<String>,
+    ) -> Result<Stack, Failure> {
+        // A read-only volume opens every backing O_RDONLY, and its targets load read-only (an
+        // integrity target then never writes: no journal replay to disk, no bitmap).
+        let registry = Registry::with_file_options(FileOptions {
+            read_only: spec.readonly,
+            ..FileOptions::default()
+        });
+        {
+            let keyless = lower_tables(&spec.info);
+            let tables = keyless.iter().map(|(n, t)| (n.as_str(), t.as_str())).chain(
+                secret_lower
+                    .iter()
+                    .map(|l| (l.name.as_str(), l.table.as_str())),
+            );
+            for (name, table) in tables {
+                registry
+                    .create(name, table)
+                    .map_err(|e| Failure::new(ExitCode::WrongDevice, format!("{name}: {e}")))?;
+            }
+        }
+        drop(secret_lower);
+        let mapping = registry.create(&spec.name, &spec.table).map_err(|e| {
+            let msg = e.to_string();
+            if lower.is_empty() {
+                Failure::new(ExitCode::WrongDevice, msg)
+            } else {
+                Failure::new(ExitCode::WrongDevice, format!("{}: {msg}", spec.name))
+            }
+        })?;
+        let export = Export::start(&spec, mapping.clone())?;
+        Ok(Stack {
+            spec,
+            registry,
+            mapping,
+            export,
+            lower,
+        })
+    }
+
+    /// What the daemon was started with.
+    pub(super) fn spec(&self) -> &ServeSpec {
+        &self.spec
+    }
+
+    /// The registry holding every mapping of the stack.
+    pub(super) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The lower mappings' names, in creation order.
+    pub(super) fn lower(&self) -> &[String] {
+        &self.lower
+    }
+
+    /// The export, as `status` and READY describe it.
+    pub(super) fn export_info(&self) -> ExportInfo {
+        self.export.describe()
+    }
+
+    /// `dm remove` of a lower mapping: refused while another mapping of the stack uses it in
+    /// its live or staged table (the kernel's EBUSY), or while suspended (its flush would
+    /// wait for a resume that the control loop must answer), else flushed and removed.
+    pub(super) fn remove_lower(&self, name: &str) -> Response {
+        let registry = &self.registry;
+        let users: Vec<String> = registry
+            .list()
+            .into_iter()
+            .filter(|other| {
+                other != name
+                    && registry.lookup(other).is_some_and(|m| {
+                        tables::table_names_device(&m.table(false), name)
+                            || m.staged_table(false)
+                                .is_some_and(|t| tables::table_names_device(&t, name))
+                    })
+            })
+            .collect();
+        if !users.is_empty() {
+            return Response::error(
+                ExitCode::Busy,
+                format!("Device {name} is still in use (by {}).", users.join(", ")),
+            );
+        }
+        if let Some(m) = registry.lookup(name) {
+            if m.info().suspended {
+                return Response::error(
+                    ExitCode::Busy,
+                    format!("Device {name} is suspended; resume it before removing it."),
+                );
+            }
+            if let Err(e) = m.flush() {
+                return Response::error(
+                    ExitCode::WrongDevice,
+                    format!("flush of {name} failed: {e}"),
+                );
+            }
+        }
+        match registry.remove(name) {
+            Ok(()) => Response::Done,
+            Err(cryptblk_dm::DmError::Busy(_, why)) => Response::error(
+                ExitCode::Busy,
+                format!("Device {name} is still in use ({why})."),
+            ),
+            Err(e) => Response::error(ExitCode::WrongDevice, e.to_string()),
+        }
+    }
+
+    /// Gives up before serving (the control sockets could not be bound): stops the export.
+    pub(super) fn abandon(self) {
+        let _ = self.export.stop();
+    }
+
+    /// Ends the stack in order: flush the top mapping, stop the export, remove the top
+    /// mapping, then each lower one from the top down (flushed first). Errors of the top's
+    /// flush and of the export's stop are reported after everything was torn down.
+    pub(super) fn close(self) -> Result<(), Failure> {
+        let Stack {
+            spec,
+            registry,
+            mapping,
+            export,
+            lower,
+        } = self;
+        let flushed = mapping.flush();
+        let stopped = export.stop();
+        drop(mapping);
+        let _ = registry.remove(&spec.name);
+        for name in lower.iter().rev() {
+            if let Some(m) = registry.lookup(name) {
+                let _ = m.flush();
+            }
+            let _ = registry.remove(name);
+        }
+        flushed.map_err(|e| Failure::device(format!("flush on close failed: {e}")))?;
+        stopped.map_err(Failure::device)?;
+        Ok(())
+    }
+}
