@@ -15,7 +15,6 @@ use cryptblk_format::plain::{PlainParams, PlainVolume};
 use cryptblk_volume::format::{parse_bytes, FormatRequest};
 use cryptblk_volume::luks::{self as lib, BackupKind, ConfigChange};
 use cryptblk_volume::{luks2_integrity, plan};
-use serde_json::json;
 use std::path::Path;
 
 /// The cipher and key size for a new volume, with cryptsetup 2.x defaults.
