@@ -32,6 +32,7 @@ mod conn;
 mod handshake;
 pub(crate) mod proto;
 mod transmission;
+mod wire;
 
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
@@ -48,7 +49,7 @@ use cryptblk_dm::device::BlockDevice;
 
 use crate::aligned::AlignedIo;
 use crate::error::ExportError;
-use conn::Stream;
+use wire::Stream;
 
 /// Default maximum request size advertised in `NBD_INFO_BLOCK_SIZE` (32 MiB).
 pub const DEFAULT_MAX_BLOCK_SIZE: u32 = 32 << 20;
