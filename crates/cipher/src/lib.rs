@@ -12,6 +12,7 @@
 
 pub mod aead;
 mod awslc;
+mod block;
 mod dmcipher;
 pub mod hash;
 mod iv;

@@ -8,8 +8,8 @@
 //! Incrementing I flips its trailing ones and the next zero, so `T` moves by
 //! `K2 * (2^(k+1) - 1)` for k trailing ones: a 128-entry table makes that one XOR per block.
 
+use crate::block::Block16;
 use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
-use crate::rustcrypto::Block16;
 use crate::CipherError;
 use cipher::generic_array::GenericArray;
 use zeroize::Zeroize;

@@ -1,6 +1,7 @@
 //! The portable implementation: RustCrypto block ciphers under the `xts-mode` and `cbc`
 //! crates (ECB and LRW are a few lines over the block cipher itself).
 
+use crate::block::Block16;
 use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
 use crate::iv::IV_LEN;
 use crate::lrw::LrwEngine;
@@ -9,36 +10,8 @@ use crate::CipherError;
 use cipher::block_padding::NoPadding;
 use cipher::generic_array::GenericArray;
 use cipher::typenum::U16;
-use cipher::{
-    BlockCipher, BlockDecrypt, BlockDecryptMut, BlockEncrypt, BlockEncryptMut, BlockSizeUser,
-    InnerIvInit, KeyInit,
-};
+use cipher::{BlockDecryptMut, BlockEncryptMut, InnerIvInit, KeyInit};
 use xts_mode::Xts128;
-
-/// Block ciphers usable here: 16-byte blocks, shareable between threads.
-pub(crate) trait Block16:
-    BlockCipher
-    + BlockEncrypt
-    + BlockDecrypt
-    + BlockSizeUser<BlockSize = U16>
-    + KeyInit
-    + Send
-    + Sync
-    + 'static
-{
-}
-
-impl<C> Block16 for C where
-    C: BlockCipher
-        + BlockEncrypt
-        + BlockDecrypt
-        + BlockSizeUser<BlockSize = U16>
-        + KeyInit
-        + Send
-        + Sync
-        + 'static
-{
-}
 
 pub(crate) fn new_cipher<C: KeyInit>(key: &[u8]) -> Result<C, CipherError> {
     C::new_from_slice(key).map_err(|_| CipherError::Backend("block cipher rejected its key".into()))

@@ -27,6 +27,8 @@ use fuser::{
 
 use crate::aligned::AlignedIo;
 use crate::error::ExportError;
+use crate::export::{check_resize, Export, StartExport};
+use crate::ExportDescription;
 
 /// Settings of a [`FuseExport`].
 #[derive(Clone, Debug)]
@@ -56,9 +58,18 @@ impl FuseConfig {
     }
 }
 
+/// Where clients find a [`FuseExport`]: what its [`Export::describe`] answers.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FuseDescription {
+    /// Path of the exported file, `<mountpoint>/<file_name>`.
+    pub file: PathBuf,
+}
+
 /// A mounted FUSE export. Dropping it unmounts like [`FuseExport::unmount`], ignoring errors.
 pub struct FuseExport {
     session: Option<fuser::BackgroundSession>,
+    /// Tells the kernel to drop the file's cached attributes when the device is resized.
+    notifier: fuser::Notifier,
     io: Arc<AlignedIo>,
     file_path: PathBuf,
     mountpoint: PathBuf,
@@ -115,6 +126,7 @@ impl FuseExport {
             )
         })?;
         Ok(FuseExport {
+            notifier: session.notifier(),
             session: Some(session),
             io,
             file_path: mountpoint.join(&config.file_name),
@@ -168,6 +180,47 @@ impl FuseExport {
     }
 }
 
+impl StartExport for FuseConfig {
+    fn start(self, device: Arc<dyn BlockDevice>) -> Result<Box<dyn Export>, ExportError> {
+        Ok(Box::new(FuseExport::mount(device, self)?))
+    }
+}
+
+impl Export for FuseExport {
+    fn describe(&self) -> ExportDescription {
+        ExportDescription::Fuse(FuseDescription {
+            file: self.file_path.clone(),
+        })
+    }
+
+    /// The file's attributes come from the device's size, but the kernel caches them for
+    /// [`TTL`]: this invalidates that cache, so the next `stat` shows the new size.
+    fn resized(&self, new_size: u64) -> Result<(), ExportError> {
+        check_resize(self.io.device().as_ref(), new_size)?;
+        if self.session.is_none() {
+            return Err(ExportError::Config(format!(
+                "{} is no longer mounted",
+                self.mountpoint.display()
+            )));
+        }
+        // A negative offset invalidates the attributes only (the file has no page cache:
+        // FOPEN_DIRECT_IO). ENOENT: the kernel holds no inode for the file, so it has no
+        // stale size either.
+        match self.notifier.inval_inode(FILE_INO, -1, 0) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(ExportError::io(
+                format!("invalidating {}'s size", self.file_path.display()),
+                e,
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        let mut export = *self;
+        export.unmount()
+    }
+}
+
 impl Drop for FuseExport {
     fn drop(&mut self) {
         if self.unmount().is_err() {
@@ -201,7 +254,8 @@ fn unsafe_free_getgid() -> u32 {
 }
 
 const FILE_INO: INodeNo = INodeNo(2);
-/// The file's size never changes, so the kernel may cache attributes for a while.
+/// The file's size changes only on a resize, which invalidates the kernel's copy
+/// ([`Export::resized`]), so the kernel may cache attributes for a while.
 const TTL: Duration = Duration::from_secs(60);
 /// Largest write the kernel is asked to send in one request.
 const MAX_WRITE: u32 = 1 << 20;

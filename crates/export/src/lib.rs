@@ -2,18 +2,32 @@
 //! an NBD server ([`NbdServer`]), a FUSE mount holding one file ([`FuseExport`]) and, with
 //! the `ublk` feature (default), a kernel block device `/dev/ublkbN` (`UblkExport`).
 //!
-//! Both are ready when their constructor returns (the NBD socket is listening, the FUSE
-//! handshake with the kernel is done) and both stop gracefully, flushing the device.
+//! Every export implements [`Export`]: it is ready when it has started, [`Export::describe`]
+//! says where clients find it, [`Export::resized`] passes on a change of the device's size,
+//! and [`Export::stop`] stops it gracefully, letting requests in flight finish and flushing
+//! the device. [`start`] starts any of them from an [`ExportConfig`]; each type's own
+//! constructor (`NbdServer::start`, `FuseExport::mount`, `UblkExport::start`) gives the
+//! concrete type with its extra methods.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use cryptblk_dm::{BlockDevice, Registry};
-//! use cryptblk_export::{FuseConfig, FuseExport, NbdConfig, NbdServer};
+//! use cryptblk_export::{ExportConfig, FuseConfig, FuseExport, NbdConfig, NbdServer};
 //!
 //! let reg = Registry::new();
 //! let dev: Arc<dyn BlockDevice> = reg.create("disk", "0 2048 zero").unwrap();
 //!
-//! // NBD on a Unix socket; clients use `server.uri()` (nbd+unix:///?socket=...).
+//! // Any export through the one interface: NBD on a Unix socket here.
+//! let export = cryptblk_export::start(
+//!     ExportConfig::Nbd(NbdConfig::unix("/run/cryptblk.sock")),
+//!     dev.clone(),
+//! )
+//! .unwrap();
+//! // {"kind":"nbd","uri":"nbd+unix:///?socket=/run/cryptblk.sock"}
+//! println!("{}", serde_json::to_string(&export.describe()).unwrap());
+//! export.stop().unwrap(); // connections closed, device flushed
+//!
+//! // The concrete type, for what only NBD has: stopping from another thread.
 //! let server = NbdServer::start(dev.clone(), NbdConfig::unix("/run/cryptblk.sock")).unwrap();
 //! let stopper = server.stopper(); // e.g. moved into a signal-handling thread
 //! stopper.stop();
@@ -24,6 +38,13 @@
 //! println!("losetup -f --show --direct-io=on {}", export.file_path().display());
 //! export.unmount().unwrap(); // EBUSY while the file is open (e.g. loop-attached)
 //! ```
+//!
+//! Adding an export kind is one module (its config implementing [`StartExport`], its running
+//! export implementing [`Export`], and a serialisable description) plus one line in the
+//! `exports!` list below.
+
+#[macro_use]
+mod export;
 
 pub mod aligned;
 pub mod error;
@@ -34,7 +55,59 @@ pub mod ublk;
 
 pub use aligned::AlignedIo;
 pub use error::ExportError;
-pub use fuse::{FuseConfig, FuseExport};
-pub use nbd::{NbdConfig, NbdListen, NbdServer, NbdStopper};
+pub use export::{Export, NoExport, StartExport};
+pub use fuse::{FuseConfig, FuseDescription, FuseExport};
+pub use nbd::{NbdConfig, NbdDescription, NbdListen, NbdServer, NbdStopper};
 #[cfg(feature = "ublk")]
-pub use ublk::{UblkConfig, UblkExport};
+pub use ublk::{UblkConfig, UblkDescription, UblkExport};
+
+// The registry: one line per export kind (variant, config, description, doc).
+exports! {
+    Nbd(NbdConfig) -> NbdDescription: "An NBD server on a Unix socket or TCP.",
+    Fuse(FuseConfig) -> FuseDescription: "A FUSE mount holding the device as one file.",
+    #[cfg(feature = "ublk")]
+    Ublk(UblkConfig) -> UblkDescription: "The kernel block device `/dev/ublkbN`.",
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The daemon's `export` JSON, byte for byte as the CLI printed it before the trait
+    /// existed; clients parse it back into the same description.
+    #[test]
+    fn descriptions_serialise_as_the_daemon_json() {
+        let cases = [
+            (
+                ExportDescription::Nbd(NbdDescription {
+                    uri: "nbd+unix:///?socket=/run/a.sock".into(),
+                }),
+                r#"{"kind":"nbd","uri":"nbd+unix:///?socket=/run/a.sock"}"#,
+            ),
+            (
+                ExportDescription::Fuse(FuseDescription {
+                    file: "/mnt/x/disk".into(),
+                }),
+                r#"{"kind":"fuse","file":"/mnt/x/disk"}"#,
+            ),
+            #[cfg(feature = "ublk")]
+            (
+                ExportDescription::Ublk(UblkDescription {
+                    dev: "/dev/ublkb3".into(),
+                    queues: 2,
+                    depth: 64,
+                }),
+                r#"{"kind":"ublk","dev":"/dev/ublkb3","queues":2,"depth":64}"#,
+            ),
+            (ExportDescription::None, r#"{"kind":"none"}"#),
+        ];
+        for (description, json) in cases {
+            assert_eq!(serde_json::to_string(&description).unwrap(), json);
+            // Through a Value too, as the daemon embeds it in its facts object.
+            let value = serde_json::json!({ "export": description });
+            assert_eq!(value.to_string(), format!(r#"{{"export":{json}}}"#));
+            let back: ExportDescription = serde_json::from_str(json).unwrap();
+            assert_eq!(back, description);
+        }
+    }
+}

@@ -36,6 +36,8 @@ use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags, UblkIORes};
 
 use crate::error::ExportError;
+use crate::export::{check_resize, Export, StartExport};
+use crate::ExportDescription;
 
 /// The control device the kernel's ublk driver creates when loaded.
 pub const UBLK_CONTROL: &str = "/dev/ublk-control";
@@ -79,6 +81,17 @@ impl UblkConfig {
                 .unwrap_or(1)
         })
     }
+}
+
+/// Where clients find a [`UblkExport`]: what its [`Export::describe`] answers.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UblkDescription {
+    /// The kernel block device, `/dev/ublkbN`.
+    pub dev: PathBuf,
+    /// Number of hardware queues (and serving threads).
+    pub queues: u16,
+    /// Requests in flight per queue.
+    pub depth: u16,
 }
 
 /// A running ublk export. Dropping it stops it like [`UblkExport::stop`], ignoring errors.
@@ -209,6 +222,37 @@ impl UblkExport {
         self.device
             .flush()
             .map_err(|e| ExportError::io("flushing the device on ublk stop", e))
+    }
+}
+
+impl StartExport for UblkConfig {
+    fn start(self, device: Arc<dyn BlockDevice>) -> Result<Box<dyn Export>, ExportError> {
+        Ok(Box::new(UblkExport::start(device, self)?))
+    }
+}
+
+impl Export for UblkExport {
+    fn describe(&self) -> ExportDescription {
+        ExportDescription::Ublk(UblkDescription {
+            dev: self.dev_path(),
+            queues: self.queues,
+            depth: self.depth,
+        })
+    }
+
+    /// Sets the kernel device's capacity (`UPDATE_SIZE`, Linux 6.16 and later; older
+    /// kernels refuse the command and the error says so).
+    fn resized(&self, new_size: u64) -> Result<(), ExportError> {
+        check_resize(self.device.as_ref(), new_size)?;
+        ensure_ctrl_ring();
+        self.ctrl
+            .update_size(new_size)
+            .map(drop)
+            .map_err(|e| ublk_error("updating the ublk device's size (needs Linux 6.16+)", e))
+    }
+
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        UblkExport::stop(*self)
     }
 }
 

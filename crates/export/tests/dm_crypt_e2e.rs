@@ -11,11 +11,25 @@ use std::sync::Arc;
 
 use common::{pattern, require_tool, run, run_text, TempDir};
 use cryptblk_dm::{BlockDevice, Registry};
-use cryptblk_export::{FuseConfig, FuseExport, NbdConfig, NbdServer};
+use cryptblk_export::{Export, ExportConfig, ExportDescription, FuseConfig, FuseExport, NbdConfig};
 
 const MIB: u64 = 1 << 20;
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
                    f0e0d0c0b0a090807060504030201000ffeeddccbbaa99887766554433221100";
+
+/// Serves `dev` over NBD on a Unix socket in `dir`, as the daemon does: through the one
+/// export interface.
+fn start_nbd(dev: Arc<dyn BlockDevice>, dir: &TempDir) -> Box<dyn Export> {
+    cryptblk_export::start(ExportConfig::Nbd(NbdConfig::unix(dir.join("s.sock"))), dev).unwrap()
+}
+
+/// The URI clients connect to, from the export's description.
+fn nbd_uri(export: &dyn Export) -> String {
+    match export.describe() {
+        ExportDescription::Nbd(d) => d.uri,
+        other => panic!("not an NBD export: {other:?}"),
+    }
+}
 
 /// Encrypts or decrypts a whole image with AES-XTS as dm-crypt's aes-xts-plain64 does:
 /// each `sector_size` unit is one XTS data unit, tweak = 64-bit little-endian IV sector
@@ -90,10 +104,10 @@ fn nbd_crypt_mapping_is_dm_crypt_compatible() {
 
     let reg = Registry::new();
     let dev = crypt_mapping(&reg, "e2e", &backing, 16 * MIB, "");
-    let server = NbdServer::start(dev, NbdConfig::unix(dir.join("s.sock"))).unwrap();
+    let server = start_nbd(dev, &dir);
     run(Command::new("nbdcopy")
         .arg(dir.join("plain.img"))
-        .arg(server.uri()));
+        .arg(nbd_uri(server.as_ref())));
     server.stop().unwrap();
     reg.remove("e2e").unwrap();
 
@@ -114,9 +128,9 @@ fn nbd_crypt_mapping_is_dm_crypt_compatible() {
     std::fs::write(dir.join("plain2.img"), &plain2).unwrap();
     xts("enc", &dir.join("plain2.img"), &backing, 512);
     let dev = crypt_mapping(&reg, "e2e", &backing, 16 * MIB, "");
-    let server = NbdServer::start(dev, NbdConfig::unix(dir.join("s.sock"))).unwrap();
+    let server = start_nbd(dev, &dir);
     run(Command::new("nbdcopy")
-        .arg(server.uri())
+        .arg(nbd_uri(server.as_ref()))
         .arg(dir.join("out.img")));
     server.stop().unwrap();
     assert!(

@@ -1,72 +1,11 @@
-//! One NBD client connection: the socket type and the connection's life cycle.
+//! One NBD client connection: drives the handshake and then the transmission phase.
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::unix::net::UnixStream;
+use std::io;
 
 use super::handshake::{handshake, Negotiated};
 use super::transmission::Transmission;
+use super::wire::Stream;
 use super::Shared;
-
-/// A connected client socket.
-pub(crate) enum Stream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Stream {
-    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
-    }
-
-    /// Closes both directions, even while other clones of the socket exist.
-    pub(crate) fn shutdown_both(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-
-    /// Makes pending and future reads return end-of-file; replies can still be sent.
-    pub(crate) fn shutdown_read(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Read),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Read),
-        };
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.read(buf),
-            Stream::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
-        }
-    }
-
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write_vectored(bufs),
-            Stream::Tcp(s) => s.write_vectored(bufs),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Serves one client until it disconnects or the server stops, then closes the socket
 /// (explicitly: the server keeps a clone of it for stopping, which would keep it open).
@@ -88,25 +27,4 @@ fn serve_inner(mut stream: Stream, shared: &Shared) -> io::Result<()> {
             block_status,
         } => Transmission::new(stream, shared, structured, strict, block_status).run(),
     }
-}
-
-pub(crate) fn read_u32(r: &mut impl Read) -> io::Result<u32> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b)?;
-    Ok(u32::from_be_bytes(b))
-}
-
-pub(crate) fn read_u64(r: &mut impl Read) -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b)?;
-    Ok(u64::from_be_bytes(b))
-}
-
-/// Reads and drops `len` bytes.
-pub(crate) fn skip(r: &mut impl Read, len: u64) -> io::Result<()> {
-    let copied = io::copy(&mut r.take(len), &mut io::sink())?;
-    if copied < len {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
 }

@@ -3,8 +3,8 @@
 use std::io::{self, Read, Write};
 use std::sync::atomic::Ordering;
 
-use super::conn::{read_u32, read_u64, skip, Stream};
 use super::proto::*;
+use super::wire::{read_u32, read_u64, skip, Stream};
 use super::Shared;
 
 /// Option data beyond this is not buffered (the protocol caps strings at 4096 bytes).

@@ -32,6 +32,7 @@ mod conn;
 mod handshake;
 pub(crate) mod proto;
 mod transmission;
+mod wire;
 
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
@@ -48,7 +49,9 @@ use cryptblk_dm::device::BlockDevice;
 
 use crate::aligned::AlignedIo;
 use crate::error::ExportError;
-use conn::Stream;
+use crate::export::{check_resize, Export, StartExport};
+use crate::ExportDescription;
+use wire::Stream;
 
 /// Default maximum request size advertised in `NBD_INFO_BLOCK_SIZE` (32 MiB).
 pub const DEFAULT_MAX_BLOCK_SIZE: u32 = 32 << 20;
@@ -127,6 +130,13 @@ impl NbdConfig {
     pub fn localhost(port: u16) -> Self {
         Self::new(NbdListen::localhost(port))
     }
+}
+
+/// Where clients find an [`NbdServer`]: what its [`Export::describe`] answers.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NbdDescription {
+    /// The NBD URI, e.g. `nbd+unix:///?socket=/run/x.sock` or `nbd://127.0.0.1:10809/`.
+    pub uri: String,
 }
 
 /// State shared by the accept thread and the connection threads.
@@ -281,6 +291,29 @@ impl NbdServer {
             let _ = fs::remove_file(path);
         }
         flushed
+    }
+}
+
+impl StartExport for NbdConfig {
+    fn start(self, device: Arc<dyn BlockDevice>) -> Result<Box<dyn Export>, ExportError> {
+        Ok(Box::new(NbdServer::start(device, self)?))
+    }
+}
+
+impl Export for NbdServer {
+    fn describe(&self) -> ExportDescription {
+        ExportDescription::Nbd(NbdDescription { uri: self.uri() })
+    }
+
+    /// Nothing to do beyond checking: each handshake reads the size from the device, so new
+    /// connections see the new size, and requests are checked against the device's current
+    /// size. NBD cannot tell connected clients; they keep the size they negotiated.
+    fn resized(&self, new_size: u64) -> Result<(), ExportError> {
+        check_resize(self.shared.io.device().as_ref(), new_size)
+    }
+
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        NbdServer::stop(*self)
     }
 }
 

@@ -4,8 +4,8 @@ use std::io::{self, Read, Write};
 
 use cryptblk_dm::device::WriteFlags;
 
-use super::conn::{skip, Stream};
 use super::proto::*;
+use super::wire::{skip, Stream};
 use super::Shared;
 
 /// Payloads of rejected writes up to this size are read and dropped to keep the

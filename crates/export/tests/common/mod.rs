@@ -34,6 +34,12 @@ impl MemDisk {
         self.data.read().unwrap().clone()
     }
 
+    /// Changes the size, as a table reload does to a mapping: kept bytes stay, new ones
+    /// read as zeros.
+    pub fn resize(&self, size: u64) {
+        self.data.write().unwrap().resize(size as usize, 0);
+    }
+
     pub fn fill(&self, bytes: &[u8]) {
         self.data.write().unwrap().copy_from_slice(bytes);
     }

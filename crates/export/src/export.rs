@@ -1,0 +1,128 @@
+//! The one interface a daemon needs from every export, and the registry that starts them.
+//!
+//! Every export kind is a module with a config type (implementing [`StartExport`]), a running
+//! export (implementing [`Export`]) and a description type (its `describe` answer), plus one
+//! line in the `exports!` invocation in `lib.rs`, which generates
+//! [`ExportConfig`](crate::ExportConfig), [`ExportDescription`](crate::ExportDescription) and
+//! [`start`](crate::start) from those lines.
+
+use std::sync::Arc;
+
+use cryptblk_dm::device::BlockDevice;
+
+use crate::error::ExportError;
+use crate::ExportDescription;
+
+/// A running export of one [`BlockDevice`], as the daemon drives it: describe it to
+/// clients, tell it that the device changed size, stop it.
+///
+/// An export is ready when its constructor (or [`crate::start`]) returns. Dropping one
+/// without [`Export::stop`] stops it too, ignoring errors.
+pub trait Export: Send {
+    /// Where clients find the export; serialises to the daemon's `export` JSON object
+    /// (`{"kind":"nbd","uri":...}` and so on).
+    fn describe(&self) -> ExportDescription;
+
+    /// Tells the export that its device now has `new_size` bytes. Call it after the device
+    /// already reports that size (exports read the size from the device; this notifies the
+    /// clients that cache it). Fails with [`ExportError::Config`] if the device reports
+    /// another size or one the export cannot serve.
+    fn resized(&self, new_size: u64) -> Result<(), ExportError>;
+
+    /// Stops accepting new clients and requests, lets requests in flight finish, and
+    /// flushes the device. On an error the export is torn down as on drop.
+    fn stop(self: Box<Self>) -> Result<(), ExportError>;
+}
+
+/// The settings of one kind of export, which can start it on a device.
+pub trait StartExport {
+    /// Starts serving `device`; the export is ready when this returns.
+    fn start(self, device: Arc<dyn BlockDevice>) -> Result<Box<dyn Export>, ExportError>;
+}
+
+/// No export: the device is reachable only through the daemon's control socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoExport;
+
+impl Export for NoExport {
+    fn describe(&self) -> ExportDescription {
+        ExportDescription::None
+    }
+
+    fn resized(&self, _new_size: u64) -> Result<(), ExportError> {
+        // Nobody caches the size: control-socket requests read it from the device.
+        Ok(())
+    }
+
+    fn stop(self: Box<Self>) -> Result<(), ExportError> {
+        Ok(())
+    }
+}
+
+/// Checks a resize notification against the device the export serves: it must already
+/// report `new_size`, a whole number of its logical blocks.
+pub(crate) fn check_resize(device: &dyn BlockDevice, new_size: u64) -> Result<(), ExportError> {
+    let actual = device.size();
+    if actual != new_size {
+        return Err(ExportError::Config(format!(
+            "resize notification for {new_size} bytes, but the device has {actual}"
+        )));
+    }
+    let block = u64::from(device.logical_block_size().max(1));
+    if !new_size.is_multiple_of(block) {
+        return Err(ExportError::Config(format!(
+            "device size {new_size} is not a multiple of its logical block size {block}"
+        )));
+    }
+    Ok(())
+}
+
+/// Generates, from one line per export kind, the [`ExportConfig`](crate::ExportConfig) enum
+/// (which export to start), the serde-tagged
+/// [`ExportDescription`](crate::ExportDescription) enum (what `describe` answers) and
+/// [`start`](crate::start) (the dispatch). Each line reads
+/// `Variant(ConfigType) -> DescriptionType: "doc line"`, optionally behind a `#[cfg(...)]`;
+/// the variant's lowercase name is the `kind` in the JSON.
+macro_rules! exports {
+    ($( $(#[cfg($cfg:meta)])? $variant:ident($config:ty) -> $description:ty : $doc:literal, )*) => {
+        /// Which export to start, with its settings (one variant per export kind).
+        #[derive(Clone, Debug)]
+        pub enum ExportConfig {
+            $(
+                $(#[cfg($cfg)])?
+                #[doc = $doc]
+                $variant($config),
+            )*
+            /// No export: only the daemon's control socket reaches the device.
+            None,
+        }
+
+        /// What [`Export::describe`] answers: where clients find the export. Serialises as
+        /// an object whose `kind` is the variant's lowercase name, followed by its fields.
+        #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        #[serde(tag = "kind", rename_all = "lowercase")]
+        pub enum ExportDescription {
+            $(
+                $(#[cfg($cfg)])?
+                #[doc = $doc]
+                $variant($description),
+            )*
+            /// No export.
+            None,
+        }
+
+        /// Starts the export `config` names on `device`; it is ready when this returns.
+        pub fn start(
+            config: ExportConfig,
+            device: std::sync::Arc<dyn cryptblk_dm::device::BlockDevice>,
+        ) -> Result<Box<dyn $crate::Export>, $crate::ExportError> {
+            match config {
+                $(
+                    $(#[cfg($cfg)])?
+                    ExportConfig::$variant(config) => $crate::StartExport::start(config, device),
+                )*
+                ExportConfig::None => Ok(Box::new($crate::NoExport)),
+            }
+        }
+    };
+}
