@@ -6,11 +6,6 @@ mod daemon;
 mod exit;
 mod progress;
 
-// The client side of the control protocol lives in the library; `crate::control` and
-// `crate::serve` stay the paths the actions use.
-use cryptblk_volume::control;
-use daemon as serve;
-
 use args::Action;
 use clap::Parser;
 use exit::{ActionResult, ExitCode, Failure};

@@ -17,10 +17,10 @@
 
 use super::volume;
 use crate::args::{ExportArgs, IntegrityAction, IntegrityOpts, Opts};
-use crate::control;
+use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, ExitCode, Failure};
-use crate::serve::ServeSpec;
 use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode};
+use cryptblk_volume::control;
 use cryptblk_volume::integrity::{self as lib, Algorithm};
 use serde_json::{json, Value};
 use std::path::Path;

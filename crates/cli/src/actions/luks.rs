@@ -5,8 +5,8 @@ mod persistent;
 
 use super::volume::{self, Volume};
 use crate::args::{OpenArgs, Opts, PerfArgs, VolumeType};
+use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, ExitCode, Failure};
-use crate::serve::ServeSpec;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::luks1::Luks1FormatParams;
@@ -217,7 +217,7 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
         .name
         .as_deref()
         .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
-    crate::control::check_name(name)?;
+    cryptblk_volume::control::check_name(name)?;
     let flags = persistent::effective(opts, &a.perf, &vol.stored_flags());
     let header = header_location(opts, &a.device);
     let at = plan::LuksLocation {
@@ -282,7 +282,7 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
              open with --integrity-no-journal (add --persistent to store it)",
         ));
     }
-    let st = crate::control::status(name)?;
+    let st = cryptblk_volume::control::status(name)?;
     let info = &st.info;
     let kind = info["type"].as_str().unwrap_or_default();
     if kind == "PLAIN" {
@@ -368,7 +368,7 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
         .name
         .as_deref()
         .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
-    crate::control::check_name(name)?;
+    cryptblk_volume::control::check_name(name)?;
     let plan = plan::plain(&pv, &a.device, name, &a.perf.table_flags())?;
     super::serving::start(serve_spec(plan, opts, a)?, &a.export, opts.json)
 }

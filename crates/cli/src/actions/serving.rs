@@ -2,9 +2,9 @@
 //! start-a-daemon path that `open` also uses.
 
 use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
-use crate::control::{self, ExportInfo, Request};
 use crate::daemon::{self, ExportSpec, LowerTable, ServeSpec};
 use crate::exit::{ActionResult, Failure};
+use cryptblk_volume::control::{self, ExportDescription, Request};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -350,10 +350,10 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         );
     }
     match &a.export {
-        ExportInfo::Nbd { uri } => println!("  export:      nbd {uri}"),
-        ExportInfo::Fuse { file } => println!("  export:      fuse {}", file.display()),
+        ExportDescription::Nbd(n) => println!("  export:      nbd {}", n.uri),
+        ExportDescription::Fuse(f) => println!("  export:      fuse {}", f.file.display()),
         // The plain report never named ublk devices or their absence.
-        ExportInfo::Ublk { .. } | ExportInfo::None => {}
+        ExportDescription::Ublk(_) | ExportDescription::None => {}
     }
     println!("  status:      {}", a.status.trim());
     Ok(())

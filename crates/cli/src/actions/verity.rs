@@ -2,8 +2,8 @@
 
 use super::volume::open_file;
 use crate::args::{Opts, VerityAction, VerityTreeArgs};
+use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, Failure};
-use crate::serve::ServeSpec;
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::verity::{self, VerityParams, VeritySuperblock};
 use cryptblk_volume::verity as lib;
@@ -52,7 +52,7 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             hash_offset,
             export,
         } => {
-            crate::control::check_name(name)?;
+            cryptblk_volume::control::check_name(name)?;
             let (params, root) = lib::load(hash_device, *hash_offset, root_hash)?;
             let plan = lib::plan(data, hash_device, name, &params, &root)?;
             let spec = ServeSpec {

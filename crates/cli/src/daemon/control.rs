@@ -194,7 +194,7 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             } else {
                 (
                     json!({ "type": "dm", "stacked_under": spec.name }),
-                    client::ExportInfo::None,
+                    client::ExportDescription::None,
                 )
             };
             Response::Status(Box::new(Status {

@@ -5,92 +5,60 @@ use super::{lower_tables, tables, ExportSpec, LowerTable, ServeSpec};
 use crate::exit::{ExitCode, Failure};
 use cryptblk_dm::backing::FileOptions;
 use cryptblk_dm::{BlockDevice, Mapping, Registry};
-use cryptblk_export::fuse::{FuseConfig, FuseExport};
-use cryptblk_export::nbd::{NbdConfig, NbdListen, NbdServer};
-use cryptblk_export::ublk::{UblkConfig, UblkExport};
-use cryptblk_volume::control::{ExportInfo, Response};
+use cryptblk_export::fuse::FuseConfig;
+use cryptblk_export::nbd::{NbdConfig, NbdListen};
+use cryptblk_export::ublk::UblkConfig;
+use cryptblk_export::{Export, ExportConfig, ExportDescription};
+use cryptblk_volume::control::Response;
 use std::sync::Arc;
 
-/// A running export, stopped on close.
-enum Export {
-    Nbd(NbdServer),
-    Fuse(FuseExport),
-    Ublk(UblkExport),
-    None,
-}
-
-impl Export {
-    /// Starts the export `spec` asks for on `device`.
-    fn start(spec: &ServeSpec, device: Arc<dyn BlockDevice>) -> Result<Export, Failure> {
-        Ok(match &spec.export {
-            ExportSpec::NbdUnix(path) => {
-                let mut cfg = NbdConfig::unix(path);
-                cfg.read_only = spec.readonly;
-                cfg.description = format!("cryptblk {}", spec.name);
-                Export::Nbd(start_nbd(device, cfg)?)
-            }
-            ExportSpec::NbdTcp(addr) => {
-                let sock = addr.parse().map_err(|_| {
-                    Failure::usage(format!("invalid NBD address '{addr}' (want host:port)"))
-                })?;
-                let mut cfg = NbdConfig::new(NbdListen::Tcp(sock));
-                cfg.read_only = spec.readonly;
-                Export::Nbd(start_nbd(device, cfg)?)
-            }
-            ExportSpec::Fuse(dir) => {
-                let mut cfg = FuseConfig::new(dir);
-                cfg.read_only = spec.readonly;
-                Export::Fuse(FuseExport::mount(device, cfg).map_err(|e| {
-                    Failure::device(format!(
-                        "cannot mount FUSE export at {}: {e}",
-                        dir.display()
-                    ))
-                })?)
-            }
-            ExportSpec::Ublk { queues, depth } => {
-                let cfg = UblkConfig {
-                    queues: *queues,
-                    queue_depth: *depth,
-                    read_only: spec.readonly,
-                    ..UblkConfig::default()
-                };
-                Export::Ublk(
-                    UblkExport::start(device, cfg)
-                        .map_err(|e| Failure::device(format!("cannot start ublk export: {e}")))?,
-                )
-            }
-            ExportSpec::None => Export::None,
-        })
-    }
-
-    fn describe(&self) -> ExportInfo {
-        match self {
-            Export::Nbd(s) => ExportInfo::Nbd { uri: s.uri() },
-            Export::Fuse(f) => ExportInfo::Fuse {
-                file: f.file_path().to_path_buf(),
-            },
-            Export::Ublk(u) => ExportInfo::Ublk {
-                dev: u.dev_path(),
-                queues: u.queues(),
-                depth: u.queue_depth(),
-            },
-            Export::None => ExportInfo::None,
+/// Starts the export `spec` asks for on `device`, through the export registry.
+fn start_export(
+    spec: &ServeSpec,
+    device: Arc<dyn BlockDevice>,
+) -> Result<Box<dyn Export>, Failure> {
+    let (config, what) = match &spec.export {
+        ExportSpec::NbdUnix(path) => {
+            let mut cfg = NbdConfig::unix(path);
+            cfg.read_only = spec.readonly;
+            cfg.description = format!("cryptblk {}", spec.name);
+            (
+                ExportConfig::Nbd(cfg),
+                "cannot start NBD server".to_string(),
+            )
         }
-    }
-
-    fn stop(self) -> Result<(), String> {
-        match self {
-            Export::Nbd(s) => s.stop().map_err(|e| e.to_string()),
-            Export::Fuse(mut f) => f.unmount().map_err(|e| e.to_string()),
-            Export::Ublk(u) => u.stop().map_err(|e| e.to_string()),
-            Export::None => Ok(()),
+        ExportSpec::NbdTcp(addr) => {
+            let sock = addr.parse().map_err(|_| {
+                Failure::usage(format!("invalid NBD address '{addr}' (want host:port)"))
+            })?;
+            let mut cfg = NbdConfig::new(NbdListen::Tcp(sock));
+            cfg.read_only = spec.readonly;
+            (
+                ExportConfig::Nbd(cfg),
+                "cannot start NBD server".to_string(),
+            )
         }
-    }
-}
-
-fn start_nbd(device: Arc<dyn BlockDevice>, cfg: NbdConfig) -> Result<NbdServer, Failure> {
-    NbdServer::start(device, cfg)
-        .map_err(|e| Failure::device(format!("cannot start NBD server: {e}")))
+        ExportSpec::Fuse(dir) => {
+            let mut cfg = FuseConfig::new(dir);
+            cfg.read_only = spec.readonly;
+            let what = format!("cannot mount FUSE export at {}", dir.display());
+            (ExportConfig::Fuse(cfg), what)
+        }
+        ExportSpec::Ublk { queues, depth } => {
+            let cfg = UblkConfig {
+                queues: *queues,
+                queue_depth: *depth,
+                read_only: spec.readonly,
+                ..UblkConfig::default()
+            };
+            (
+                ExportConfig::Ublk(cfg),
+                "cannot start ublk export".to_string(),
+            )
+        }
+        ExportSpec::None => (ExportConfig::None, String::new()),
+    };
+    cryptblk_export::start(config, device).map_err(|e| Failure::device(format!("{what}: {e}")))
 }
 
 /// The mappings and the export of one daemon.
@@ -99,7 +67,7 @@ pub(super) struct Stack {
     registry: Registry,
     /// The top (exported) mapping.
     mapping: Arc<Mapping>,
-    export: Export,
+    export: Box<dyn Export>,
     /// The lower mappings, in creation order.
     lower: Vec<String>,
 }
@@ -140,7 +108,7 @@ impl Stack {
                 Failure::new(ExitCode::WrongDevice, format!("{}: {msg}", spec.name))
             }
         })?;
-        let export = Export::start(&spec, mapping.clone())?;
+        let export = start_export(&spec, mapping.clone())?;
         Ok(Stack {
             spec,
             registry,
@@ -166,7 +134,7 @@ impl Stack {
     }
 
     /// The export, as `status` and READY describe it.
-    pub(super) fn export_info(&self) -> ExportInfo {
+    pub(super) fn export_info(&self) -> ExportDescription {
         self.export.describe()
     }
 
@@ -244,7 +212,7 @@ impl Stack {
             let _ = registry.remove(name);
         }
         flushed.map_err(|e| Failure::device(format!("flush on close failed: {e}")))?;
-        stopped.map_err(Failure::device)?;
+        stopped.map_err(|e| Failure::device(e.to_string()))?;
         Ok(())
     }
 }

@@ -9,7 +9,9 @@
 
 pub mod protocol;
 
-pub use protocol::{ExportInfo, Pipeline, Queueing, Request, Response, Status, PROTOCOL_VERSION};
+pub use protocol::{
+    ExportDescription, Pipeline, Queueing, Request, Response, Status, PROTOCOL_VERSION,
+};
 
 use crate::error::{ErrorClass, Result, VolumeError};
 use protocol::AnswerError;

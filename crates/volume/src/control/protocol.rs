@@ -10,10 +10,10 @@
 //! `{"v":1,"ok":false,"code":<exit class>,"error":"<message>"}`.
 
 use crate::error::{ErrorClass, VolumeError};
+pub use cryptblk_export::ExportDescription;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
-use std::path::PathBuf;
 
 /// The control protocol this build speaks. Raise it whenever a request or an answer changes
 /// meaning or shape; daemons and clients of different versions refuse each other.
@@ -160,33 +160,6 @@ pub struct Pipeline {
     pub flags: Vec<String>,
 }
 
-/// The export serving a mapping, as `status` and the daemon's READY line describe it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum ExportInfo {
-    /// An NBD server.
-    Nbd {
-        /// The address clients connect to (`nbd+unix:///...`, `nbd://host:port/...`).
-        uri: String,
-    },
-    /// A FUSE mount holding the volume as one file.
-    Fuse {
-        /// The file clients open.
-        file: PathBuf,
-    },
-    /// A ublk block device.
-    Ublk {
-        /// The device node, `/dev/ublkb<N>`.
-        dev: PathBuf,
-        /// Hardware queues.
-        queues: u16,
-        /// Requests in flight per queue.
-        depth: u16,
-    },
-    /// Not exported (lower mappings, `--export none` stacks).
-    None,
-}
-
 /// The answer to [`Request::Status`]: the fields `cryptblk status --json` prints.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -210,7 +183,7 @@ pub struct Status {
     /// One entry per crypt line of the live table.
     pub pipeline: Vec<Pipeline>,
     /// The export (none for a lower mapping).
-    pub export: ExportInfo,
+    pub export: ExportDescription,
     /// The stack's lower mappings, in creation order (empty for a lower mapping).
     pub lower: Vec<String>,
     /// The daemon's process id.
@@ -380,6 +353,7 @@ fn class_of_code(code: i64) -> ErrorClass {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cryptblk_export::ublk::UblkDescription;
     use serde_json::json;
 
     fn status() -> Status {
@@ -398,11 +372,11 @@ mod tests {
                 write: Queueing::Queued,
                 flags: vec!["no_read_workqueue".into()],
             }],
-            export: ExportInfo::Ublk {
+            export: ExportDescription::Ublk(UblkDescription {
                 dev: "/dev/ublkb0".into(),
                 queues: 2,
                 depth: 128,
-            },
+            }),
             lower: vec!["v_dif".into()],
             pid: 42,
         }
@@ -545,7 +519,7 @@ mod tests {
             "[{\"start\":0,\"read\":\"inline\",\"write\":\"queued\",\"flags\":[\"no_read_workqueue\"]}]"
         );
         assert_eq!(
-            serde_json::to_string(&ExportInfo::None).unwrap(),
+            serde_json::to_string(&ExportDescription::None).unwrap(),
             "{\"kind\":\"none\"}"
         );
     }
