@@ -4,7 +4,9 @@
 //! `suspend` stops new I/O from entering (callers wait, they do not fail) and returns once
 //! every in-flight request has finished; `resume` swaps in the staged table, if any, and lets
 //! the waiters through. That is the sequence the kernel runs for `dmsetup reload` +
-//! `dmsetup suspend` + `dmsetup resume`, which lets crypt flags change under load.
+//! `dmsetup suspend` + `dmsetup resume`, which lets crypt flags change under load. The
+//! targets take part through their [`Target`] hooks (suspend and resume in the kernel's
+//! order, `message` routed by sector), never by downcasting.
 
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
