@@ -396,7 +396,10 @@ fn integrity_postsuspend_leaves_the_superblock_clean() {
     let reg = Registry::new();
     let disk = reg.open_device("ram:8M#it").unwrap();
     let m = reg
-        .create("it", "0 16 integrity ram:8M#it 0 - B 1 internal_hash:crc32c")
+        .create(
+            "it",
+            "0 16 integrity ram:8M#it 0 - B 1 internal_hash:crc32c",
+        )
         .unwrap();
     assert_ne!(superblock_flags(&*disk) & FLAG_DIRTY_BITMAP, 0, "in use");
     m.write_at(0, &[3u8; 4096], WriteFlags::default()).unwrap();
@@ -422,7 +425,10 @@ fn integrity_postsuspend_leaves_the_superblock_clean() {
     reg.remove("it").unwrap();
     // Reopened after the clean suspend, every tag checks (nothing needed recalculating).
     let m = reg
-        .create("it", "0 16 integrity ram:8M#it 0 - B 1 internal_hash:crc32c")
+        .create(
+            "it",
+            "0 16 integrity ram:8M#it 0 - B 1 internal_hash:crc32c",
+        )
         .unwrap();
     m.read_at(0, &mut b).unwrap();
     assert!(b[..4096].iter().all(|&x| x == 3) && b[4096..].iter().all(|&x| x == 4));
