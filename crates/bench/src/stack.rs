@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::targets::crypt::CryptTarget;
 use cryptblk_dm::{BlockDevice, Mapping, Registry};
 use cryptblk_export::{FuseConfig, FuseExport, NbdConfig, NbdServer};
 
@@ -79,15 +78,13 @@ impl ConfigStack {
     /// "read pipeline/write pipeline" of a crypt target (`inline`, `queued`, ...), as the dm
     /// crate reports what it actually runs: proof that a flag took effect.
     pub fn pipelines(&self) -> Option<String> {
-        self.mapping.with_table(|t| {
-            let target = t.entries().first()?.target.clone();
-            let crypt = target.as_any().downcast_ref::<CryptTarget>()?;
-            Some(format!(
-                "{}/{}",
-                crypt.read_pipeline(),
-                crypt.write_pipeline()
-            ))
-        })
+        let stats = self.mapping.stats();
+        let crypt = stats.iter().find(|s| s.target_type == "crypt")?;
+        Some(format!(
+            "{}/{}",
+            crypt.fact("read_pipeline")?,
+            crypt.fact("write_pipeline")?
+        ))
     }
 
     /// Replaces the live table by this configuration's table with `flags` (same key, same
@@ -106,8 +103,10 @@ impl ConfigStack {
             .map_err(|e| BenchError::Dm(format!("reloading {}: {e}", self.config.name)))?;
         self.mapping.reload(loaded);
         let t0 = std::time::Instant::now();
-        self.mapping.suspend();
-        self.mapping.resume();
+        self.mapping
+            .suspend()
+            .and_then(|()| self.mapping.resume())
+            .map_err(|e| BenchError::Dm(format!("swapping {}: {e}", self.config.name)))?;
         Ok(t0.elapsed())
     }
 

@@ -4,7 +4,9 @@
 //! `suspend` stops new I/O from entering (callers wait, they do not fail) and returns once
 //! every in-flight request has finished; `resume` swaps in the staged table, if any, and lets
 //! the waiters through. That is the sequence the kernel runs for `dmsetup reload` +
-//! `dmsetup suspend` + `dmsetup resume`, which lets crypt flags change under load.
+//! `dmsetup suspend` + `dmsetup resume`, which lets crypt flags change under load. The
+//! targets take part through their [`Target`] hooks (suspend and resume in the kernel's
+//! order, `message` routed by sector), never by downcasting.
 
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -12,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::DmError;
 use crate::table::Table;
+use crate::targets::{Target, TargetStats};
 
 /// A loaded table plus the mapping names it stacks on (for cycle and busy checks).
 pub(crate) struct LoadedTable {
@@ -135,40 +138,144 @@ impl Mapping {
         drop(old);
     }
 
-    /// Stops new I/O (it waits, it does not fail) and waits for in-flight I/O to finish.
-    /// Idempotent.
-    pub fn suspend(&self) {
-        let mut s = self.lock();
-        s.suspended = true;
-        while s.inflight > 0 {
-            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+    /// Stops new I/O (it waits, it does not fail) and waits for in-flight I/O to finish,
+    /// calling the live table's [`Target::presuspend`] hooks before the wait and its
+    /// [`Target::postsuspend`] hooks after it, as the kernel's `dm_suspend` does.
+    /// Idempotent: suspending a suspended mapping calls no hooks.
+    ///
+    /// The mapping is suspended even when a hook fails; the first failure is returned.
+    pub fn suspend(&self) -> Result<(), DmError> {
+        let table = {
+            let s = self.lock();
+            if s.suspended {
+                return Ok(());
+            }
+            s.active.clone()
+        };
+        let mut result = self.each_target(&table, "presuspend", |t| t.presuspend());
+        {
+            let mut s = self.lock();
+            s.suspended = true;
+            while s.inflight > 0 {
+                s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
         }
+        let post = self.each_target(&table, "postsuspend", |t| t.postsuspend());
+        if result.is_ok() {
+            result = post;
+        }
+        result
+    }
+
+    /// Calls `hook` on every target of `table` in order; all run, the first error is kept.
+    fn each_target(
+        &self,
+        table: &LoadedTable,
+        what: &str,
+        hook: impl Fn(&dyn Target) -> io::Result<()>,
+    ) -> Result<(), DmError> {
+        let mut result = Ok(());
+        for e in table.table.entries() {
+            if let Err(err) = hook(e.target.as_ref()) {
+                if result.is_ok() {
+                    result = Err(DmError::State {
+                        name: self.name.clone(),
+                        msg: format!(
+                            "{} target at sector {}: {what} failed: {err}",
+                            e.target.target_type(),
+                            e.start
+                        ),
+                    });
+                }
+            }
+        }
+        result
     }
 
     /// Swaps in the staged table, if any, and releases waiting I/O. Returns true if the
     /// table changed.
-    pub fn resume(&self) -> bool {
-        let old;
-        {
+    ///
+    /// As in the kernel, a staged table only goes live on a suspended device, so a live
+    /// mapping with a staged table is suspended first. The table that is live afterwards
+    /// gets [`Target::preresume`] then [`Target::resume`]; if a `preresume` fails the
+    /// mapping stays suspended (I/O keeps waiting) with that table live, and the error is
+    /// returned.
+    pub fn resume(&self) -> Result<bool, DmError> {
+        let has_staged = {
+            let s = self.lock();
+            if !s.suspended && s.staged.is_none() {
+                return Ok(false);
+            }
+            s.staged.is_some()
+        };
+        if has_staged {
+            self.suspend()?;
+        }
+        let (old, live) = {
             let mut s = self.lock();
-            old = s
+            let old = s
                 .staged
                 .take()
                 .map(|new| std::mem::replace(&mut s.active, new));
+            (old, s.active.clone())
+        };
+        let changed = old.is_some();
+        // Dropping a table may stop pipeline threads; do it outside the lock.
+        drop(old);
+        self.each_target(&live, "preresume", |t| t.preresume())?;
+        for e in live.table.entries() {
+            e.target.resume();
+        }
+        {
+            let mut s = self.lock();
             s.suspended = false;
             self.changed.notify_all();
         }
-        // Dropping a table may stop pipeline threads; do it outside the lock.
-        let changed = old.is_some();
-        drop(old);
-        changed
+        Ok(changed)
     }
 
     /// Reload + suspend + resume in one call: replaces the live table with no failed I/O.
-    pub fn replace_table(&self, table: Table) {
+    pub fn replace_table(&self, table: Table) -> Result<(), DmError> {
         self.reload(table);
-        self.suspend();
-        self.resume();
+        self.suspend()?;
+        self.resume().map(|_| ())
+    }
+
+    /// `dmsetup message <name> <sector> <argv...>`: hands `argv` to the live table's target
+    /// that covers `sector` (see [`Target::message`]); `Ok(Some(text))` is its reply.
+    pub fn message(&self, sector: u64, argv: &[&str]) -> Result<Option<String>, DmError> {
+        let loaded = self.lock().active.clone();
+        let entry = loaded
+            .table
+            .entries()
+            .iter()
+            .find(|e| sector >= e.start && sector - e.start < e.len)
+            .ok_or_else(|| DmError::State {
+                name: self.name.clone(),
+                msg: format!("no target covers sector {sector}"),
+            })?;
+        if argv.is_empty() {
+            return Err(DmError::State {
+                name: self.name.clone(),
+                msg: "empty message".into(),
+            });
+        }
+        entry.target.message(argv).map_err(|msg| DmError::State {
+            name: self.name.clone(),
+            msg: format!("{} target: {msg}", entry.target.target_type()),
+        })
+    }
+
+    /// Counters and facts of every target in the live table that reports any, in table
+    /// order (see [`Target::stats`]).
+    pub fn stats(&self) -> Vec<TargetStats> {
+        self.with_table(|t| {
+            t.entries()
+                .iter()
+                .map(|e| e.target.stats())
+                .filter(|st| !st.is_empty())
+                .collect()
+        })
     }
 
     /// The live table as `dmsetup table [--showkeys]` prints it.
@@ -190,32 +297,11 @@ impl Mapping {
         loaded.table.status()
     }
 
-    /// Runs `f` on the live table (e.g. to reach a target through [`crate::Target::as_any`]).
+    /// Runs `f` on the live table (tests reach a concrete target through
+    /// [`crate::Target::as_any`]).
     pub fn with_table<R>(&self, f: impl FnOnce(&Table) -> R) -> R {
         let loaded = self.lock().active.clone();
         f(&loaded.table)
-    }
-
-    /// The crash-test controls of every `flakey` target in the live table, in table order.
-    pub fn flakey_controls(&self) -> Vec<Arc<crate::FlakeyControl>> {
-        self.with_table(|t| {
-            t.entries()
-                .iter()
-                .filter_map(|e| e.target.as_any().downcast_ref::<crate::FlakeyTarget>())
-                .map(|f| f.control())
-                .collect()
-        })
-    }
-
-    /// Counters of every `crypt` target in the live table, in table order.
-    pub fn crypt_stats(&self) -> Vec<crate::targets::crypt::CryptStatsSnapshot> {
-        self.with_table(|t| {
-            t.entries()
-                .iter()
-                .filter_map(|e| e.target.as_any().downcast_ref::<crate::CryptTarget>())
-                .map(|c| c.stats())
-                .collect()
-        })
     }
 
     /// `dmsetup info`.
@@ -315,7 +401,7 @@ fn tagged_target(
     table: &crate::table::Table,
     offset: u64,
     len: u64,
-) -> Option<(&std::sync::Arc<dyn crate::targets::Target>, u64)> {
+) -> Option<(&Arc<dyn Target>, u64)> {
     use crate::SECTOR_SIZE;
     table.entries().iter().find_map(|e| {
         let start = e.start * SECTOR_SIZE;

@@ -13,25 +13,8 @@ use crate::backing::{parse_size, FileBacking, FileOptions, RamDisk};
 use crate::device::BlockDevice;
 use crate::error::DmError;
 use crate::mapping::{LoadedTable, Mapping};
+use crate::resolver::{DeviceResolver, LoadOptions};
 use crate::table::Table;
-
-/// Opens the devices a table names.
-pub trait DeviceResolver: Send + Sync {
-    /// Opens (or reuses) the device `spec`.
-    fn open_device(&self, spec: &str) -> Result<Arc<dyn BlockDevice>, DmError>;
-
-    /// Cipher implementation crypt targets should use (`None` = the fastest available).
-    fn cipher_implementation(&self) -> Option<String> {
-        None
-    }
-
-    /// Whether tables are loaded read-only (the kernel's `dm_table_get_mode` without
-    /// write): targets that would otherwise write while loading (dm-integrity's format,
-    /// journal replay, bitmap) must not.
-    fn read_only(&self) -> bool {
-        false
-    }
-}
 
 /// Named mappings plus the devices they use.
 pub struct Registry {
@@ -81,14 +64,6 @@ impl DeviceResolver for LoadResolver<'_> {
         }
         self.registry.open_device(spec)
     }
-
-    fn cipher_implementation(&self) -> Option<String> {
-        self.registry.cipher_implementation()
-    }
-
-    fn read_only(&self) -> bool {
-        self.registry.file_options.read_only
-    }
 }
 
 impl Registry {
@@ -122,6 +97,15 @@ impl Registry {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The settings tables are loaded with: read-only with the registry's files, and the
+    /// cipher implementation chosen by [`Registry::set_cipher_implementation`].
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            read_only: self.file_options.read_only,
+            cipher_implementation: self.cipher_implementation(),
+        }
     }
 
     /// If `spec` names a mapping (`name` or `/dev/mapper/name`), returns the name.
@@ -161,7 +145,7 @@ impl Registry {
             target_name: name,
             deps: Mutex::new(Vec::new()),
         };
-        let table = Table::load(table_text, &resolver)?;
+        let table = Table::load_with(table_text, &resolver, &self.load_options())?;
         let deps = resolver
             .deps
             .into_inner()
@@ -223,22 +207,20 @@ impl Registry {
 
     /// `dmsetup suspend <name>`.
     pub fn suspend(&self, name: &str) -> Result<(), DmError> {
-        self.get(name)?.suspend();
-        Ok(())
+        self.get(name)?.suspend()
     }
 
     /// `dmsetup resume <name>`; returns true if a staged table went live.
     pub fn resume(&self, name: &str) -> Result<bool, DmError> {
-        Ok(self.get(name)?.resume())
+        self.get(name)?.resume()
     }
 
     /// Reload + suspend + resume: what `cryptsetup refresh` does to change crypt flags.
     pub fn replace_table(&self, name: &str, table_text: &str) -> Result<(), DmError> {
         self.reload(name, table_text)?;
         let m = self.get(name)?;
-        m.suspend();
-        m.resume();
-        Ok(())
+        m.suspend()?;
+        m.resume().map(|_| ())
     }
 
     /// `dmsetup remove <name>`: fails with [`DmError::Busy`] while another mapping stacks on
@@ -348,14 +330,6 @@ impl Registry {
 impl DeviceResolver for Registry {
     fn open_device(&self, spec: &str) -> Result<Arc<dyn BlockDevice>, DmError> {
         Registry::open_device(self, spec)
-    }
-
-    fn cipher_implementation(&self) -> Option<String> {
-        Registry::cipher_implementation(self)
-    }
-
-    fn read_only(&self) -> bool {
-        self.file_options.read_only
     }
 }
 

@@ -8,8 +8,8 @@ use zeroize::Zeroize;
 
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
-use crate::registry::DeviceResolver;
-use crate::targets::{build_target, BuildContext, Target};
+use crate::resolver::{DeviceResolver, LoadOptions};
+use crate::targets::{build_target, BuildContext, StatusType, Target};
 use crate::SECTOR_SIZE;
 
 /// One parsed (not yet built) table line.
@@ -104,13 +104,29 @@ pub struct Table {
 }
 
 impl Table {
-    /// Parses `text` and builds every target, opening devices through `resolver`.
+    /// Parses `text` and builds every target, opening devices through `resolver`, with
+    /// default [`LoadOptions`] (read-write, fastest cipher implementation).
     pub fn load(text: &str, resolver: &dyn DeviceResolver) -> Result<Table, DmError> {
+        Self::load_with(text, resolver, &LoadOptions::default())
+    }
+
+    /// Like [`Table::load`], with the settings targets are built with.
+    pub fn load_with(
+        text: &str,
+        resolver: &dyn DeviceResolver,
+        options: &LoadOptions,
+    ) -> Result<Table, DmError> {
         let mut lines = parse_table_lines(text)?;
         let mut entries = Vec::with_capacity(lines.len());
         let mut result = Ok(());
         for line in &lines {
-            let ctx = BuildContext { resolver, line };
+            let ctx = BuildContext {
+                resolver,
+                options,
+                target_type: &line.target_type,
+                len: line.len,
+                args: &line.args,
+            };
             match build_target(&ctx) {
                 Ok(target) => entries.push(TableEntry {
                     start: line.start,
@@ -178,24 +194,20 @@ impl Table {
 
     /// The table as `dmsetup table` prints it (one line per target, `\n`-terminated).
     pub fn format(&self, show_keys: bool) -> String {
-        let mut out = String::new();
-        for e in &self.entries {
-            let params = e.target.table_params(show_keys);
-            out.push_str(&format!("{} {} {}", e.start, e.len, e.target.target_type()));
-            if !params.is_empty() {
-                out.push(' ');
-                out.push_str(&params);
-            }
-            out.push('\n');
-        }
-        out
+        self.status_lines(StatusType::Table { show_keys })
     }
 
     /// The table's status as `dmsetup status` prints it.
     pub fn status(&self) -> String {
+        self.status_lines(StatusType::Info)
+    }
+
+    /// One `<start> <len> <type> <params>` line per target, the params from
+    /// [`Target::status`] of `kind` (the kernel's `retrieve_status`).
+    pub fn status_lines(&self, kind: StatusType) -> String {
         let mut out = String::new();
         for e in &self.entries {
-            let params = e.target.status_params();
+            let params = e.target.status(kind);
             out.push_str(&format!("{} {} {}", e.start, e.len, e.target.target_type()));
             if !params.is_empty() {
                 out.push(' ');

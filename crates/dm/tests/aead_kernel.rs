@@ -167,7 +167,9 @@ fn close(reg: &Registry) {
 }
 
 fn integrity_errors(reg: &Registry) -> u64 {
-    reg.get("kaead").unwrap().crypt_stats()[0].integrity_errors
+    reg.get("kaead").unwrap().stats()[0]
+        .counter("integrity_errors")
+        .unwrap()
 }
 
 /// What the last logical block of a kernel stack, which the kernel never wrote, reads.

@@ -229,9 +229,9 @@ fn reload_flips_pipelines_under_load_without_errors() {
         // The dmsetup sequence: reload (staged, I/O continues), suspend (drain), resume.
         reg.reload("live", next).unwrap();
         assert!(m.info().inactive_table);
-        m.suspend();
+        m.suspend().unwrap();
         assert_eq!(m.info().inflight, 0, "suspend returned with I/O in flight");
-        assert!(m.resume());
+        assert!(m.resume().unwrap());
         swaps += 1;
         let shown = m.table(true);
         assert_eq!(shown.trim(), next.trim());
@@ -261,7 +261,7 @@ fn reload_flips_pipelines_under_load_without_errors() {
 fn suspend_blocks_new_io_until_resume() {
     let reg = Registry::new();
     let m = reg.create("s", "0 64 linear ram:64K 0").unwrap();
-    m.suspend();
+    m.suspend().unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let h = {
         let (m, done) = (m.clone(), done.clone());
@@ -273,7 +273,10 @@ fn suspend_blocks_new_io_until_resume() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(!done.load(Ordering::SeqCst), "I/O ran while suspended");
     assert!(m.info().suspended);
-    assert!(!m.resume(), "no staged table, nothing should change");
+    assert!(
+        !m.resume().unwrap(),
+        "no staged table, nothing should change"
+    );
     h.join().unwrap();
     assert!(done.load(Ordering::SeqCst));
 }

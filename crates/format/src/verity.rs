@@ -159,11 +159,19 @@ impl VeritySuperblock {
     }
 }
 
-fn check_block_size(what: &str, size: u32) -> Result<()> {
-    // The kernel accepts 512 bytes up to the page size; cryptsetup up to 512 KiB.
-    if !size.is_power_of_two() || !(512..=524_288).contains(&size) {
+/// Smallest data or hash block the kernel's `verity_ctr` accepts (a sector).
+pub const VERITY_MIN_BLOCK_SIZE: u32 = 512;
+/// Largest data or hash block: the kernel accepts up to its page size, and 64 KiB is the
+/// largest page size Linux runs with, so a tree with bigger blocks maps on no kernel.
+pub const VERITY_MAX_BLOCK_SIZE: u32 = 65_536;
+
+/// Checks a data or hash block size against the kernel's limits (a power of two from
+/// [`VERITY_MIN_BLOCK_SIZE`] to [`VERITY_MAX_BLOCK_SIZE`]); `what` names it in the error.
+pub fn check_block_size(what: &str, size: u32) -> Result<()> {
+    if !size.is_power_of_two() || !(VERITY_MIN_BLOCK_SIZE..=VERITY_MAX_BLOCK_SIZE).contains(&size) {
         return Err(FormatError::InvalidParameter(format!(
-            "invalid {what} block size {size} (power of two, 512..=524288)"
+            "invalid {what} block size {size} (power of two, \
+             {VERITY_MIN_BLOCK_SIZE}..={VERITY_MAX_BLOCK_SIZE})"
         )));
     }
     Ok(())
@@ -314,7 +322,9 @@ pub struct VerityGeometry {
 }
 
 impl VerityGeometry {
-    /// Computes the tree shape as the kernel does in `verity_ctr`.
+    /// Computes the tree shape as the kernel does in `verity_ctr`: the one computation the
+    /// format code and the dm target both use. `hash_block_size` must have passed
+    /// [`check_block_size`].
     pub fn new(
         digest_size: usize,
         hash_type: u32,

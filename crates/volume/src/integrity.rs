@@ -15,7 +15,7 @@ use crate::progress::{zero_fill, Progress};
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::targets::integrity::hash::{kernel_name, InternalHash};
 use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
-use cryptblk_dm::{BlockDevice, FileBacking, FileOptions};
+use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, Target};
 use cryptblk_format::integrity::IntegritySuperblock;
 use serde_json::json;
 use std::io::Read;
@@ -279,7 +279,8 @@ impl Devices {
             VolumeError::device(format!("Cannot open {} to wipe it: {e}", self.spec))
         })?;
         let total = zero_fill(&t, "Wiping", progress)?;
-        t.close()
+        // What a clean suspend of the mapping does: commit, leave the journal empty.
+        t.postsuspend()
             .map_err(|e| VolumeError::device(format!("Flushing after the wipe failed: {e}")))?;
         Ok(total)
     }

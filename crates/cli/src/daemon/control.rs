@@ -221,14 +221,14 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             stopping.store(true, Ordering::SeqCst);
             Response::Done
         }
-        Request::Suspend => {
-            mapping.suspend();
-            Response::Done
-        }
-        Request::Resume => {
-            mapping.resume();
-            Response::Done
-        }
+        Request::Suspend => match mapping.suspend() {
+            Ok(()) => Response::Done,
+            Err(e) => dm_err(e),
+        },
+        Request::Resume => match mapping.resume() {
+            Ok(_) => Response::Done,
+            Err(e) => dm_err(e),
+        },
         Request::Reload { table } => match registry.reload(target, table) {
             Ok(()) => Response::Done,
             Err(e) => dm_err(e),
@@ -239,11 +239,10 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                 // dmsetup reload + suspend + resume: in-flight I/O drains, new I/O waits
                 // for the swap, nothing fails. Same registry, so the same open devices.
                 match registry.reload(target, &text) {
-                    Ok(()) => {
-                        mapping.suspend();
-                        mapping.resume();
-                        Response::Table(mapping.table(false))
-                    }
+                    Ok(()) => match mapping.suspend().and_then(|()| mapping.resume()) {
+                        Ok(_) => Response::Table(mapping.table(false)),
+                        Err(e) => dm_err(e),
+                    },
                     Err(e) => dm_err(e),
                 }
             }

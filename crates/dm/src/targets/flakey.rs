@@ -6,7 +6,10 @@
 //! `error_writes` / `error_reads` (that direction fails with `EIO`), `corrupt_bio_byte <n>
 //! <r|w> <value> <flags>` (byte `n`, 1-based, of each matching request replaced); with no
 //! features every request fails. [`FlakeyControl`] adds deterministic hooks for tests: force
-//! the device up or down, or fail/drop every write after the Nth.
+//! the device up or down, or fail/drop every write after the Nth. They are reached through
+//! messages (cryptblk's own; the kernel's flakey takes none): `force up|down|interval`,
+//! `fail_after_writes <n> drop|error` and `disarm`; [`Target::stats`] reports the write
+//! counters.
 
 use std::any::Any;
 use std::io;
@@ -14,7 +17,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{arg_u32, arg_u64, BuildContext, Target};
+use super::{arg_u32, arg_u64, BuildContext, Target, TargetStats};
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::errno;
 use crate::SECTOR_SIZE;
@@ -424,6 +427,50 @@ impl Target for FlakeyTarget {
             s.push_str(&f);
         }
         s
+    }
+    fn message(&self, argv: &[&str]) -> Result<Option<String>, String> {
+        let c = &self.control;
+        match argv {
+            ["force", "up"] => c.force_down(Some(false)),
+            ["force", "down"] => c.force_down(Some(true)),
+            ["force", "interval"] => c.force_down(None),
+            ["fail_after_writes", n, mode] => {
+                let n: u64 = n
+                    .parse()
+                    .map_err(|_| format!("invalid write count '{n}'"))?;
+                let failure = match *mode {
+                    "drop" => WriteFailure::Drop,
+                    "error" => WriteFailure::Error,
+                    other => {
+                        return Err(format!(
+                            "invalid failure '{other}' (expected drop or error)"
+                        ))
+                    }
+                };
+                c.fail_after_writes(n, failure);
+            }
+            ["disarm"] => c.disarm(),
+            _ => {
+                return Err(format!(
+                    "unrecognised message '{}' (expected force up|down|interval, \
+                     fail_after_writes <n> drop|error, or disarm)",
+                    argv.join(" ")
+                ))
+            }
+        }
+        Ok(None)
+    }
+    fn stats(&self) -> TargetStats {
+        let c = &self.control;
+        TargetStats {
+            target_type: "flakey",
+            counters: vec![
+                ("writes_passed", c.writes_passed()),
+                ("writes_dropped", c.writes_dropped()),
+                ("writes_failed", c.writes_failed()),
+            ],
+            facts: Vec::new(),
+        }
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -13,25 +13,122 @@ pub mod verity;
 pub mod zero;
 
 use std::any::Any;
+use std::io;
 use std::sync::Arc;
 
 use crate::device::BlockDevice;
-use crate::registry::DeviceResolver;
-use crate::table::TableLine;
+use crate::resolver::{DeviceResolver, LoadOptions};
 use crate::SECTOR_SIZE;
 
-/// A target instance built from one table line.
+/// Which of a target's two status texts is asked for (the kernel's `status_type_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusType {
+    /// `dmsetup status`: the target's state and counters (`STATUSTYPE_INFO`).
+    Info,
+    /// `dmsetup table`: the arguments that rebuild the target (`STATUSTYPE_TABLE`); keys are
+    /// masked with zeros unless `show_keys` (`dmsetup table --showkeys`).
+    Table {
+        /// Print key material instead of zeros.
+        show_keys: bool,
+    },
+}
+
+/// Counters and facts a target reports for monitoring: the typed side of
+/// [`StatusType::Info`], so callers need not parse status text or know the target's type.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetStats {
+    /// The target type that reported them.
+    pub target_type: &'static str,
+    /// Counters by name, in the target's order (`reads`, `write_bytes`, ...).
+    pub counters: Vec<(&'static str, u64)>,
+    /// Descriptive facts by name (`read_pipeline`, `cipher_impl`, ...).
+    pub facts: Vec<(&'static str, String)>,
+}
+
+impl TargetStats {
+    /// The counter called `name`, if the target reports it.
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        self.counters
+            .iter()
+            .find_map(|(n, v)| (*n == name).then_some(*v))
+    }
+
+    /// The fact called `name`, if the target reports it.
+    pub fn fact(&self, name: &str) -> Option<&str> {
+        self.facts
+            .iter()
+            .find_map(|(n, v)| (*n == name).then_some(v.as_str()))
+    }
+
+    /// True if the target reports nothing.
+    pub fn is_empty(&self) -> bool {
+        self.counters.is_empty() && self.facts.is_empty()
+    }
+}
+
+/// A target instance built from one table line: the kernel's `target_type` operations.
+///
+/// Only [`Target::target_type`], [`Target::table_params`] and [`Target::as_any`] are
+/// required; every other hook has a default that does what the kernel does for a target
+/// leaving the operation unset.
+///
+/// A [`crate::Mapping`] calls the life-cycle hooks in the kernel's order: on suspend,
+/// `presuspend` on every target while I/O still flows, then it waits for in-flight I/O to
+/// drain, then `postsuspend`; on resume, `preresume` on every target of the table that
+/// becomes live (any error aborts the resume and the device stays suspended), then
+/// `resume`, then I/O is let through.
 pub trait Target: BlockDevice {
     /// The target type name as written in tables (`linear`, `crypt`, ...).
     fn target_type(&self) -> &'static str;
     /// The target's arguments as the kernel prints them in `dmsetup table`; keys are masked
-    /// with zeros unless `show_keys` (like `dmsetup table --showkeys`).
+    /// with zeros unless `show_keys` (like `dmsetup table --showkeys`). The
+    /// [`StatusType::Table`] hook of [`Target::status`].
     fn table_params(&self, show_keys: bool) -> String;
-    /// The target's `dmsetup status` arguments.
+    /// The target's `dmsetup status` arguments: the [`StatusType::Info`] hook of
+    /// [`Target::status`].
     fn status_params(&self) -> String {
         String::new()
     }
-    /// For downcasting to the concrete target (test hooks, crypt counters).
+    /// The status text of `kind` (the kernel's `status` operation), dispatched to
+    /// [`Target::status_params`] or [`Target::table_params`].
+    fn status(&self, kind: StatusType) -> String {
+        match kind {
+            StatusType::Info => self.status_params(),
+            StatusType::Table { show_keys } => self.table_params(show_keys),
+        }
+    }
+    /// Handles `dmsetup message <dev> <sector> <argv...>` (the kernel's `message`
+    /// operation); `Ok(Some(text))` is a reply to print. Targets without messages refuse
+    /// every one, as the kernel does with `EINVAL`.
+    fn message(&self, argv: &[&str]) -> Result<Option<String>, String> {
+        let _ = argv;
+        Err(format!(
+            "target {} does not accept messages",
+            self.target_type()
+        ))
+    }
+    /// Called when a suspend starts, before in-flight I/O has drained.
+    fn presuspend(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Called once the device is suspended and no I/O is in flight: the place to make the
+    /// device clean (commit journals, write superblocks).
+    fn postsuspend(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Called on the table about to go live before I/O resumes; an error keeps the device
+    /// suspended (the kernel's `preresume`, e.g. dm-crypt refusing without a key).
+    fn preresume(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Called on the live table after every `preresume` succeeded, before I/O resumes.
+    fn resume(&self) {}
+    /// Counters and facts for monitoring (empty by default).
+    fn stats(&self) -> TargetStats {
+        TargetStats::default()
+    }
+    /// For downcasting to the concrete target. Only tests and benches that built a target
+    /// on purpose should use it; generic code goes through the hooks above.
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -39,14 +136,20 @@ pub trait Target: BlockDevice {
 pub struct BuildContext<'a> {
     /// Opens the devices named in the arguments.
     pub resolver: &'a dyn DeviceResolver,
-    /// The table line being built.
-    pub line: &'a TableLine,
+    /// Settings the table is loaded with (read-only, cipher implementation).
+    pub options: &'a LoadOptions,
+    /// The target type named by the line.
+    pub target_type: &'a str,
+    /// Length of the line in sectors.
+    pub len: u64,
+    /// The line's arguments, whitespace-split.
+    pub args: &'a [String],
 }
 
 impl BuildContext<'_> {
     /// Target length in bytes.
     pub fn len_bytes(&self) -> u64 {
-        self.line.len * SECTOR_SIZE
+        self.len * SECTOR_SIZE
     }
 
     /// Opens `spec` and checks that `offset_sectors + len` fits inside it.
@@ -57,7 +160,7 @@ impl BuildContext<'_> {
     ) -> Result<Arc<dyn BlockDevice>, String> {
         let dev = self.resolver.open_device(spec).map_err(|e| e.to_string())?;
         let need = offset_sectors
-            .checked_add(self.line.len)
+            .checked_add(self.len)
             .and_then(|s| s.checked_mul(SECTOR_SIZE))
             .ok_or_else(|| "offset + length overflows".to_string())?;
         if need > dev.size() {
@@ -102,22 +205,49 @@ pub(crate) fn expect_args(
     Ok(())
 }
 
-/// Builds the target named by a table line.
-pub fn build_target(ctx: &BuildContext<'_>) -> Result<Arc<dyn Target>, String> {
-    let args = &ctx.line.args;
-    Ok(match ctx.line.target_type.as_str() {
-        "linear" => Arc::new(linear::LinearTarget::from_args(ctx, args)?),
-        "zero" => Arc::new(zero::ZeroTarget::from_args(ctx, args)?),
-        "error" => Arc::new(error::ErrorTarget::from_args(ctx, args)?),
-        "delay" => Arc::new(delay::DelayTarget::from_args(ctx, args)?),
-        "flakey" => Arc::new(flakey::FlakeyTarget::from_args(ctx, args)?),
-        "crypt" => Arc::new(crate::targets::crypt::CryptTarget::from_args(ctx, args)?),
-        "verity" => Arc::new(verity::VerityTarget::from_args(ctx, args)?),
-        "integrity" => Arc::new(integrity::IntegrityTarget::from_args(ctx, args)?),
-        other => {
-            return Err(format!(
-                "unknown target type '{other}' (known: linear crypt zero error delay flakey)"
-            ))
+/// A target type: its table name and constructor (the kernel's `dm_register_target`).
+pub struct TargetType {
+    /// The name tables use (`linear`, `crypt`, ...).
+    pub name: &'static str,
+    /// Builds a target from the line in the context.
+    pub build: fn(&BuildContext<'_>) -> Result<Arc<dyn Target>, String>,
+}
+
+/// A [`TargetType`] whose constructor is `<ty>::from_args(ctx, args)`.
+macro_rules! target_type {
+    ($name:literal, $ty:ty) => {
+        TargetType {
+            name: $name,
+            build: |c| Ok(Arc::new(<$ty>::from_args(c, c.args)?)),
         }
-    })
+    };
+}
+
+/// Every target type, one line each: adding a target is a module plus a line here.
+pub const TARGET_TYPES: &[TargetType] = &[
+    target_type!("linear", linear::LinearTarget),
+    target_type!("zero", zero::ZeroTarget),
+    target_type!("error", error::ErrorTarget),
+    target_type!("delay", delay::DelayTarget),
+    target_type!("flakey", flakey::FlakeyTarget),
+    target_type!("crypt", crypt::CryptTarget),
+    target_type!("verity", verity::VerityTarget),
+    target_type!("integrity", integrity::IntegrityTarget),
+];
+
+/// The names of every target type, in registry order (for help and error text).
+pub fn target_type_names() -> Vec<&'static str> {
+    TARGET_TYPES.iter().map(|t| t.name).collect()
+}
+
+/// Builds the target named by a table line through [`TARGET_TYPES`].
+pub fn build_target(ctx: &BuildContext<'_>) -> Result<Arc<dyn Target>, String> {
+    let name = ctx.target_type;
+    match TARGET_TYPES.iter().find(|t| t.name == name) {
+        Some(t) => (t.build)(ctx),
+        None => Err(format!(
+            "unknown target type '{name}' (known: {})",
+            target_type_names().join(" ")
+        )),
+    }
 }

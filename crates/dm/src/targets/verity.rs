@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cryptblk_cipher::hash::HashAlgorithm;
+use cryptblk_format::verity::VerityGeometry;
 
 use super::{arg_u32, arg_u64, BuildContext, Target};
 use crate::device::{check_range, BlockDevice, CopyTransform, WriteFlags};
@@ -123,11 +124,17 @@ pub struct VerityTarget {
     failed: AtomicBool,
 }
 
+/// The kernel's block-size limits, as the format code checks them.
 fn check_block_size(what: &str, v: u32) -> Result<(), String> {
-    if !v.is_power_of_two() || !(512..=65536).contains(&v) {
-        return Err(format!("invalid {what} block size {v}"));
+    cryptblk_format::verity::check_block_size(what, v).map_err(format_msg)
+}
+
+/// The message of a format-crate error, without its category prefix.
+fn format_msg(e: cryptblk_format::FormatError) -> String {
+    match e {
+        cryptblk_format::FormatError::InvalidParameter(m) => m,
+        other => other.to_string(),
     }
-    Ok(())
 }
 
 impl VerityConfig {
@@ -245,36 +252,20 @@ impl VerityTarget {
             return Err(format!("data device {data_spec} is too small"));
         }
         let digest_size = cfg.algorithm.output_len();
-        let per_block = cfg.hash_block_size as usize / digest_size;
-        if per_block < 2 {
-            return Err("hash block too small for two digests".into());
-        }
-        let bits = usize::BITS - 1 - per_block.leading_zeros();
-        let digest_stride = if cfg.version == 0 {
-            digest_size
-        } else {
-            cfg.hash_block_size as usize >> bits
-        };
-        let mut levels = 0u32;
-        while bits * levels < 64 && (cfg.num_data_blocks - 1) >> (bits * levels) != 0 {
-            levels += 1;
-        }
-        if levels > 63 {
-            return Err("too many tree levels".into());
-        }
-        let mut level_start = vec![0u64; levels as usize];
-        let mut position = cfg.hash_start_block;
-        for i in (0..levels as usize).rev() {
-            let shift = (i as u32 + 1) * bits;
-            let blocks = if shift >= 64 {
-                1
-            } else {
-                (cfg.num_data_blocks >> shift)
-                    + u64::from(cfg.num_data_blocks & ((1u64 << shift) - 1) != 0)
-            };
-            level_start[i] = position;
-            position = position.checked_add(blocks).ok_or("hash area overflows")?;
-        }
+        let geometry = VerityGeometry::new(
+            digest_size,
+            cfg.version,
+            cfg.hash_block_size,
+            cfg.num_data_blocks,
+            cfg.hash_start_block,
+        )
+        .map_err(format_msg)?;
+        let (digest_stride, bits) = (geometry.digest_stride, geometry.hash_per_block_bits);
+        let level_start = geometry.level_start;
+        let position = cfg
+            .hash_start_block
+            .checked_add(geometry.level_blocks.iter().sum())
+            .ok_or("hash area overflows")?;
         let hash_end = position
             .checked_mul(cfg.hash_block_size as u64)
             .ok_or("hash area overflows")?;

@@ -117,15 +117,7 @@ pub(super) fn new_target(
         .flags
         .integrity
         .ok_or_else(|| shape("no integrity option".into()))?;
-    let opts = AeadOptions {
-        sector_size: params.flags.sector_size as usize,
-        iv_offset: params.iv_offset,
-        iv_large_sectors: params.flags.iv_large_sectors,
-        tuple_size: integrity.tuple_size as usize,
-        authenticated: integrity.kind == IntegrityKind::Aead,
-        integrity_key_size: params.flags.integrity_key_size.map(|n| n as usize),
-    };
-    let aead = open_aead_cipher(&params.cipher_spec, params.key.as_bytes(), &opts)?;
+    let aead = open_aead(&params, params.key.as_bytes())?;
     // The kernel's integrity-profile checks of the device below.
     let dev_tags = dev.tag_size();
     if dev_tags == 0 {
@@ -148,11 +140,41 @@ pub(super) fn new_target(
             params.flags.sector_size
         )));
     }
-    let stand_in = Arc::new(MetadataRequired {
+    let stand_in = stand_in(aead.as_ref());
+    CryptTarget::build(dev, len, params, stand_in, Some(aead))
+}
+
+/// Opens the authenticated cipher of `params` (whose flags carry `integrity:`) with `key`.
+pub(super) fn open_aead(
+    params: &CryptParams,
+    key: &[u8],
+) -> Result<Arc<dyn AeadSectorCipher>, DmError> {
+    let integrity = params
+        .flags
+        .integrity
+        .ok_or_else(|| DmError::TableShape("crypt target: no integrity option".into()))?;
+    let opts = AeadOptions {
+        sector_size: params.flags.sector_size as usize,
+        iv_offset: params.iv_offset,
+        iv_large_sectors: params.flags.iv_large_sectors,
+        tuple_size: integrity.tuple_size as usize,
+        authenticated: integrity.kind == IntegrityKind::Aead,
+        integrity_key_size: params.flags.integrity_key_size.map(|n| n as usize),
+    };
+    Ok(Arc::from(open_aead_cipher(
+        &params.cipher_spec,
+        key,
+        &opts,
+    )?))
+}
+
+/// The plain-cipher stand-in that describes an authenticated cipher (its sector size and
+/// implementation) where a [`SectorCipher`] is expected.
+pub(super) fn stand_in(aead: &dyn AeadSectorCipher) -> Arc<dyn SectorCipher> {
+    Arc::new(MetadataRequired {
         sector_size: aead.sector_size(),
         implementation: aead.implementation().to_string(),
-    });
-    CryptTarget::build(dev, len, params, stand_in, Some(Arc::from(aead)))
+    })
 }
 
 impl CryptTarget {

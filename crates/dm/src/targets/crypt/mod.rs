@@ -14,6 +14,13 @@
 //! With `integrity:<bytes>:aead|none` (LUKS2 `--integrity`) the target runs authenticated
 //! encryption over a device that stores per-sector metadata (see the `aead` submodule);
 //! those requests always run inline.
+//!
+//! Messages (`dmsetup message <dev> 0 key wipe|set <hex key>`) work as in the kernel: only
+//! while the device is suspended. `key wipe` zeroes the key and drops the cipher and its
+//! worker threads; resuming then fails (`ENOKEY`, the kernel's "key is not set") so the
+//! device stays suspended and I/O through the mapping waits, until `key set` with a key of
+//! the same size brings the cipher back. A caller driving a wiped target directly, not
+//! through a [`crate::Mapping`], gets `ENOKEY` errors.
 
 mod aead;
 pub mod queued;
@@ -24,14 +31,14 @@ mod transform;
 use std::any::Any;
 use std::cell::RefCell;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher, SectorOptions};
 
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
-use crate::targets::{arg_u64, BuildContext, Target};
+use crate::targets::{arg_u64, BuildContext, Target, TargetStats};
 use crate::SECTOR_SIZE;
 
 pub use aead::{CryptIntegrity, IntegrityKind};
@@ -205,17 +212,38 @@ pub struct CryptParams {
     pub implementation: Option<String>,
 }
 
-/// The crypt target.
-pub struct CryptTarget {
-    params: CryptParams,
+/// What exists only while the target holds a valid key: the ciphers and the workers that
+/// use them. `key wipe` drops it all; `key set` builds it again.
+struct Keyed {
     cipher: Arc<dyn SectorCipher>,
     /// The authenticated cipher when the table has `integrity:<n>:<type>`; I/O then goes
     /// through the `aead` submodule (inline only) and `cipher` merely describes it.
     aead: Option<Arc<dyn cryptblk_cipher::aead::AeadSectorCipher>>,
+    engine: Option<QueuedEngine>,
+}
+
+/// The key and what was built from it; `keyed` is `None` after `key wipe`.
+struct KeyState {
+    /// The volume key (empty for the null cipher); all zeros after a wipe, keeping its
+    /// length as the kernel does for `dmsetup table`.
+    key: SecretBytes,
+    keyed: Option<Keyed>,
+}
+
+/// The crypt target.
+pub struct CryptTarget {
+    /// The table parameters; `params.key` is emptied at build, the key lives in `state`.
+    params: CryptParams,
+    /// Taken for reading by every request; written only by key messages, which are accepted
+    /// only while suspended (no request in flight through the mapping).
+    state: RwLock<KeyState>,
+    /// Implementation name of the cipher, kept for status after a wipe.
+    cipher_impl: String,
     dev: Arc<dyn BlockDevice>,
     len: u64,
     stats: Arc<CryptStats>,
-    engine: Option<QueuedEngine>,
+    /// Between `postsuspend` and `resume`: the only time key messages are accepted.
+    suspended: AtomicBool,
     /// Split threshold in bytes; 0 = off (see [`SplitPolicy`]).
     split: AtomicUsize,
 }
@@ -259,7 +287,7 @@ impl CryptTarget {
     fn build(
         dev: Arc<dyn BlockDevice>,
         len: u64,
-        params: CryptParams,
+        mut params: CryptParams,
         cipher: Arc<dyn SectorCipher>,
         aead: Option<Arc<dyn cryptblk_cipher::aead::AeadSectorCipher>>,
     ) -> Result<Self, DmError> {
@@ -296,39 +324,133 @@ impl CryptTarget {
             )));
         }
         let stats = Arc::new(CryptStats::default());
-        // Authenticated I/O is inline only: the queued engine has no tag path.
-        let engine = if aead.is_some()
-            || (params.flags.no_read_workqueue && params.flags.no_write_workqueue)
-        {
-            None
-        } else {
-            Some(
-                QueuedEngine::start(
-                    cipher.clone(),
-                    dev.clone(),
-                    params.offset_sectors * SECTOR_SIZE,
-                    params.flags,
-                    stats.clone(),
-                )
-                .map_err(|source| DmError::Device {
-                    spec: params.dev_spec.clone(),
-                    source: io::Error::new(
-                        source.kind(),
-                        format!("cannot start crypt worker threads: {source}"),
-                    ),
-                })?,
-            )
-        };
+        let engine = Self::start_engine(&params, &cipher, aead.is_some(), &dev, &stats)?;
+        let key = std::mem::replace(&mut params.key, SecretBytes::zeroed(0));
         Ok(CryptTarget {
+            cipher_impl: cipher.implementation().to_string(),
             params,
-            cipher,
-            aead,
+            state: RwLock::new(KeyState {
+                key,
+                keyed: Some(Keyed {
+                    cipher,
+                    aead,
+                    engine,
+                }),
+            }),
             dev,
             len,
             stats,
-            engine,
+            suspended: AtomicBool::new(false),
             split: AtomicUsize::new(0),
         })
+    }
+
+    /// Starts the queued workers unless both directions run inline.
+    fn start_engine(
+        params: &CryptParams,
+        cipher: &Arc<dyn SectorCipher>,
+        authenticated: bool,
+        dev: &Arc<dyn BlockDevice>,
+        stats: &Arc<CryptStats>,
+    ) -> Result<Option<QueuedEngine>, DmError> {
+        // Authenticated I/O is inline only: the queued engine has no tag path.
+        if authenticated || (params.flags.no_read_workqueue && params.flags.no_write_workqueue) {
+            return Ok(None);
+        }
+        QueuedEngine::start(
+            cipher.clone(),
+            dev.clone(),
+            params.offset_sectors * SECTOR_SIZE,
+            params.flags,
+            stats.clone(),
+        )
+        .map(Some)
+        .map_err(|source| DmError::Device {
+            spec: params.dev_spec.clone(),
+            source: io::Error::new(
+                source.kind(),
+                format!("cannot start crypt worker threads: {source}"),
+            ),
+        })
+    }
+
+    /// The ciphers and workers for `key`, as [`CryptTarget::new`] makes them.
+    fn key_up(&self, key: &SecretBytes) -> Result<Keyed, DmError> {
+        let p = &self.params;
+        let (cipher, aead) = if p.flags.integrity.is_some() {
+            let aead = aead::open_aead(p, key.as_bytes())?;
+            (aead::stand_in(aead.as_ref()), Some(aead))
+        } else {
+            let c = open_sector_cipher(
+                &p.cipher_spec,
+                key.as_bytes(),
+                &p.flags,
+                p.iv_offset,
+                p.implementation.as_deref(),
+            )?;
+            (Arc::from(c), None)
+        };
+        let engine = Self::start_engine(p, &cipher, aead.is_some(), &self.dev, &self.stats)?;
+        Ok(Keyed {
+            cipher,
+            aead,
+            engine,
+        })
+    }
+
+    fn key_state(&self) -> RwLockReadGuard<'_, KeyState> {
+        // Key messages replace the state in one assignment; a panic cannot leave it torn.
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `key wipe` / `key set <hex>`: the kernel's dm-crypt key messages.
+    fn key_message(&self, argv: &[&str]) -> Result<(), String> {
+        if !self.suspended.load(Ordering::SeqCst) {
+            return Err("not suspended during key manipulation".into());
+        }
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        match argv {
+            ["wipe"] => {
+                // Drop the ciphers (and stop their workers) before zeroing our copy.
+                st.keyed = None;
+                st.key.as_mut_bytes().fill(0);
+                Ok(())
+            }
+            ["set", hex] => {
+                let key = parse_key(hex)?;
+                if key.len() != st.key.len() {
+                    return Err(format!(
+                        "key size mismatch: the table's key has {} bytes, {} given",
+                        st.key.len(),
+                        key.len()
+                    ));
+                }
+                // Stop the old workers before starting new ones.
+                st.keyed = None;
+                let keyed = self.key_up(&key).map_err(|e| {
+                    // As in the kernel, a failed set leaves no valid key behind.
+                    st.key.as_mut_bytes().fill(0);
+                    match e {
+                        DmError::TableShape(m) => {
+                            m.trim_start_matches("crypt target: ").to_string()
+                        }
+                        other => other.to_string(),
+                    }
+                })?;
+                st.keyed = Some(keyed);
+                st.key = key;
+                Ok(())
+            }
+            _ => Err(format!(
+                "unrecognised key message '{}' (expected key wipe or key set <hex key>)",
+                argv.join(" ")
+            )),
+        }
+    }
+
+    /// Whether the target holds a key (false after `key wipe` until `key set`).
+    pub fn key_valid(&self) -> bool {
+        self.key_state().keyed.is_some()
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
@@ -364,7 +486,7 @@ impl CryptTarget {
             dev_spec: args[3].clone(),
             offset_sectors,
             flags,
-            implementation: ctx.resolver.cipher_implementation(),
+            implementation: ctx.options.cipher_implementation.clone(),
         };
         Self::new(dev, ctx.len_bytes(), params).map_err(|e| match e {
             DmError::TableShape(m) => m.trim_start_matches("crypt target: ").to_string(),
@@ -382,9 +504,9 @@ impl CryptTarget {
         self.stats.snapshot()
     }
 
-    /// The cipher in use.
-    pub fn cipher(&self) -> &Arc<dyn SectorCipher> {
-        &self.cipher
+    /// The cipher in use (`None` after `key wipe`).
+    pub fn cipher(&self) -> Option<Arc<dyn SectorCipher>> {
+        self.key_state().keyed.as_ref().map(|k| k.cipher.clone())
     }
 
     /// Sets when large inline requests are split across cores (takes effect immediately).
@@ -406,7 +528,7 @@ impl CryptTarget {
 
     /// Name of the read pipeline in use.
     pub fn read_pipeline(&self) -> &'static str {
-        if self.params.flags.no_read_workqueue || self.aead.is_some() {
+        if self.params.flags.no_read_workqueue || self.params.flags.integrity.is_some() {
             "inline"
         } else {
             "queued"
@@ -416,7 +538,7 @@ impl CryptTarget {
     /// Name of the write pipeline in use.
     pub fn write_pipeline(&self) -> &'static str {
         let f = &self.params.flags;
-        if f.no_write_workqueue || self.aead.is_some() {
+        if f.no_write_workqueue || f.integrity.is_some() {
             "inline"
         } else if f.submit_from_crypt_cpus {
             "queued-submit-from-crypt"
@@ -434,10 +556,10 @@ impl CryptTarget {
         Ok(())
     }
 
-    /// The cipher applied to a request starting at 512-byte `sector`.
-    fn transform(&self, sector: u64, way: Way) -> SectorTransform<'_> {
+    /// `cipher` applied to a request starting at 512-byte `sector`.
+    fn transform<'a>(cipher: &'a dyn SectorCipher, sector: u64, way: Way) -> SectorTransform<'a> {
         SectorTransform {
-            cipher: &*self.cipher,
+            cipher,
             sector,
             way,
         }
@@ -448,15 +570,17 @@ impl CryptTarget {
     }
 
     fn read_inner(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        if let Some(a) = &self.aead {
+        let st = self.key_state();
+        let k = st.keyed.as_ref().ok_or_else(|| errno(libc::ENOKEY))?;
+        if let Some(a) = &k.aead {
             return self.read_aead(a.as_ref(), offset, buf);
         }
-        match &self.engine {
+        match &k.engine {
             Some(engine) if !self.params.flags.no_read_workqueue => engine.read(offset, buf),
             _ => self
                 .split_policy()
                 .run(buf, offset / SECTOR_SIZE, |s, piece| {
-                    let t = self.transform(s, Way::Decrypt);
+                    let t = Self::transform(&*k.cipher, s, Way::Decrypt);
                     self.dev
                         .read_transformed(self.base() + s * SECTOR_SIZE, piece, &t)
                 }),
@@ -464,10 +588,12 @@ impl CryptTarget {
     }
 
     fn write_inner(&self, offset: u64, data: WriteData<'_>, flags: WriteFlags) -> io::Result<()> {
-        if let Some(a) = &self.aead {
+        let st = self.key_state();
+        let k = st.keyed.as_ref().ok_or_else(|| errno(libc::ENOKEY))?;
+        if let Some(a) = &k.aead {
             return self.write_aead(a.as_ref(), offset, data, flags);
         }
-        if let Some(engine) = &self.engine {
+        if let Some(engine) = &k.engine {
             if !self.params.flags.no_write_workqueue {
                 return match data {
                     WriteData::Borrowed(b) => engine.write(offset, b, flags),
@@ -479,7 +605,7 @@ impl CryptTarget {
         // Encrypts straight into the device where it can (see `transform`), piece by piece
         // across cores where the split policy says so.
         let encrypt_into_device = |s: u64, piece: &mut [u8]| {
-            let t = self.transform(s, Way::Encrypt);
+            let t = Self::transform(&*k.cipher, s, Way::Encrypt);
             self.dev
                 .write_transformed(self.base() + s * SECTOR_SIZE, piece, &t, flags)
         };
@@ -621,13 +747,14 @@ impl Target for CryptTarget {
     }
     fn table_params(&self, show_keys: bool) -> String {
         let p = &self.params;
-        let key = if p.key.is_empty() {
+        let st = self.key_state();
+        let key = if st.key.is_empty() {
             "-".to_string()
         } else if show_keys {
-            p.key.to_hex()
+            st.key.to_hex()
         } else {
             // dmsetup without --showkeys prints zeros of the key's length.
-            "0".repeat(p.key.len() * 2)
+            "0".repeat(st.key.len() * 2)
         };
         let mut s = format!(
             "{} {} {} {} {}",
@@ -669,8 +796,53 @@ impl Target for CryptTarget {
             self.read_pipeline(),
             self.write_pipeline(),
             self.split_policy().describe(),
-            self.cipher.implementation()
+            self.cipher_impl
         )
+    }
+    fn message(&self, argv: &[&str]) -> Result<Option<String>, String> {
+        match argv {
+            ["key", rest @ ..] => self.key_message(rest).map(|()| None),
+            _ => Err(format!(
+                "unrecognised message '{}' (crypt accepts key wipe and key set <hex key>)",
+                argv.first().copied().unwrap_or_default()
+            )),
+        }
+    }
+    fn postsuspend(&self) -> io::Result<()> {
+        self.suspended.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+    fn preresume(&self) -> io::Result<()> {
+        if self.key_valid() {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(libc::ENOKEY))
+        }
+    }
+    fn resume(&self) {
+        self.suspended.store(false, Ordering::SeqCst);
+    }
+    fn stats(&self) -> TargetStats {
+        let st = self.stats.snapshot();
+        TargetStats {
+            target_type: "crypt",
+            counters: vec![
+                ("reads", st.reads),
+                ("writes", st.writes),
+                ("read_bytes", st.read_bytes),
+                ("write_bytes", st.write_bytes),
+                ("discards", st.discards),
+                ("flushes", st.flushes),
+                ("errors", st.errors),
+                ("integrity_errors", st.integrity_errors),
+            ],
+            facts: vec![
+                ("read_pipeline", self.read_pipeline().to_string()),
+                ("write_pipeline", self.write_pipeline().to_string()),
+                ("cpu_split", self.split_policy().describe()),
+                ("cipher_impl", self.cipher_impl.clone()),
+            ],
+        }
     }
     fn as_any(&self) -> &dyn Any {
         self

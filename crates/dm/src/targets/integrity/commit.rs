@@ -343,4 +343,22 @@ impl Core {
         }
         self.write_journal_sections(&st, 0, n)
     }
+
+    /// Undoes what [`Core::close`] retired so writes can go on (a resume after a clean
+    /// suspend): in bitmap mode the superblock says the bitmap is in use again and the
+    /// journal area holds a clean bitmap, as at open. Journal and direct modes continue
+    /// from the empty journal `close` left.
+    pub fn reopen_after_close(&self) -> io::Result<()> {
+        if self.cfg.read_only || self.cfg.mode != IntegrityMode::Bitmap {
+            return Ok(());
+        }
+        self.check_failed()?;
+        let mut st = self.lock();
+        st.sb.flags |= FLAG_DIRTY_BITMAP;
+        st.sb.log2_blocks_per_bitmap_bit =
+            (self.bitmap_shift - self.layout.log2_sectors_per_block as u32) as u8;
+        self.write_superblock(&mut st)?;
+        st.bitmap.fill(0);
+        self.write_bitmap(&st)
+    }
 }

@@ -90,6 +90,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::{BuildContext, Target};
@@ -132,6 +133,8 @@ pub struct IntegrityTarget {
     _timer: Option<timer::TimerThread>,
     _recalc: Option<recalc::RecalcThread>,
     core: Arc<Core>,
+    /// Set by a clean `postsuspend`; the next `preresume` reopens what it closed.
+    clean_suspended: AtomicBool,
 }
 
 impl IntegrityTarget {
@@ -167,6 +170,7 @@ impl IntegrityTarget {
             _timer: timer,
             _recalc: recalc,
             core,
+            clean_suspended: AtomicBool::new(false),
         })
     }
 
@@ -188,7 +192,7 @@ impl IntegrityTarget {
     /// read-only target, like the kernel's `dm_table_get_mode`.
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
         let (mut cfg, dev_spec) = IntegrityConfig::parse(args)?;
-        cfg.read_only = cfg.read_only || ctx.resolver.read_only();
+        cfg.read_only = cfg.read_only || ctx.options.read_only;
         let dev = ctx
             .resolver
             .open_device(&dev_spec)
@@ -222,7 +226,8 @@ impl IntegrityTarget {
     }
 
     /// Commits everything and leaves an empty journal, as a clean kernel suspend does
-    /// (nothing when read-only).
+    /// (nothing when read-only). The same as [`Target::postsuspend`], for callers that own
+    /// the target outside a mapping.
     pub fn close(&self) -> io::Result<()> {
         self.core.close()
     }
@@ -304,6 +309,26 @@ impl Target for IntegrityTarget {
 
     fn status_params(&self) -> String {
         self.core.status_params()
+    }
+
+    /// The kernel's `dm_integrity_postsuspend`: stops the recalculation, commits the
+    /// journal and leaves it empty; in bitmap mode the bitmap is written clean and the
+    /// superblock's dirty-bitmap flag cleared. A crash while suspended needs no replay.
+    fn postsuspend(&self) -> io::Result<()> {
+        self.core.close()?;
+        self.clean_suspended.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// After a clean suspend, puts bitmap mode back in force (dirty-bitmap flag set, the
+    /// bitmap in use) before writes resume. The recalculation stopped by `postsuspend` is
+    /// not restarted here; it continues from the superblock's `recalc_sector` at the next
+    /// table load.
+    fn preresume(&self) -> io::Result<()> {
+        if self.clean_suspended.swap(false, Ordering::SeqCst) {
+            self.core.reopen_after_close()?;
+        }
+        Ok(())
     }
 
     fn as_any(&self) -> &dyn Any {
