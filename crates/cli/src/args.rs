@@ -730,6 +730,17 @@ pub enum DmAction {
         /// Mapping name.
         name: String,
     },
+    /// Send a message to the target covering SECTOR, as `dmsetup message` (crypt: `key wipe`,
+    /// `key set -` with the hex key on standard input, both while suspended).
+    Message {
+        /// Mapping name.
+        name: String,
+        /// A sector inside the target the message is for.
+        sector: u64,
+        /// The message words.
+        #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
+        message: Vec<String>,
+    },
     /// List the mappings being served.
     Ls,
 }

@@ -8,7 +8,7 @@ use cryptblk_volume::control::{self, ExportDescription, Request};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 /// Starts serving `spec` as the export args ask: a daemon, or in the foreground.
 pub fn start(spec: ServeSpec, export: &ExportArgs, json_out: bool) -> ActionResult {
@@ -184,6 +184,24 @@ fn read_stdin() -> Result<Zeroizing<String>, Failure> {
     Ok(s)
 }
 
+/// The words of `dm message`. A key never comes from the command line (the process list
+/// shows it): crypt's `key set -` reads the hex key from standard input, and any other
+/// `key set <key>` is refused, as inline tables with keys are.
+fn message_words(given: &[String]) -> Result<Vec<String>, Failure> {
+    let mut words = given.to_vec();
+    if words.len() == 3 && words[0] == "key" && words[1] == "set" {
+        if words[2] != "-" {
+            words[2].zeroize();
+            return Err(Failure::usage(
+                "refusing a key on the command line (visible in the process list); use 'key set -' and give the hex key on standard input",
+            ));
+        }
+        let key = read_stdin()?;
+        words[2] = key.trim().to_string();
+    }
+    Ok(words)
+}
+
 /// True if some line carries a key: a crypt line's hex key (not `-`, the null cipher's, nor
 /// a `:<len>:<type>:<desc>` keyring reference), or an integrity line's keyed
 /// `internal_hash:`, `journal_crypt:` or `journal_mac:` (`<option>:<algorithm>:<hex key>`).
@@ -255,6 +273,20 @@ pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
                 println!("{}", a.to_json());
             } else {
                 print!("{}", ensure_newline(&a.status));
+            }
+            Ok(())
+        }
+        DmAction::Message {
+            name,
+            sector,
+            message,
+        } => {
+            let request = Request::Message {
+                sector: *sector,
+                message: message_words(message)?,
+            };
+            if let control::Response::Message(Some(reply)) = control::request(name, &request)? {
+                println!("{reply}");
             }
             Ok(())
         }

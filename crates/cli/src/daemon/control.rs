@@ -233,6 +233,13 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             Ok(()) => Response::Done,
             Err(e) => dm_err(e),
         },
+        Request::Message { sector, message } => {
+            let argv: Vec<&str> = message.iter().map(String::as_str).collect();
+            match mapping.message(*sector, &argv) {
+                Ok(reply) => Response::Message(reply),
+                Err(e) => Response::error(ExitCode::WrongParameters, e.to_string()),
+            }
+        }
         Request::Refresh { flags } => match tables::refreshed_table(&mapping.table(true), flags) {
             Ok(text) => {
                 let text = Zeroizing::new(text);

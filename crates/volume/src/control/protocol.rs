@@ -49,12 +49,24 @@ pub enum Request {
         #[serde(default)]
         flags: Vec<String>,
     },
+    /// `dmsetup message`: a message to the target that covers `sector`.
+    Message {
+        /// A sector inside the target the message is for.
+        sector: u64,
+        /// The message words (crypt's `key set <hex>` holds a key: never shown in `Debug`,
+        /// wiped on drop).
+        message: Vec<String>,
+    },
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if let Request::Reload { table } = self {
-            zeroize::Zeroize::zeroize(table);
+        match self {
+            Request::Reload { table } => zeroize::Zeroize::zeroize(table),
+            Request::Message { message, .. } => {
+                message.iter_mut().for_each(zeroize::Zeroize::zeroize)
+            }
+            _ => {}
         }
     }
 }
@@ -72,6 +84,10 @@ impl fmt::Debug for Request {
             // The table may hold a volume key.
             Request::Reload { .. } => f.write_str("Reload { .. }"),
             Request::Refresh { flags } => f.debug_struct("Refresh").field("flags", flags).finish(),
+            // The words may hold a key (`key set <hex>`).
+            Request::Message { sector, .. } => {
+                write!(f, "Message {{ sector: {sector}, .. }}")
+            }
         }
     }
 }
@@ -212,6 +228,8 @@ pub enum Response {
     Status(Box<Status>),
     /// A table: the live one for [`Request::Table`], the new one after [`Request::Refresh`].
     Table(String),
+    /// The target's reply to [`Request::Message`], if it gave one.
+    Message(Option<String>),
     /// The request was refused.
     Error {
         /// The error class (cryptsetup's exit code).
@@ -228,6 +246,7 @@ enum WireBody<'a> {
     Done {},
     Status(&'a Status),
     Table { table: &'a str },
+    Message { reply: Option<&'a str> },
     Error { code: i32, error: &'a str },
 }
 
@@ -274,6 +293,12 @@ impl Response {
             Response::Done => (true, WireBody::Done {}),
             Response::Status(s) => (true, WireBody::Status(s)),
             Response::Table(t) => (true, WireBody::Table { table: t }),
+            Response::Message(r) => (
+                true,
+                WireBody::Message {
+                    reply: r.as_deref(),
+                },
+            ),
             Response::Error { class, message } => (
                 false,
                 WireBody::Error {
@@ -323,6 +348,14 @@ impl Response {
                 }
                 let t: TableAnswer = serde_json::from_value(value).map_err(malformed)?;
                 Response::Table(t.table)
+            }
+            Request::Message { .. } => {
+                #[derive(Deserialize)]
+                struct MessageAnswer {
+                    reply: Option<String>,
+                }
+                let m: MessageAnswer = serde_json::from_value(value).map_err(malformed)?;
+                Response::Message(m.reply)
             }
             Request::Close | Request::Suspend | Request::Resume | Request::Reload { .. } => {
                 Response::Done
