@@ -258,16 +258,25 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
     }
 }
 
-/// Blocks SIGTERM/SIGINT/SIGHUP in this thread (and all threads started later), so one
-/// watcher thread can receive them synchronously.
-pub(super) fn block_termination_signals() {
-    // SAFETY: plain libc signal-mask calls on a local sigset.
+/// SIGTERM, SIGINT and SIGHUP: the signals that close the volume.
+fn termination_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set calls on a local sigset.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+/// Blocks the termination signals in this thread (and all threads started later), so one
+/// watcher thread can receive them synchronously.
+pub(super) fn block_termination_signals() {
+    let set = termination_signals();
+    // SAFETY: a valid sigset; no old mask is asked for.
+    unsafe {
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
@@ -276,14 +285,10 @@ pub(super) fn block_termination_signals() {
 /// same path as `cryptblk close`: flush, stop the export, exit.
 pub(super) fn spawn_signal_watcher(ctl: PathBuf) {
     std::thread::spawn(move || {
+        let set = termination_signals();
+        let mut sig = 0;
         // SAFETY: sigwait on a set of signals this process has blocked.
         unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGHUP);
-            let mut sig = 0;
             libc::sigwait(&set, &mut sig);
         }
         if let Ok(mut s) = UnixStream::connect(&ctl) {
