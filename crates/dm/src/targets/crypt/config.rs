@@ -224,6 +224,22 @@ impl CryptFlags {
         }
     }
 
+    /// The activation flags named as cryptsetup names them in a LUKS2 header's persistent
+    /// flags and on its command line (`allow-discards`, `same-cpu-crypt`,
+    /// `submit-from-crypt-cpus`, `no-read-workqueue`, `no-write-workqueue`); other names
+    /// (`no-journal`, ...) concern other layers and are skipped.
+    pub fn from_persistent_flags(names: &[String]) -> CryptFlags {
+        let has = |n: &str| names.iter().any(|f| f == n);
+        CryptFlags {
+            allow_discards: has("allow-discards"),
+            same_cpu_crypt: has("same-cpu-crypt"),
+            submit_from_crypt_cpus: has("submit-from-crypt-cpus"),
+            no_read_workqueue: has("no-read-workqueue"),
+            no_write_workqueue: has("no-write-workqueue"),
+            ..CryptFlags::default()
+        }
+    }
+
     /// These flags with their activation flags replaced by those of `activation`, the
     /// format options kept (a refresh never changes how sectors are encrypted).
     pub fn with_activation_of(&self, activation: &CryptFlags) -> CryptFlags {

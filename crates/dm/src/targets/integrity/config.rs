@@ -278,6 +278,51 @@ impl IntegrityTableConfig {
         }
     }
 
+    /// The line `integritysetup open` loads for `params` on `device`; refuses a sector size
+    /// the target cannot use and a key given to an unkeyed hash (or missing for a keyed one).
+    pub fn from_params(
+        params: &cryptblk_format::integrity::IntegrityParams,
+        device: &str,
+    ) -> Result<Self, String> {
+        use cryptblk_format::integrity::IntegrityOpenMode;
+        let ss = params.sector_size;
+        if !(512..=4096).contains(&ss) || !ss.is_power_of_two() {
+            return Err(format!("invalid sector size {ss}"));
+        }
+        let keyed = params.integrity.starts_with("hmac-");
+        if keyed != params.key.is_some() {
+            return Err(if keyed {
+                format!("{} needs --integrity-key-file", params.integrity)
+            } else {
+                format!("{} takes no key", params.integrity)
+            });
+        }
+        let mode = match params.mode {
+            IntegrityOpenMode::Journal => IntegrityMode::Journal,
+            IntegrityOpenMode::Direct => IntegrityMode::Direct,
+            IntegrityOpenMode::Recovery => IntegrityMode::Recovery,
+        };
+        let journal_sectors = params
+            .journal_size
+            .map(|j| u32::try_from(j / 512).map_err(|_| format!("journal size {j} too large")))
+            .transpose()?;
+        Ok(IntegrityTableConfig {
+            start: params.start,
+            tag_size: params.tag_size,
+            block_size: (ss != 512).then_some(ss),
+            journal_sectors,
+            interleave_sectors: params.interleave_sectors,
+            buffer_sectors: params.buffer_sectors,
+            fix_padding: !params.legacy_padding,
+            fix_hmac: !params.legacy_hmac,
+            internal_hash: Some(IntegrityAlgorithm {
+                name: params.kernel_hash_name(),
+                key: params.key.clone(),
+            }),
+            ..IntegrityTableConfig::new(device, mode)
+        })
+    }
+
     /// The target's configuration: the given options over the kernel's defaults.
     pub fn to_config(&self) -> IntegrityConfig {
         let d = IntegrityConfig::new(self.mode, "crc32c");
