@@ -5,10 +5,14 @@
 //! (NBD, FUSE, ublk) serve.
 //!
 //! ```no_run
-//! use cryptblk_dm::{BlockDevice, Registry};
+//! use cryptblk_dm::{BlockDevice, CryptConfig, CryptFlags, CryptKey, Registry, TableSpec};
 //! let reg = Registry::new();
-//! let key = "00".repeat(64);
-//! let m = reg.create("secret", &format!("0 2097152 crypt aes-xts-plain64 {key} 0 ram:1G 0 2 no_read_workqueue no_write_workqueue")).unwrap();
+//! let key = CryptKey::Hex(cryptblk_cipher::SecretBytes::zeroed(64));
+//! let mut crypt = CryptConfig::new("aes-xts-plain64", key, 0, "ram:1G", 0);
+//! crypt.flags = CryptFlags::inline();
+//! // Tables are values (the `spec` module); their text is what `dmsetup table` prints.
+//! let table = TableSpec::single(2097152, crypt);
+//! let m = reg.create("secret", &table.to_text(true)).unwrap();
 //! let mut buf = vec![0u8; 4096];
 //! m.read_at(0, &mut buf).unwrap();
 //! println!("{}", m.table(false));
@@ -20,6 +24,7 @@ pub mod error;
 pub mod mapping;
 pub mod registry;
 pub mod resolver;
+pub mod spec;
 pub mod table;
 pub mod targets;
 
@@ -29,7 +34,15 @@ pub use error::DmError;
 pub use mapping::{Mapping, MappingInfo};
 pub use registry::Registry;
 pub use resolver::{DeviceResolver, LoadOptions};
+pub use spec::{text_has_inline_keys, PipelineInfo, TableLineSpec, TableSpec, TargetSpec};
 pub use table::{parse_table_lines, Table, TableEntry, TableLine};
-pub use targets::crypt::{CryptFlags, CryptParams, CryptTarget, SplitPolicy};
+pub use targets::config::{
+    DelayConfig, ErrorConfig, FlakeyConfig, LinearConfig, TargetConfig, ZeroConfig,
+};
+pub use targets::crypt::{
+    CryptConfig, CryptFlags, CryptKey, CryptParams, CryptTarget, SplitPolicy,
+};
 pub use targets::flakey::{FlakeyControl, FlakeyTarget, WriteFailure};
+pub use targets::integrity::IntegrityTableConfig;
+pub use targets::verity::VerityTableConfig;
 pub use targets::{target_type_names, StatusType, Target, TargetStats};

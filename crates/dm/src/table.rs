@@ -9,6 +9,7 @@ use zeroize::Zeroize;
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
 use crate::resolver::{DeviceResolver, LoadOptions};
+use crate::spec::TableSpec;
 use crate::targets::{build_target, BuildContext, StatusType, Target};
 use crate::SECTOR_SIZE;
 
@@ -149,6 +150,14 @@ impl Table {
         }
         result?;
         Self::from_entries(entries)
+    }
+
+    /// Builds every target of a typed table (see [`crate::spec`]), opening devices through
+    /// `resolver`; errors name the line as for text.
+    pub fn load_spec(spec: &TableSpec, resolver: &dyn DeviceResolver) -> Result<Table, DmError> {
+        // One path for both forms: the printed text (keys shown, wiped after) is exactly
+        // what the lines' configs parse back from.
+        Self::load(&spec.to_text(true), resolver)
     }
 
     /// Assembles a table from already-built targets (must be contiguous from 0).

@@ -262,65 +262,6 @@ impl IntegrityParams {
             None => self.integrity.clone(),
         }
     }
-
-    /// Table arguments (after `integrity`) for mapping `device`. The key, if any, is
-    /// written in hex: the result is secret whenever a key is set.
-    pub fn table_params(&self, device: &str) -> Result<String> {
-        if !(512..=4096).contains(&self.sector_size) || !self.sector_size.is_power_of_two() {
-            return Err(FormatError::InvalidParameter(format!(
-                "invalid sector size {}",
-                self.sector_size
-            )));
-        }
-        let keyed = self.integrity.starts_with("hmac-");
-        if keyed != self.key.is_some() {
-            return Err(FormatError::InvalidParameter(if keyed {
-                format!("{} needs --integrity-key-file", self.integrity)
-            } else {
-                format!("{} takes no key", self.integrity)
-            }));
-        }
-        let mut opts: Vec<String> = Vec::new();
-        if self.sector_size != 512 {
-            opts.push(format!("block_size:{}", self.sector_size));
-        }
-        if let Some(j) = self.journal_size {
-            opts.push(format!("journal_sectors:{}", j / 512));
-        }
-        if let Some(i) = self.interleave_sectors {
-            opts.push(format!("interleave_sectors:{i}"));
-        }
-        if let Some(b) = self.buffer_sectors {
-            opts.push(format!("buffer_sectors:{b}"));
-        }
-        if !self.legacy_padding {
-            opts.push("fix_padding".into());
-        }
-        if !self.legacy_hmac {
-            opts.push("fix_hmac".into());
-        }
-        let mut hash = format!("internal_hash:{}", self.kernel_hash_name());
-        if let Some(k) = &self.key {
-            hash.push(':');
-            hash.push_str(&k.to_hex());
-        }
-        opts.push(hash);
-        let mode = match self.mode {
-            IntegrityOpenMode::Journal => "J",
-            IntegrityOpenMode::Direct => "D",
-            IntegrityOpenMode::Recovery => "R",
-        };
-        let tag = self
-            .tag_size
-            .map(|t| t.to_string())
-            .unwrap_or_else(|| "-".into());
-        Ok(format!(
-            "{device} {} {tag} {mode} {} {}",
-            self.start,
-            opts.len(),
-            opts.join(" ")
-        ))
-    }
 }
 
 /// Clears the superblock area at sector `start` so that the next table load formats the
@@ -335,24 +276,6 @@ pub fn clear_superblock(io: &dyn HeaderIo, start_sector: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn table_line_for_integritysetup_defaults() {
-        let p = IntegrityParams::new("crc32c");
-        assert_eq!(
-            p.table_params("/dev/x").unwrap(),
-            "/dev/x 0 - J 3 fix_padding fix_hmac internal_hash:crc32c"
-        );
-        let mut h = IntegrityParams::new("hmac-sha256");
-        assert!(h.table_params("d").is_err());
-        h.key = Some(SecretBytes::from_slice(&[0xab; 2]));
-        h.sector_size = 4096;
-        h.legacy_padding = true;
-        assert_eq!(
-            h.table_params("d").unwrap(),
-            "d 0 - J 3 block_size:4096 fix_hmac internal_hash:hmac(sha256):abab"
-        );
-    }
 
     #[test]
     fn superblock_round_trip() {

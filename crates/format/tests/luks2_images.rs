@@ -58,20 +58,18 @@ fn compatimage2_both_keyslots_and_payload() {
         Err(FormatError::WrongPassphrase)
     ));
 
-    assert_eq!(
-        h.crypt_table_line(&s0.key, "/dev/loop0", 4_194_816)
-            .unwrap(),
-        "0 1 crypt aes-cbc-essiv:sha256 d47ee2cdc40f39be9a3e8d72a149cc4d 0 /dev/loop0 8192"
-    );
+    // What its crypt line is made of (the dm crate's tests print the line from these).
+    assert_eq!(seg.iv_tweak, 0);
+    assert!(h.config_flags().is_empty());
     let mut flagged = h.clone();
     flagged.set_config_flags(&[
         "allow-discards".to_string(),
         "no-read-workqueue".to_string(),
     ]);
-    assert!(flagged
-        .crypt_table_line(&s0.key, "/dev/loop0", 4_194_816)
-        .unwrap()
-        .ends_with(" 8192 2 allow_discards no_read_workqueue"));
+    assert_eq!(
+        flagged.config_flags(),
+        ["allow-discards", "no-read-workqueue"]
+    );
     let cipher = h.open_segment_cipher(&s0.key).unwrap();
     let mut sector = vec![0u8; 512];
     f.read_at(seg.offset, &mut sector).unwrap();

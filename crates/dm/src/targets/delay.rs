@@ -9,28 +9,24 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{arg_u32, arg_u64, BuildContext, Target};
+use super::config::{table_params_of, DelayClassConfig, DelayConfig, TargetConfig};
+use super::{BuildContext, Target};
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::SECTOR_SIZE;
 
 /// One I/O class: where it goes and how long it waits.
 struct DelayClass {
     dev: Arc<dyn BlockDevice>,
-    dev_spec: String,
     offset_sectors: u64,
     delay_ms: u32,
 }
 
 impl DelayClass {
-    fn parse(ctx: &BuildContext<'_>, args: &[String], at: usize) -> Result<Self, String> {
-        let offset_sectors = arg_u64(args, at + 1, "offset")?;
-        let delay_ms = arg_u32(args, at + 2, "delay")?;
-        let dev = ctx.open_device(&args[at], offset_sectors)?;
+    fn open(ctx: &BuildContext<'_>, cfg: &DelayClassConfig) -> Result<Self, String> {
         Ok(DelayClass {
-            dev,
-            dev_spec: args[at].clone(),
-            offset_sectors,
-            delay_ms,
+            dev: ctx.open_device(&cfg.device, cfg.offset)?,
+            offset_sectors: cfg.offset,
+            delay_ms: cfg.delay_ms,
         })
     }
 
@@ -45,17 +41,9 @@ impl DelayClass {
         self.offset_sectors * SECTOR_SIZE
     }
 
-    fn params(&self) -> String {
-        format!(
-            "{} {} {}",
-            self.dev_spec, self.offset_sectors, self.delay_ms
-        )
-    }
-
     fn clone_class(&self) -> Self {
         DelayClass {
             dev: self.dev.clone(),
-            dev_spec: self.dev_spec.clone(),
             offset_sectors: self.offset_sectors,
             delay_ms: self.delay_ms,
         }
@@ -67,37 +55,39 @@ pub struct DelayTarget {
     read: DelayClass,
     write: DelayClass,
     flush: DelayClass,
-    argc: usize,
+    /// The classes as the table gave them (a class left out is printed left out).
+    config: DelayConfig,
     len: u64,
 }
 
 impl DelayTarget {
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        if ![3, 6, 9].contains(&args.len()) {
-            return Err(format!(
-                "wrong number of arguments ({}); usage: delay <dev> <offset> <delay_ms> \
-                 [<write_dev> <offset> <delay_ms> [<flush_dev> <offset> <delay_ms>]]",
-                args.len()
-            ));
-        }
-        let read = DelayClass::parse(ctx, args, 0)?;
-        let write = if args.len() >= 6 {
-            DelayClass::parse(ctx, args, 3)?
-        } else {
-            read.clone_class()
+        Self::from_config(ctx, &DelayConfig::parse(args)?)
+    }
+
+    /// Builds the target of a table line from its configuration, opening its devices.
+    pub(crate) fn from_config(ctx: &BuildContext<'_>, cfg: &DelayConfig) -> Result<Self, String> {
+        let read = DelayClass::open(ctx, &cfg.read)?;
+        let write = match &cfg.write {
+            Some(w) => DelayClass::open(ctx, w)?,
+            None => read.clone_class(),
         };
-        let flush = if args.len() == 9 {
-            DelayClass::parse(ctx, args, 6)?
-        } else {
-            write.clone_class()
+        let flush = match &cfg.flush {
+            Some(f) => DelayClass::open(ctx, f)?,
+            None => write.clone_class(),
         };
         Ok(DelayTarget {
             read,
             write,
             flush,
-            argc: args.len(),
+            config: cfg.clone(),
             len: ctx.len_bytes(),
         })
+    }
+
+    /// The table arguments of this target.
+    pub fn config(&self) -> &DelayConfig {
+        &self.config
     }
 }
 
@@ -150,17 +140,8 @@ impl Target for DelayTarget {
     fn target_type(&self) -> &'static str {
         "delay"
     }
-    fn table_params(&self, _show_keys: bool) -> String {
-        let mut s = self.read.params();
-        if self.argc >= 6 {
-            s.push(' ');
-            s.push_str(&self.write.params());
-        }
-        if self.argc == 9 {
-            s.push(' ');
-            s.push_str(&self.flush.params());
-        }
-        s
+    fn table_params(&self, show_keys: bool) -> String {
+        table_params_of(&self.config, show_keys)
     }
     fn as_any(&self) -> &dyn Any {
         self

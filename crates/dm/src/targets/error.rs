@@ -3,7 +3,8 @@
 use std::any::Any;
 use std::io;
 
-use super::{expect_args, BuildContext, Target};
+use super::config::{ErrorConfig, TargetConfig};
+use super::{BuildContext, Target};
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::errno;
 
@@ -19,7 +20,7 @@ impl ErrorTarget {
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        expect_args(args, 0, 0, "error (no arguments)")?;
+        ErrorConfig::parse(args)?;
         Ok(Self::new(ctx.len_bytes()))
     }
 
@@ -55,8 +56,8 @@ impl Target for ErrorTarget {
     fn target_type(&self) -> &'static str {
         "error"
     }
-    fn table_params(&self, _show_keys: bool) -> String {
-        String::new()
+    fn table_params(&self, show_keys: bool) -> String {
+        super::config::table_params_of(&ErrorConfig, show_keys)
     }
     fn as_any(&self) -> &dyn Any {
         self

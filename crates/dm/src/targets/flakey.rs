@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{arg_u32, arg_u64, BuildContext, Target, TargetStats};
+use super::config::{table_params_of, CorruptBioByte as Corruption, FlakeyConfig, TargetConfig};
+use super::{BuildContext, Target, TargetStats};
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::errno;
 use crate::SECTOR_SIZE;
@@ -135,15 +136,6 @@ impl FlakeyControl {
     }
 }
 
-/// `corrupt_bio_byte` parameters.
-#[derive(Clone, Copy, Debug)]
-struct Corruption {
-    byte: u32,
-    write: bool,
-    value: u8,
-    flags: u32,
-}
-
 /// The flakey target.
 pub struct FlakeyTarget {
     dev: Arc<dyn BlockDevice>,
@@ -162,92 +154,39 @@ pub struct FlakeyTarget {
 
 impl FlakeyTarget {
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        const USAGE: &str = "flakey <dev> <offset> <up_interval> <down_interval> \
-                             [<#feature_args> [drop_writes] [error_writes] [error_reads] \
-                             [corrupt_bio_byte <n> <r|w> <value> <flags>]]";
-        if args.len() < 4 {
-            return Err(format!(
-                "too few arguments ({}); usage: {USAGE}",
-                args.len()
-            ));
-        }
-        let offset_sectors = arg_u64(args, 1, "offset")?;
-        let up_interval = arg_u32(args, 2, "up_interval")?;
-        let down_interval = arg_u32(args, 3, "down_interval")?;
-        if u64::from(up_interval) + u64::from(down_interval) == 0 {
-            return Err("total (up + down) interval is zero".into());
-        }
-        let mut t = FlakeyTarget {
-            dev: ctx.open_device(&args[0], offset_sectors)?,
-            dev_spec: args[0].clone(),
-            offset_sectors,
-            up_interval,
-            down_interval,
-            drop_writes: false,
-            error_writes: false,
-            error_reads: false,
-            corrupt: None,
+        Self::from_config(ctx, &FlakeyConfig::parse(args)?)
+    }
+
+    /// Builds the target of a table line from its configuration, opening its device.
+    pub(crate) fn from_config(ctx: &BuildContext<'_>, cfg: &FlakeyConfig) -> Result<Self, String> {
+        Ok(FlakeyTarget {
+            dev: ctx.open_device(&cfg.device, cfg.offset)?,
+            dev_spec: cfg.device.clone(),
+            offset_sectors: cfg.offset,
+            up_interval: cfg.up_interval,
+            down_interval: cfg.down_interval,
+            drop_writes: cfg.drop_writes,
+            error_writes: cfg.error_writes,
+            error_reads: cfg.error_reads,
+            corrupt: cfg.corrupt,
             started: Instant::now(),
             len: ctx.len_bytes(),
             control: Arc::new(FlakeyControl::new()),
-        };
-        if args.len() == 4 {
-            return Ok(t);
+        })
+    }
+
+    /// The table arguments of this target.
+    pub fn config(&self) -> FlakeyConfig {
+        FlakeyConfig {
+            device: self.dev_spec.clone(),
+            offset: self.offset_sectors,
+            up_interval: self.up_interval,
+            down_interval: self.down_interval,
+            drop_writes: self.drop_writes,
+            error_writes: self.error_writes,
+            error_reads: self.error_reads,
+            corrupt: self.corrupt,
         }
-        let count = arg_u64(args, 4, "#feature_args")? as usize;
-        let features = &args[5..];
-        if features.len() != count {
-            return Err(format!(
-                "<#feature_args> is {count} but {} feature arguments follow",
-                features.len()
-            ));
-        }
-        let mut i = 0;
-        while i < features.len() {
-            match features[i].as_str() {
-                "drop_writes" if !t.drop_writes => t.drop_writes = true,
-                "error_writes" if !t.error_writes => t.error_writes = true,
-                "error_reads" if !t.error_reads => t.error_reads = true,
-                "drop_writes" | "error_writes" | "error_reads" => {
-                    return Err(format!("feature {} duplicated", features[i]))
-                }
-                "corrupt_bio_byte" => {
-                    if features.len() < i + 5 {
-                        return Err("corrupt_bio_byte needs <n> <r|w> <value> <flags>".into());
-                    }
-                    let byte = arg_u32(features, i + 1, "corrupt_bio_byte n")?;
-                    if byte == 0 {
-                        return Err("corrupt_bio_byte <n> must be at least 1".into());
-                    }
-                    let write = match features[i + 2].as_str() {
-                        "w" => true,
-                        "r" => false,
-                        other => {
-                            return Err(format!(
-                                "corrupt_bio_byte direction '{other}' (expected r or w)"
-                            ))
-                        }
-                    };
-                    let value = arg_u32(features, i + 3, "corrupt_bio_byte value")?;
-                    let value = u8::try_from(value)
-                        .map_err(|_| format!("corrupt_bio_byte value {value} exceeds 255"))?;
-                    let flags = arg_u32(features, i + 4, "corrupt_bio_byte flags")?;
-                    t.corrupt = Some(Corruption {
-                        byte,
-                        write,
-                        value,
-                        flags,
-                    });
-                    i += 4;
-                }
-                other => return Err(format!("unrecognised flakey feature '{other}'")),
-            }
-            i += 1;
-        }
-        if t.drop_writes && t.error_writes {
-            return Err("drop_writes and error_writes are mutually exclusive".into());
-        }
-        Ok(t)
     }
 
     /// The deterministic test controls of this target.
@@ -397,36 +336,8 @@ impl Target for FlakeyTarget {
     fn target_type(&self) -> &'static str {
         "flakey"
     }
-    fn table_params(&self, _show_keys: bool) -> String {
-        let mut features = Vec::new();
-        if self.drop_writes {
-            features.push("drop_writes".to_string());
-        }
-        if self.error_writes {
-            features.push("error_writes".to_string());
-        }
-        if self.error_reads {
-            features.push("error_reads".to_string());
-        }
-        if let Some(c) = self.corrupt {
-            features.push(format!(
-                "corrupt_bio_byte {} {} {} {}",
-                c.byte,
-                if c.write { 'w' } else { 'r' },
-                c.value,
-                c.flags
-            ));
-        }
-        let argc: usize = features.iter().map(|f| f.split(' ').count()).sum();
-        let mut s = format!(
-            "{} {} {} {} {}",
-            self.dev_spec, self.offset_sectors, self.up_interval, self.down_interval, argc
-        );
-        for f in features {
-            s.push(' ');
-            s.push_str(&f);
-        }
-        s
+    fn table_params(&self, show_keys: bool) -> String {
+        table_params_of(&self.config(), show_keys)
     }
     fn message(&self, argv: &[&str]) -> Result<Option<String>, String> {
         let c = &self.control;

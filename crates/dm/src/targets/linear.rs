@@ -4,7 +4,8 @@ use std::any::Any;
 use std::io;
 use std::sync::Arc;
 
-use super::{arg_u64, expect_args, BuildContext, Target};
+use super::config::{LinearConfig, TargetConfig};
+use super::{BuildContext, Target};
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::SECTOR_SIZE;
 
@@ -28,10 +29,21 @@ impl LinearTarget {
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        expect_args(args, 2, 2, "linear <dev> <offset>")?;
-        let offset = arg_u64(args, 1, "offset")?;
-        let dev = ctx.open_device(&args[0], offset)?;
-        Ok(Self::new(dev, &args[0], offset, ctx.len_bytes()))
+        Self::from_config(ctx, &LinearConfig::parse(args)?)
+    }
+
+    /// Builds the target of a table line from its configuration, opening its device.
+    pub(crate) fn from_config(ctx: &BuildContext<'_>, cfg: &LinearConfig) -> Result<Self, String> {
+        let dev = ctx.open_device(&cfg.device, cfg.offset)?;
+        Ok(Self::new(dev, &cfg.device, cfg.offset, ctx.len_bytes()))
+    }
+
+    /// The table arguments of this target.
+    pub fn config(&self) -> LinearConfig {
+        LinearConfig {
+            device: self.dev_spec.clone(),
+            offset: self.offset_sectors,
+        }
     }
 
     fn base(&self) -> u64 {
@@ -93,8 +105,8 @@ impl Target for LinearTarget {
     fn target_type(&self) -> &'static str {
         "linear"
     }
-    fn table_params(&self, _show_keys: bool) -> String {
-        format!("{} {}", self.dev_spec, self.offset_sectors)
+    fn table_params(&self, show_keys: bool) -> String {
+        super::config::table_params_of(&self.config(), show_keys)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -3,6 +3,7 @@
 //! A target is a [`BlockDevice`] whose offset 0 is its table line's `<start>`: the table
 //! passes target-relative offsets, like the kernel's `bi_sector - ti->begin`.
 
+pub mod config;
 pub mod crypt;
 pub mod delay;
 pub mod error;

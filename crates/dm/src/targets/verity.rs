@@ -30,7 +30,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::verity::VerityGeometry;
+use zeroize::Zeroizing;
 
+use super::config::{counted_tail, push_counted, table_params_of, TargetConfig};
 use super::{arg_u32, arg_u64, BuildContext, Target};
 use crate::device::{check_range, BlockDevice, CopyTransform, WriteFlags};
 use crate::error::errno;
@@ -140,6 +142,28 @@ fn format_msg(e: cryptblk_format::FormatError) -> String {
 impl VerityConfig {
     /// Parses the table arguments; returns the configuration and the two device names.
     pub fn parse(args: &[String]) -> Result<(Self, String, String), String> {
+        let t = VerityTableConfig::parse(args)?;
+        Ok((t.config, t.data_device, t.hash_device))
+    }
+}
+
+/// `verity <version> <dev> <hash_dev> <data_block_size> <hash_block_size> <num_data_blocks>
+/// <hash_start_block> <algorithm> <digest> <salt> [<#opt_params> <opt_params>...]`: the
+/// devices and the [`VerityConfig`]. `try_verify_in_tasklet` is accepted and not kept, and
+/// `panic_on_error` is kept as `restart_on_error` (both only refuse further I/O here).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerityTableConfig {
+    /// The data device as named in the table.
+    pub data_device: String,
+    /// The hash device as named in the table.
+    pub hash_device: String,
+    /// Tree geometry, digests and options.
+    pub config: VerityConfig,
+}
+
+impl TargetConfig for VerityTableConfig {
+    const TYPE: &'static str = "verity";
+    fn parse(args: &[String]) -> Result<Self, String> {
         const USAGE: &str = "verity <version> <dev> <hash_dev> <data_block_size> \
             <hash_block_size> <num_data_blocks> <hash_start_block> <algorithm> <digest> \
             <salt> [<#opt_params> <opt_params>...]";
@@ -189,16 +213,8 @@ impl VerityConfig {
             ignore_zero_blocks: false,
             check_at_most_once: false,
         };
-        if args.len() > 10 {
-            let count = arg_u64(args, 10, "#opt_params")? as usize;
-            let opts = &args[11..];
-            if opts.len() != count {
-                return Err(format!(
-                    "<#opt_params> is {count} but {} optional arguments follow",
-                    opts.len()
-                ));
-            }
-            for opt in opts {
+        {
+            for opt in counted_tail(args, 10, "opt_params", "optional arguments")? {
                 match opt.as_str() {
                     "ignore_corruption" => cfg.mode = CorruptionMode::Ignore,
                     "restart_on_corruption" => cfg.mode = CorruptionMode::Restart,
@@ -219,7 +235,49 @@ impl VerityConfig {
                 }
             }
         }
-        Ok((cfg, args[1].clone(), args[2].clone()))
+        Ok(VerityTableConfig {
+            data_device: args[1].clone(),
+            hash_device: args[2].clone(),
+            config: cfg,
+        })
+    }
+
+    fn args(&self, _show_keys: bool) -> Zeroizing<Vec<String>> {
+        let c = &self.config;
+        let mut out = vec![
+            c.version.to_string(),
+            self.data_device.clone(),
+            self.hash_device.clone(),
+            c.data_block_size.to_string(),
+            c.hash_block_size.to_string(),
+            c.num_data_blocks.to_string(),
+            c.hash_start_block.to_string(),
+            c.algorithm.name().to_string(),
+            hex::encode(&c.root_digest),
+            if c.salt.is_empty() {
+                "-".to_string()
+            } else {
+                hex::encode(&c.salt)
+            },
+        ];
+        let mut opts: Vec<String> = Vec::new();
+        match c.mode {
+            CorruptionMode::Eio => {}
+            CorruptionMode::Ignore => opts.push("ignore_corruption".into()),
+            CorruptionMode::Restart => opts.push("restart_on_corruption".into()),
+            CorruptionMode::Panic => opts.push("panic_on_corruption".into()),
+        }
+        for (on, name) in [
+            (c.restart_on_error, "restart_on_error"),
+            (c.ignore_zero_blocks, "ignore_zero_blocks"),
+            (c.check_at_most_once, "check_at_most_once"),
+        ] {
+            if on {
+                opts.push(name.into());
+            }
+        }
+        push_counted(&mut out, opts);
+        Zeroizing::new(out)
     }
 }
 
@@ -319,13 +377,36 @@ impl VerityTarget {
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        let (cfg, data_spec, hash_spec) = VerityConfig::parse(args)?;
-        let data = ctx.open_device(&data_spec, 0)?;
+        Self::from_config(ctx, &VerityTableConfig::parse(args)?)
+    }
+
+    /// Builds the target of a table line from its configuration, opening its devices.
+    pub(crate) fn from_config(
+        ctx: &BuildContext<'_>,
+        t: &VerityTableConfig,
+    ) -> Result<Self, String> {
+        let data = ctx.open_device(&t.data_device, 0)?;
         let hash = ctx
             .resolver
-            .open_device(&hash_spec)
+            .open_device(&t.hash_device)
             .map_err(|e| e.to_string())?;
-        Self::new(data, &data_spec, hash, &hash_spec, cfg, ctx.len_bytes())
+        Self::new(
+            data,
+            &t.data_device,
+            hash,
+            &t.hash_device,
+            t.config.clone(),
+            ctx.len_bytes(),
+        )
+    }
+
+    /// The table arguments of this target.
+    pub fn table_config(&self) -> VerityTableConfig {
+        VerityTableConfig {
+            data_device: self.data_spec.clone(),
+            hash_device: self.hash_spec.clone(),
+            config: self.cfg.clone(),
+        }
     }
 
     /// The mapping's configuration.
@@ -756,45 +837,8 @@ impl Target for VerityTarget {
         "verity"
     }
 
-    fn table_params(&self, _show_keys: bool) -> String {
-        let c = &self.cfg;
-        let mut s = format!(
-            "{} {} {} {} {} {} {} {} {} {}",
-            c.version,
-            self.data_spec,
-            self.hash_spec,
-            c.data_block_size,
-            c.hash_block_size,
-            c.num_data_blocks,
-            c.hash_start_block,
-            c.algorithm.name(),
-            hex::encode(&c.root_digest),
-            if c.salt.is_empty() {
-                "-".to_string()
-            } else {
-                hex::encode(&c.salt)
-            }
-        );
-        let mut opts: Vec<&str> = Vec::new();
-        match c.mode {
-            CorruptionMode::Eio => {}
-            CorruptionMode::Ignore => opts.push("ignore_corruption"),
-            CorruptionMode::Restart => opts.push("restart_on_corruption"),
-            CorruptionMode::Panic => opts.push("panic_on_corruption"),
-        }
-        if c.restart_on_error {
-            opts.push("restart_on_error");
-        }
-        if c.ignore_zero_blocks {
-            opts.push("ignore_zero_blocks");
-        }
-        if c.check_at_most_once {
-            opts.push("check_at_most_once");
-        }
-        if !opts.is_empty() {
-            s.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
-        }
-        s
+    fn table_params(&self, show_keys: bool) -> String {
+        table_params_of(&self.table_config(), show_keys)
     }
 
     /// `V` (verified so far) or `C` (corruption detected), as the kernel reports.

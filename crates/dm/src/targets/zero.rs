@@ -3,7 +3,8 @@
 use std::any::Any;
 use std::io;
 
-use super::{expect_args, BuildContext, Target};
+use super::config::{TargetConfig, ZeroConfig};
+use super::{BuildContext, Target};
 use crate::device::{check_range, BlockDevice, WriteFlags};
 
 /// A bottomless device of zeros (the kernel's `zero` target).
@@ -18,7 +19,7 @@ impl ZeroTarget {
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        expect_args(args, 0, 0, "zero (no arguments)")?;
+        ZeroConfig::parse(args)?;
         Ok(Self::new(ctx.len_bytes()))
     }
 }
@@ -50,8 +51,8 @@ impl Target for ZeroTarget {
     fn target_type(&self) -> &'static str {
         "zero"
     }
-    fn table_params(&self, _show_keys: bool) -> String {
-        String::new()
+    fn table_params(&self, show_keys: bool) -> String {
+        super::config::table_params_of(&ZeroConfig, show_keys)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -632,68 +632,6 @@ impl Luks2Header {
         })
     }
 
-    /// The device-mapper table line cryptsetup would load for the default segment of a
-    /// data device `device` of `device_size` bytes, e.g.
-    /// `0 40960 crypt aes-xts-plain64 <hex key> 0 /dev/sdb 32768 1 sector_size:4096`.
-    /// Persistent config flags become the matching optional parameters. The line contains
-    /// the volume key in hex: hand it to the dm layer only, never log it.
-    pub fn crypt_table_line(
-        &self,
-        vk: &SecretBytes,
-        device: &str,
-        device_size: u64,
-    ) -> Result<String> {
-        self.check_requirements()?;
-        let seg = self.default_segment()?;
-        if seg.integrity.is_some() {
-            return Err(FormatError::Unsupported(
-                "a segment with integrity needs two tables (see Luks2Header::integrity_layout)"
-                    .into(),
-            ));
-        }
-        let avail = device_size.checked_sub(seg.offset).ok_or_else(|| {
-            FormatError::TooSmall(format!(
-                "device of {device_size} bytes ends before the data offset {}",
-                seg.offset
-            ))
-        })?;
-        let mut len = seg.size.unwrap_or(avail).min(avail);
-        len -= len % seg.sector_size as u64;
-        if len == 0 {
-            return Err(FormatError::TooSmall(
-                "no data area after the header".into(),
-            ));
-        }
-        let flags = self.config_flags();
-        let mut opts: Vec<String> = [
-            ("allow-discards", "allow_discards"),
-            ("same-cpu-crypt", "same_cpu_crypt"),
-            ("submit-from-crypt-cpus", "submit_from_crypt_cpus"),
-            ("no-read-workqueue", "no_read_workqueue"),
-            ("no-write-workqueue", "no_write_workqueue"),
-        ]
-        .iter()
-        .filter(|(json_name, _)| flags.iter().any(|f| f == json_name))
-        .map(|(_, dm)| dm.to_string())
-        .collect();
-        if seg.sector_size != 512 {
-            opts.push(format!("sector_size:{}", seg.sector_size));
-        }
-        let mut line = format!(
-            "0 {} crypt {} {} {} {} {}",
-            len / 512,
-            seg.encryption,
-            vk.to_hex(),
-            seg.iv_tweak,
-            device,
-            seg.offset / 512
-        );
-        if !opts.is_empty() {
-            line.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
-        }
-        Ok(line)
-    }
-
     /// Byte offset of the data (lowest non-backup segment offset).
     pub fn data_offset(&self) -> u64 {
         validate::min_segment_offset(&self.json)

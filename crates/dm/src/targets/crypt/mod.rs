@@ -23,6 +23,7 @@
 //! through a [`crate::Mapping`], gets `ENOKEY` errors.
 
 mod aead;
+mod config;
 pub mod queued;
 mod split;
 mod stats;
@@ -38,10 +39,12 @@ use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher, SectorOptions};
 
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
-use crate::targets::{arg_u64, BuildContext, Target, TargetStats};
+use crate::targets::config::{table_params_of, TargetConfig};
+use crate::targets::{BuildContext, Target, TargetStats};
 use crate::SECTOR_SIZE;
 
 pub use aead::{CryptIntegrity, IntegrityKind};
+pub use config::{CryptConfig, CryptKey};
 pub use queued::QueuedEngine;
 pub use split::SplitPolicy;
 pub use stats::{CryptStats, CryptStatsSnapshot};
@@ -417,7 +420,9 @@ impl CryptTarget {
                 Ok(())
             }
             ["set", hex] => {
-                let key = parse_key(hex)?;
+                let CryptKey::Hex(key) = CryptKey::parse(hex)? else {
+                    return Err("key set needs the key in hex".into());
+                };
                 if key.len() != st.key.len() {
                     return Err(format!(
                         "key size mismatch: the table's key has {} bytes, {} given",
@@ -454,44 +459,30 @@ impl CryptTarget {
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        const USAGE: &str =
-            "crypt <cipher> <key> <iv_offset> <dev> <offset> [<#opt_params> <opt_params>...]";
-        if args.len() < 5 {
-            return Err(format!(
-                "not enough arguments ({}); usage: {USAGE}",
-                args.len()
-            ));
-        }
-        let key = parse_key(&args[1])?;
-        let iv_offset = arg_u64(args, 2, "iv_offset")?;
-        let offset_sectors = arg_u64(args, 4, "offset")?;
-        let flags = if args.len() > 5 {
-            let count = arg_u64(args, 5, "#opt_params")? as usize;
-            let opts = &args[6..];
-            if opts.len() != count {
-                return Err(format!(
-                    "<#opt_params> is {count} but {} optional parameters follow",
-                    opts.len()
-                ));
-            }
-            CryptFlags::parse(opts)?
-        } else {
-            CryptFlags::default()
-        };
-        let dev = ctx.open_device(&args[3], offset_sectors)?;
-        let params = CryptParams {
-            cipher_spec: args[0].clone(),
-            key,
-            iv_offset,
-            dev_spec: args[3].clone(),
-            offset_sectors,
-            flags,
-            implementation: ctx.options.cipher_implementation.clone(),
-        };
+        Self::from_config(ctx, &CryptConfig::parse(args)?)
+    }
+
+    /// Builds the target of a table line from its configuration, opening its device.
+    pub(crate) fn from_config(ctx: &BuildContext<'_>, cfg: &CryptConfig) -> Result<Self, String> {
+        let params = cfg.to_params(ctx.options.cipher_implementation.clone())?;
+        let dev = ctx.open_device(&cfg.device, cfg.offset)?;
         Self::new(dev, ctx.len_bytes(), params).map_err(|e| match e {
             DmError::TableShape(m) => m.trim_start_matches("crypt target: ").to_string(),
             other => other.to_string(),
         })
+    }
+
+    /// The table arguments of this target (its key included: drop it soon).
+    pub fn config(&self) -> CryptConfig {
+        let mut cfg = CryptConfig::from(&self.params);
+        // The key lives in the key state (`key wipe`/`key set` replace it), not in params.
+        let st = self.key_state();
+        cfg.key = if st.key.is_empty() {
+            CryptKey::None
+        } else {
+            CryptKey::Hex(st.key.clone())
+        };
+        cfg
     }
 
     /// The target's flags.
@@ -643,30 +634,6 @@ pub(crate) enum WriteData<'a> {
     Scratch(&'a mut [u8]),
 }
 
-/// Parses a table key: hex, or `-` for none; keyring references are refused.
-fn parse_key(text: &str) -> Result<SecretBytes, String> {
-    if text == "-" {
-        return Ok(SecretBytes::zeroed(0));
-    }
-    if text.starts_with(':') {
-        return Err(
-            "kernel keyring keys (:<size>:<type>:<description>) are not supported; give the key as hex"
-                .into(),
-        );
-    }
-    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        // Never echo the key text: it may be a real key with a typo.
-        return Err(format!(
-            "invalid key: expected an even number of hex digits or '-' ({} characters given)",
-            text.len()
-        ));
-    }
-    let mut key = SecretBytes::zeroed(text.len() / 2);
-    hex::decode_to_slice(text, key.as_mut_bytes())
-        .map_err(|_| "invalid key: not hex".to_string())?;
-    Ok(key)
-}
-
 /// Converts cipher failures to the errno a kernel bio would see.
 pub(crate) fn cipher_io(e: CipherError) -> io::Error {
     match e {
@@ -746,25 +713,7 @@ impl Target for CryptTarget {
         "crypt"
     }
     fn table_params(&self, show_keys: bool) -> String {
-        let p = &self.params;
-        let st = self.key_state();
-        let key = if st.key.is_empty() {
-            "-".to_string()
-        } else if show_keys {
-            st.key.to_hex()
-        } else {
-            // dmsetup without --showkeys prints zeros of the key's length.
-            "0".repeat(st.key.len() * 2)
-        };
-        let mut s = format!(
-            "{} {} {} {} {}",
-            p.cipher_spec, key, p.iv_offset, p.dev_spec, p.offset_sectors
-        );
-        let opts = p.flags.format();
-        if !opts.is_empty() {
-            s.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
-        }
-        s
+        table_params_of(&self.config(), show_keys)
     }
     fn status_params(&self) -> String {
         let st = self.stats.snapshot();

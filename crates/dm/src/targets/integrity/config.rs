@@ -10,10 +10,13 @@
 use std::any::Any;
 
 use cryptblk_cipher::SecretBytes;
+use zeroize::Zeroizing;
 
 use super::layout::SB_SECTORS;
 use super::open::Core;
 use super::superblock::{FLAG_FIXED_HMAC, FLAG_FIXED_PADDING, FLAG_RECALCULATING};
+
+use crate::targets::config::{counted_tail, table_params_of, TargetConfig};
 use crate::targets::Target;
 
 /// dm-integrity operating mode.
@@ -138,6 +141,309 @@ impl IntegrityConfig {
 
     /// Parses table arguments; returns the configuration and the data device name.
     pub fn parse(args: &[String]) -> Result<(Self, String), String> {
+        let t = IntegrityTableConfig::parse(args)?;
+        Ok((t.to_config(), t.device))
+    }
+}
+
+/// An algorithm option of an integrity line (`internal_hash:`, `journal_crypt:`,
+/// `journal_mac:`): `<name>[:<hex key>]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntegrityAlgorithm {
+    /// Kernel name (`crc32c`, `hmac(sha256)`, `ctr(aes)`).
+    pub name: String,
+    /// Key of a keyed algorithm.
+    pub key: Option<SecretBytes>,
+}
+
+impl IntegrityAlgorithm {
+    /// An unkeyed algorithm.
+    pub fn new(name: &str) -> Self {
+        IntegrityAlgorithm {
+            name: name.to_string(),
+            key: None,
+        }
+    }
+
+    /// A keyed algorithm.
+    pub fn keyed(name: &str, key: SecretBytes) -> Self {
+        IntegrityAlgorithm {
+            name: name.to_string(),
+            key: Some(key),
+        }
+    }
+
+    fn parse(option: &str, v: &str) -> Result<Self, String> {
+        Ok(match v.split_once(':') {
+            Some((name, k)) => {
+                let key = hex::decode(k).map_err(|_| format!("Invalid {option} argument"))?;
+                IntegrityAlgorithm::keyed(name, SecretBytes::from_vec(key))
+            }
+            None => IntegrityAlgorithm::new(v),
+        })
+    }
+
+    fn to_option(&self, option: &str, show_keys: bool) -> String {
+        let mut s = format!("{option}:{}", self.name);
+        if let Some(k) = &self.key {
+            s.push(':');
+            if show_keys {
+                s.push_str(&Zeroizing::new(k.to_hex()));
+            } else {
+                s.push_str(&"0".repeat(k.len() * 2));
+            }
+        }
+        s
+    }
+}
+
+/// `integrity <dev> <start> <tag_size|-> <J|D|B|R> <#opt_params> <opt_params>...`: the
+/// line as written, every option kept only if given (an [`IntegrityConfig`] fills in the
+/// kernel's defaults, see [`IntegrityTableConfig::to_config`]). Printed in the kernel's
+/// order of options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntegrityTableConfig {
+    /// The data device as named in the table.
+    pub device: String,
+    /// Superblock offset on the (metadata) device, in sectors.
+    pub start: u64,
+    /// Tag size; `None` (`-`) = the internal hash's digest size.
+    pub tag_size: Option<u32>,
+    /// Mode.
+    pub mode: IntegrityMode,
+    /// `meta_device:`.
+    pub meta_device: Option<String>,
+    /// `block_size:` in bytes.
+    pub block_size: Option<u32>,
+    /// `recalculate`.
+    pub recalculate: bool,
+    /// `reset_recalculate`.
+    pub reset_recalculate: bool,
+    /// `allow_discards`.
+    pub allow_discards: bool,
+    /// `journal_sectors:`.
+    pub journal_sectors: Option<u32>,
+    /// `interleave_sectors:`.
+    pub interleave_sectors: Option<u32>,
+    /// `buffer_sectors:`.
+    pub buffer_sectors: Option<u32>,
+    /// `journal_watermark:` (percent, at most 100).
+    pub journal_watermark: Option<u32>,
+    /// `commit_time:` in ms.
+    pub commit_time: Option<u32>,
+    /// `sectors_per_bit:`.
+    pub sectors_per_bit: Option<u64>,
+    /// `bitmap_flush_interval:` in ms.
+    pub bitmap_flush_interval: Option<u32>,
+    /// `fix_padding`.
+    pub fix_padding: bool,
+    /// `fix_hmac`.
+    pub fix_hmac: bool,
+    /// `legacy_recalculate`.
+    pub legacy_recalculate: bool,
+    /// `internal_hash:`.
+    pub internal_hash: Option<IntegrityAlgorithm>,
+    /// `journal_crypt:`.
+    pub journal_crypt: Option<IntegrityAlgorithm>,
+    /// `journal_mac:`.
+    pub journal_mac: Option<IntegrityAlgorithm>,
+}
+
+impl IntegrityTableConfig {
+    /// A line for `device` in `mode` with no options.
+    pub fn new(device: &str, mode: IntegrityMode) -> Self {
+        IntegrityTableConfig {
+            device: device.to_string(),
+            start: 0,
+            tag_size: None,
+            mode,
+            meta_device: None,
+            block_size: None,
+            recalculate: false,
+            reset_recalculate: false,
+            allow_discards: false,
+            journal_sectors: None,
+            interleave_sectors: None,
+            buffer_sectors: None,
+            journal_watermark: None,
+            commit_time: None,
+            sectors_per_bit: None,
+            bitmap_flush_interval: None,
+            fix_padding: false,
+            fix_hmac: false,
+            legacy_recalculate: false,
+            internal_hash: None,
+            journal_crypt: None,
+            journal_mac: None,
+        }
+    }
+
+    /// The line `integritysetup open` loads for `params` on `device`; refuses a sector size
+    /// the target cannot use and a key given to an unkeyed hash (or missing for a keyed one).
+    pub fn from_params(
+        params: &cryptblk_format::integrity::IntegrityParams,
+        device: &str,
+    ) -> Result<Self, String> {
+        use cryptblk_format::integrity::IntegrityOpenMode;
+        let ss = params.sector_size;
+        if !(512..=4096).contains(&ss) || !ss.is_power_of_two() {
+            return Err(format!("invalid sector size {ss}"));
+        }
+        let keyed = params.integrity.starts_with("hmac-");
+        if keyed != params.key.is_some() {
+            return Err(if keyed {
+                format!("{} needs --integrity-key-file", params.integrity)
+            } else {
+                format!("{} takes no key", params.integrity)
+            });
+        }
+        let mode = match params.mode {
+            IntegrityOpenMode::Journal => IntegrityMode::Journal,
+            IntegrityOpenMode::Direct => IntegrityMode::Direct,
+            IntegrityOpenMode::Recovery => IntegrityMode::Recovery,
+        };
+        let journal_sectors = params
+            .journal_size
+            .map(|j| u32::try_from(j / 512).map_err(|_| format!("journal size {j} too large")))
+            .transpose()?;
+        Ok(IntegrityTableConfig {
+            start: params.start,
+            tag_size: params.tag_size,
+            block_size: (ss != 512).then_some(ss),
+            journal_sectors,
+            interleave_sectors: params.interleave_sectors,
+            buffer_sectors: params.buffer_sectors,
+            fix_padding: !params.legacy_padding,
+            fix_hmac: !params.legacy_hmac,
+            internal_hash: Some(IntegrityAlgorithm {
+                name: params.kernel_hash_name(),
+                key: params.key.clone(),
+            }),
+            ..IntegrityTableConfig::new(device, mode)
+        })
+    }
+
+    /// The target's configuration: the given options over the kernel's defaults.
+    pub fn to_config(&self) -> IntegrityConfig {
+        let d = IntegrityConfig::new(self.mode, "crc32c");
+        let (internal_hash, internal_hash_key) = split_algorithm(&self.internal_hash);
+        let (journal_crypt, journal_crypt_key) = split_algorithm(&self.journal_crypt);
+        let (journal_mac, journal_mac_key) = split_algorithm(&self.journal_mac);
+        IntegrityConfig {
+            start: self.start,
+            tag_size: self.tag_size,
+            mode: self.mode,
+            journal_sectors: self.journal_sectors.map(|n| n.max(1)),
+            interleave_sectors: self.interleave_sectors.unwrap_or(d.interleave_sectors),
+            buffer_sectors: self.buffer_sectors.map_or(d.buffer_sectors, |n| n.max(1)),
+            journal_watermark: self.journal_watermark.unwrap_or(d.journal_watermark),
+            commit_time: self.commit_time.unwrap_or(d.commit_time),
+            bitmap_flush_interval: self
+                .bitmap_flush_interval
+                .unwrap_or(d.bitmap_flush_interval),
+            read_only: false,
+            block_size: self.block_size.unwrap_or(d.block_size),
+            internal_hash,
+            internal_hash_key,
+            journal_crypt,
+            journal_crypt_key,
+            journal_mac,
+            journal_mac_key,
+            fix_padding: self.fix_padding,
+            fix_hmac: self.fix_hmac,
+            allow_discards: self.allow_discards,
+            legacy_recalculate: self.legacy_recalculate,
+            meta_device: self.meta_device.clone(),
+            recalculate: self.recalculate || self.reset_recalculate,
+            reset_recalculate: self.reset_recalculate,
+            sectors_per_bit: self.sectors_per_bit,
+        }
+    }
+
+    /// True if an algorithm option carries a key (the text is then secret).
+    pub fn has_keys(&self) -> bool {
+        [&self.internal_hash, &self.journal_crypt, &self.journal_mac]
+            .iter()
+            .any(|a| a.as_ref().is_some_and(|a| a.key.is_some()))
+    }
+
+    /// The devices the line names (data, then metadata).
+    pub fn devices(&self) -> Vec<&str> {
+        let mut v = vec![self.device.as_str()];
+        v.extend(self.meta_device.as_deref());
+        v
+    }
+
+    fn apply_option(&mut self, opt: &str) -> Result<(), String> {
+        let num = |v: &str| -> Result<u32, String> {
+            v.parse::<u32>()
+                .map_err(|_| format!("invalid argument '{opt}'"))
+        };
+        match opt.split_once(':') {
+            Some(("journal_sectors", v)) => self.journal_sectors = Some(num(v)?),
+            Some(("interleave_sectors", v)) => self.interleave_sectors = Some(num(v)?),
+            Some(("buffer_sectors", v)) => self.buffer_sectors = Some(num(v)?),
+            Some(("journal_watermark", v)) => {
+                let w = num(v)?;
+                if w > 100 {
+                    return Err(format!("invalid argument '{opt}'"));
+                }
+                self.journal_watermark = Some(w);
+            }
+            Some(("commit_time", v)) => self.commit_time = Some(num(v)?),
+            Some(("block_size", v)) => {
+                let b = num(v)?;
+                if !(512..=4096).contains(&b) || !b.is_power_of_two() {
+                    return Err("Invalid block_size argument".into());
+                }
+                self.block_size = Some(b);
+            }
+            Some(("meta_device", v)) => self.meta_device = Some(v.to_string()),
+            Some(("sectors_per_bit", v)) => {
+                self.sectors_per_bit = Some(
+                    v.parse::<u64>()
+                        .map_err(|_| format!("invalid argument '{opt}'"))?,
+                );
+            }
+            Some(("bitmap_flush_interval", v)) => {
+                self.bitmap_flush_interval = Some(
+                    v.parse::<u32>()
+                        .map_err(|_| "Invalid bitmap_flush_interval argument".to_string())?,
+                );
+            }
+            Some((name @ "internal_hash", v)) => {
+                self.internal_hash = Some(IntegrityAlgorithm::parse(name, v)?)
+            }
+            Some((name @ "journal_crypt", v)) => {
+                self.journal_crypt = Some(IntegrityAlgorithm::parse(name, v)?)
+            }
+            Some((name @ "journal_mac", v)) => {
+                self.journal_mac = Some(IntegrityAlgorithm::parse(name, v)?)
+            }
+            None if opt == "fix_padding" => self.fix_padding = true,
+            None if opt == "fix_hmac" => self.fix_hmac = true,
+            None if opt == "allow_discards" => self.allow_discards = true,
+            None if opt == "legacy_recalculate" => self.legacy_recalculate = true,
+            None if opt == "recalculate" => self.recalculate = true,
+            None if opt == "reset_recalculate" => self.reset_recalculate = true,
+            _ => return Err(format!("Invalid argument '{opt}'")),
+        }
+        Ok(())
+    }
+}
+
+/// An algorithm option as the name and key an [`IntegrityConfig`] keeps apart.
+fn split_algorithm(a: &Option<IntegrityAlgorithm>) -> (Option<String>, Option<SecretBytes>) {
+    match a {
+        Some(a) => (Some(a.name.clone()), a.key.clone()),
+        None => (None, None),
+    }
+}
+
+impl TargetConfig for IntegrityTableConfig {
+    const TYPE: &'static str = "integrity";
+
+    fn parse(args: &[String]) -> Result<Self, String> {
         const USAGE: &str =
             "integrity <dev> <start> <tag_size|-> <J|D|R> <#opt_params> [<opt_params>...]";
         if args.len() < 4 {
@@ -163,104 +469,121 @@ impl IntegrityConfig {
             "B" => IntegrityMode::Bitmap,
             other => return Err(format!("invalid mode '{other}' (expecting J, B, D, R)")),
         };
-        let mut cfg = IntegrityConfig {
-            tag_size,
+        let mut t = IntegrityTableConfig {
             start,
-            internal_hash: None,
-            ..IntegrityConfig::new(mode, "crc32c")
+            tag_size,
+            ..IntegrityTableConfig::new(&args[0], mode)
         };
-        if args.len() > 4 {
-            let count = crate::targets::arg_u64(args, 4, "#opt_params")? as usize;
-            let opts = &args[5..];
-            if opts.len() != count {
-                return Err(format!(
-                    "<#opt_params> is {count} but {} optional arguments follow",
-                    opts.len()
-                ));
-            }
-            for opt in opts {
-                cfg.apply_option(opt)?;
-            }
+        for opt in counted_tail(args, 4, "opt_params", "optional arguments")? {
+            t.apply_option(opt)?;
         }
-        Ok((cfg, args[0].clone()))
+        Ok(t)
     }
 
-    fn apply_option(&mut self, opt: &str) -> Result<(), String> {
-        let num = |v: &str| -> Result<u32, String> {
-            v.parse::<u32>()
-                .map_err(|_| format!("invalid argument '{opt}'"))
+    fn args(&self, show_keys: bool) -> Zeroizing<Vec<String>> {
+        let mut opts: Vec<String> = Vec::new();
+        let mut value = |name: &str, v: Option<String>| {
+            if let Some(v) = v {
+                opts.push(format!("{name}:{v}"));
+            }
         };
-        match opt.split_once(':') {
-            Some(("journal_sectors", v)) => self.journal_sectors = Some(num(v)?.max(1)),
-            Some(("interleave_sectors", v)) => self.interleave_sectors = num(v)?,
-            Some(("buffer_sectors", v)) => self.buffer_sectors = num(v)?.max(1),
-            Some(("journal_watermark", v)) => {
-                let w = num(v)?;
-                if w > 100 {
-                    return Err(format!("invalid argument '{opt}'"));
-                }
-                self.journal_watermark = w;
+        value("meta_device", self.meta_device.clone());
+        value("block_size", self.block_size.map(|n| n.to_string()));
+        let flag = |opts: &mut Vec<String>, on: bool, name: &str| {
+            if on {
+                opts.push(name.to_string());
             }
-            Some(("commit_time", v)) => self.commit_time = num(v)?,
-            Some(("block_size", v)) => {
-                let b = num(v)?;
-                if !(512..=4096).contains(&b) || !b.is_power_of_two() {
-                    return Err("Invalid block_size argument".into());
-                }
-                self.block_size = b;
+        };
+        flag(&mut opts, self.recalculate, "recalculate");
+        flag(&mut opts, self.reset_recalculate, "reset_recalculate");
+        flag(&mut opts, self.allow_discards, "allow_discards");
+        let numbers = [
+            ("journal_sectors", self.journal_sectors.map(u64::from)),
+            ("interleave_sectors", self.interleave_sectors.map(u64::from)),
+            ("buffer_sectors", self.buffer_sectors.map(u64::from)),
+            ("journal_watermark", self.journal_watermark.map(u64::from)),
+            ("commit_time", self.commit_time.map(u64::from)),
+            ("sectors_per_bit", self.sectors_per_bit),
+            (
+                "bitmap_flush_interval",
+                self.bitmap_flush_interval.map(u64::from),
+            ),
+        ];
+        for (name, v) in numbers {
+            if let Some(v) = v {
+                opts.push(format!("{name}:{v}"));
             }
-            Some(("meta_device", v)) => self.meta_device = Some(v.to_string()),
-            Some(("sectors_per_bit", v)) => {
-                self.sectors_per_bit = Some(
-                    v.parse::<u64>()
-                        .map_err(|_| format!("invalid argument '{opt}'"))?,
-                );
-            }
-            Some(("bitmap_flush_interval", v)) => {
-                self.bitmap_flush_interval = v
-                    .parse::<u32>()
-                    .map_err(|_| "Invalid bitmap_flush_interval argument".to_string())?;
-            }
-            Some(("internal_hash", v)) => {
-                let (alg, key) = match v.split_once(':') {
-                    Some((a, k)) => {
-                        let key = hex::decode(k)
-                            .map_err(|_| "Invalid internal_hash argument".to_string())?;
-                        (a, Some(SecretBytes::from_vec(key)))
-                    }
-                    None => (v, None),
-                };
-                self.internal_hash = Some(alg.to_string());
-                self.internal_hash_key = key;
-            }
-            Some((name @ ("journal_crypt" | "journal_mac"), v)) => {
-                let (alg, key) = match v.split_once(':') {
-                    Some((a, k)) => {
-                        let key = hex::decode(k).map_err(|_| format!("Invalid {name} argument"))?;
-                        (a, Some(SecretBytes::from_vec(key)))
-                    }
-                    None => (v, None),
-                };
-                if name == "journal_crypt" {
-                    self.journal_crypt = Some(alg.to_string());
-                    self.journal_crypt_key = key;
-                } else {
-                    self.journal_mac = Some(alg.to_string());
-                    self.journal_mac_key = key;
-                }
-            }
-            None if opt == "fix_padding" => self.fix_padding = true,
-            None if opt == "fix_hmac" => self.fix_hmac = true,
-            None if opt == "allow_discards" => self.allow_discards = true,
-            None if opt == "legacy_recalculate" => self.legacy_recalculate = true,
-            None if opt == "recalculate" => self.recalculate = true,
-            None if opt == "reset_recalculate" => {
-                self.recalculate = true;
-                self.reset_recalculate = true;
-            }
-            _ => return Err(format!("Invalid argument '{opt}'")),
         }
-        Ok(())
+        flag(&mut opts, self.fix_padding, "fix_padding");
+        flag(&mut opts, self.fix_hmac, "fix_hmac");
+        flag(&mut opts, self.legacy_recalculate, "legacy_recalculate");
+        // The kernel's order: internal_hash, journal_crypt, journal_mac.
+        for (name, alg) in [
+            ("internal_hash", &self.internal_hash),
+            ("journal_crypt", &self.journal_crypt),
+            ("journal_mac", &self.journal_mac),
+        ] {
+            if let Some(a) = alg {
+                opts.push(a.to_option(name, show_keys));
+            }
+        }
+        let mut out = Zeroizing::new(vec![
+            self.device.clone(),
+            self.start.to_string(),
+            self.tag_size
+                .map_or_else(|| "-".to_string(), |t| t.to_string()),
+            self.mode.letter().to_string(),
+            // The kernel always prints the count, 0 included.
+            opts.len().to_string(),
+        ]);
+        out.extend(opts);
+        out
+    }
+}
+
+impl Core {
+    /// The live table line: the configuration with the geometry the superblock records
+    /// (not just what was asked for) and every option the kernel always prints.
+    pub fn table_config(&self) -> IntegrityTableConfig {
+        let c = &self.cfg;
+        let sb = self.superblock();
+        let journal = c.mode == IntegrityMode::Journal;
+        let bitmap = c.mode == IntegrityMode::Bitmap;
+        let alg = |name: &Option<String>, key: &Option<SecretBytes>| {
+            name.as_ref().map(|n| IntegrityAlgorithm {
+                name: n.clone(),
+                key: key.clone(),
+            })
+        };
+        IntegrityTableConfig {
+            device: self.dev_spec.clone(),
+            start: c.start,
+            tag_size: Some(self.layout.tag_size),
+            mode: c.mode,
+            meta_device: c.meta_device.clone(),
+            block_size: (c.block_size != 512).then_some(c.block_size),
+            recalculate: sb.flags & FLAG_RECALCULATING != 0,
+            reset_recalculate: c.reset_recalculate,
+            allow_discards: c.allow_discards,
+            journal_sectors: Some(
+                u32::try_from(self.layout.initial_sectors - SB_SECTORS).unwrap_or(u32::MAX),
+            ),
+            interleave_sectors: Some(
+                1u32.checked_shl(u32::from(sb.log2_interleave_sectors))
+                    .unwrap_or(u32::MAX),
+            ),
+            buffer_sectors: Some(c.buffer_sectors),
+            journal_watermark: journal.then_some(c.journal_watermark),
+            commit_time: journal.then_some(c.commit_time),
+            sectors_per_bit: bitmap.then_some(1u64 << self.bitmap_shift),
+            bitmap_flush_interval: bitmap.then_some(c.bitmap_flush_interval),
+            fix_padding: sb.flags & FLAG_FIXED_PADDING != 0,
+            fix_hmac: sb.flags & FLAG_FIXED_HMAC != 0,
+            legacy_recalculate: c.legacy_recalculate,
+            internal_hash: alg(&c.internal_hash, &c.internal_hash_key),
+            journal_crypt: alg(&c.journal_crypt, &c.journal_crypt_key),
+            journal_mac: alg(&c.journal_mac, &c.journal_mac_key),
+        }
     }
 }
 
@@ -270,78 +593,7 @@ impl Target for Core {
     }
 
     fn table_params(&self, show_keys: bool) -> String {
-        let c = &self.cfg;
-        let sb = self.superblock();
-        let mut opts: Vec<String> = Vec::new();
-        if let Some(m) = &c.meta_device {
-            opts.push(format!("meta_device:{m}"));
-        }
-        if c.block_size != 512 {
-            opts.push(format!("block_size:{}", c.block_size));
-        }
-        if sb.flags & FLAG_RECALCULATING != 0 {
-            opts.push("recalculate".into());
-        }
-        if c.reset_recalculate {
-            opts.push("reset_recalculate".into());
-        }
-        if c.allow_discards {
-            opts.push("allow_discards".into());
-        }
-        opts.push(format!(
-            "journal_sectors:{}",
-            self.layout.initial_sectors - SB_SECTORS
-        ));
-        opts.push(format!(
-            "interleave_sectors:{}",
-            1u64 << sb.log2_interleave_sectors
-        ));
-        opts.push(format!("buffer_sectors:{}", c.buffer_sectors));
-        if c.mode == IntegrityMode::Journal {
-            opts.push(format!("journal_watermark:{}", c.journal_watermark));
-            opts.push(format!("commit_time:{}", c.commit_time));
-        }
-        if c.mode == IntegrityMode::Bitmap {
-            opts.push(format!("sectors_per_bit:{}", 1u64 << self.bitmap_shift));
-            opts.push(format!("bitmap_flush_interval:{}", c.bitmap_flush_interval));
-        }
-        if sb.flags & FLAG_FIXED_PADDING != 0 {
-            opts.push("fix_padding".into());
-        }
-        if sb.flags & FLAG_FIXED_HMAC != 0 {
-            opts.push("fix_hmac".into());
-        }
-        if c.legacy_recalculate {
-            opts.push("legacy_recalculate".into());
-        }
-        // The kernel's order: internal_hash, journal_crypt, journal_mac.
-        let algs = [
-            ("internal_hash", &c.internal_hash, &c.internal_hash_key),
-            ("journal_crypt", &c.journal_crypt, &c.journal_crypt_key),
-            ("journal_mac", &c.journal_mac, &c.journal_mac_key),
-        ];
-        for (name, alg, key) in algs {
-            let Some(alg) = alg else { continue };
-            let mut s = format!("{name}:{alg}");
-            if let Some(k) = key {
-                s.push(':');
-                if show_keys {
-                    s.push_str(&k.to_hex());
-                } else {
-                    s.push_str(&"0".repeat(k.len() * 2));
-                }
-            }
-            opts.push(s);
-        }
-        format!(
-            "{} {} {} {} {} {}",
-            self.dev_spec,
-            c.start,
-            self.layout.tag_size,
-            c.mode.letter(),
-            opts.len(),
-            opts.join(" ")
-        )
+        table_params_of(&self.table_config(), show_keys)
     }
 
     /// `<mismatches> <provided_data_sectors> <recalc_sector|->`, as the kernel reports.

@@ -93,13 +93,14 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
+use super::config::TargetConfig;
 use super::{BuildContext, Target};
 use crate::device::{BlockDevice, WriteFlags};
 use layout::Layout;
 use open::Core;
 use superblock::{Superblock, FLAG_RECALCULATING};
 
-pub use config::{IntegrityConfig, IntegrityMode};
+pub use config::{IntegrityAlgorithm, IntegrityConfig, IntegrityMode, IntegrityTableConfig};
 
 /// A hash map keyed by sector numbers or device offsets: the per-block maps of the write
 /// path hash one `u64` per 512-byte block, where SipHash's DoS resistance buys nothing.
@@ -191,17 +192,30 @@ impl IntegrityTarget {
     /// Builds the target from a table line; a read-only table (the resolver's mode) makes a
     /// read-only target, like the kernel's `dm_table_get_mode`.
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
-        let (mut cfg, dev_spec) = IntegrityConfig::parse(args)?;
+        Self::from_config(ctx, &IntegrityTableConfig::parse(args)?)
+    }
+
+    /// Builds the target of a table line from its configuration, opening its devices.
+    pub(crate) fn from_config(
+        ctx: &BuildContext<'_>,
+        t: &IntegrityTableConfig,
+    ) -> Result<Self, String> {
+        let mut cfg = t.to_config();
         cfg.read_only = cfg.read_only || ctx.options.read_only;
         let dev = ctx
             .resolver
-            .open_device(&dev_spec)
+            .open_device(&t.device)
             .map_err(|e| e.to_string())?;
         let meta = match &cfg.meta_device {
             Some(m) => Some(ctx.resolver.open_device(m).map_err(|e| e.to_string())?),
             None => None,
         };
-        Self::open(dev, &dev_spec, meta, cfg, Some(ctx.len_bytes()))
+        Self::open(dev, &t.device, meta, cfg, Some(ctx.len_bytes()))
+    }
+
+    /// The live table line (see [`IntegrityTableConfig`]): what `dmsetup table` prints.
+    pub fn table_config(&self) -> IntegrityTableConfig {
+        self.core.table_config()
     }
 
     /// The superblock as last written.
