@@ -275,29 +275,6 @@ impl VerityParams {
             salt: self.salt.clone(),
         }
     }
-
-    /// The kernel `verity` table arguments for mapping `data_dev`/`hash_dev` with
-    /// `root_hash` (no optional arguments).
-    pub fn table_params(&self, data_dev: &str, hash_dev: &str, root_hash: &[u8]) -> Result<String> {
-        let g = self.geometry()?;
-        Ok(format!(
-            "{} {} {} {} {} {} {} {} {} {}",
-            self.hash_type,
-            data_dev,
-            hash_dev,
-            self.data_block_size,
-            self.hash_block_size,
-            self.data_blocks,
-            g.hash_start_block,
-            self.algorithm.name(),
-            hex::encode(root_hash),
-            if self.salt.is_empty() {
-                "-".to_string()
-            } else {
-                hex::encode(&self.salt)
-            }
-        ))
-    }
 }
 
 /// Shape of a hash tree: where each level lives on the hash device.

@@ -14,14 +14,16 @@ use crate::plan::ActivationPlan;
 use crate::progress::{zero_fill, Progress};
 use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::targets::integrity::hash::{kernel_name, InternalHash};
-use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode, IntegrityTarget};
+use cryptblk_dm::targets::integrity::{
+    IntegrityAlgorithm, IntegrityConfig, IntegrityMode, IntegrityTableConfig, IntegrityTarget,
+};
+use cryptblk_dm::TableSpec;
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, Target};
 use cryptblk_format::integrity::IntegritySuperblock;
 use serde_json::json;
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
-use zeroize::Zeroizing;
 
 /// integritysetup's default algorithm.
 pub const DEFAULT_INTEGRITY: &str = "crc32c";
@@ -300,12 +302,12 @@ pub enum OpenMode {
 }
 
 impl OpenMode {
-    fn letter(self) -> char {
+    fn kernel(self) -> IntegrityMode {
         match self {
-            OpenMode::Journal => 'J',
-            OpenMode::Direct => 'D',
-            OpenMode::Bitmap => 'B',
-            OpenMode::Recovery => 'R',
+            OpenMode::Journal => IntegrityMode::Journal,
+            OpenMode::Direct => IntegrityMode::Direct,
+            OpenMode::Bitmap => IntegrityMode::Bitmap,
+            OpenMode::Recovery => IntegrityMode::Recovery,
         }
     }
 
@@ -372,28 +374,18 @@ pub fn plan(
         Some(d) => (table_path(d)?, Some(mpath)),
         None => (mpath, None),
     };
-    let mut params: Vec<String> = Vec::new();
-    if let Some(m) = &meta_path {
-        params.push(format!("meta_device:{}", m.display()));
-    }
+    let mut line = IntegrityTableConfig::new(&dpath.display().to_string(), o.mode.kernel());
+    line.tag_size = Some(u32::from(sb.integrity_tag_size));
+    line.meta_device = meta_path.as_ref().map(|m| m.display().to_string());
     if sb.sector_size() != 512 {
-        params.push(format!("block_size:{}", sb.sector_size()));
+        line.block_size = Some(sb.sector_size());
     }
-    match o.recalculate {
-        Some(Recalculate::Reset) => params.push("reset_recalculate".into()),
-        Some(Recalculate::Resume) => params.push("recalculate".into()),
-        None => {}
-    }
-    params.push(format!(
-        "buffer_sectors:{}",
-        o.buffer_sectors.unwrap_or(128).max(1)
-    ));
+    line.reset_recalculate = o.recalculate == Some(Recalculate::Reset);
+    line.recalculate = o.recalculate == Some(Recalculate::Resume);
+    line.buffer_sectors = Some(o.buffer_sectors.unwrap_or(128).max(1));
     if o.mode == OpenMode::Journal {
-        params.push(format!(
-            "journal_watermark:{}",
-            o.journal_watermark.unwrap_or(50)
-        ));
-        params.push(format!("commit_time:{}", o.commit_time.unwrap_or(10000)));
+        line.journal_watermark = Some(o.journal_watermark.unwrap_or(50));
+        line.commit_time = Some(o.commit_time.unwrap_or(10000));
     }
     if o.mode == OpenMode::Bitmap {
         if let Some(n) = o.sectors_per_bit {
@@ -402,40 +394,28 @@ pub fn plan(
                     "Invalid --bitmap-sectors-per-bit {n} (a power of two)."
                 )));
             }
-            params.push(format!("sectors_per_bit:{n}"));
+            line.sectors_per_bit = Some(n);
         }
-        if let Some(ms) = o.bitmap_flush_interval {
-            params.push(format!("bitmap_flush_interval:{ms}"));
-        }
+        line.bitmap_flush_interval = o.bitmap_flush_interval;
     }
-    if sb.flags & FLAG_FIXED_PADDING != 0 {
-        params.push("fix_padding".into());
-    }
-    if sb.flags & FLAG_FIXED_HMAC != 0 {
-        params.push("fix_hmac".into());
-    }
-    let mut hash = format!("internal_hash:{}", alg.kernel);
-    if let Some(k) = &alg.key {
-        hash.push(':');
-        hash.push_str(&k.to_hex());
-    }
-    params.push(hash);
+    line.fix_padding = sb.flags & FLAG_FIXED_PADDING != 0;
+    line.fix_hmac = sb.flags & FLAG_FIXED_HMAC != 0;
+    line.internal_hash = Some(match &alg.key {
+        Some(k) => IntegrityAlgorithm::keyed(&alg.kernel, k.clone()),
+        None => IntegrityAlgorithm::new(&alg.kernel),
+    });
     for j in journals {
-        params.push(format!("{}:{}:{}", j.option, j.algorithm, j.key.to_hex()));
+        let a = Some(IntegrityAlgorithm::keyed(&j.algorithm, j.key.clone()));
+        if j.option == "journal_crypt" {
+            line.journal_crypt = a;
+        } else {
+            line.journal_mac = a;
+        }
     }
-    let table = format!(
-        "0 {} integrity {} 0 {} {} {} {}",
-        sb.provided_data_sectors,
-        dpath.display(),
-        sb.integrity_tag_size,
-        o.mode.letter(),
-        params.len(),
-        params.join(" ")
-    );
-    params.iter_mut().for_each(zeroize::Zeroize::zeroize);
+    let table = TableSpec::single(sb.provided_data_sectors, line).to_text(true);
     Ok(ActivationPlan {
         name: name.to_string(),
-        table: Zeroizing::new(table),
+        table,
         lower: Vec::new(),
         info: json!({
             "type": "INTEGRITY",

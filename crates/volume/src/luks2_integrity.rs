@@ -14,11 +14,17 @@ use crate::device::{open_file, table_path};
 use crate::error::{Result, VolumeError};
 use crate::progress::{zero_fill, Progress};
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::Registry;
+use cryptblk_dm::targets::crypt::{CryptIntegrity, IntegrityKind};
+use cryptblk_dm::targets::integrity::{IntegrityMode, IntegrityTableConfig};
+use cryptblk_dm::{CryptConfig, CryptFlags, CryptKey, Registry, TableSpec};
 use cryptblk_format::integrity::IntegritySuperblock;
-use cryptblk_format::luks2::integrity::IntegrityLayout;
+use cryptblk_format::luks2::integrity::{IntegrityLayout, FORMAT_MAPPING_SECTORS};
 use cryptblk_format::luks2::Luks2Header;
 use std::path::Path;
+use zeroize::Zeroizing;
+
+/// Superblock flag `fix_padding`.
+const FLAG_FIXED_PADDING: u32 = 0x8;
 
 /// Sectors cryptsetup zeroes at the data offset before formatting.
 const CLEARED_SECTORS: u64 = 8;
@@ -30,7 +36,7 @@ pub struct IntegrityStack {
     /// Its table (holds no key: LUKS2 keeps all keys in dm-crypt).
     pub lower_table: String,
     /// The crypt table over `/dev/mapper/<lower_name>` (holds the volume key).
-    pub table: String,
+    pub table: Zeroizing<String>,
     /// The layout the header describes.
     pub layout: IntegrityLayout,
 }
@@ -42,6 +48,89 @@ pub struct DataFormat {
     pub legacy_padding: bool,
     /// `--integrity-no-wipe`: leave the tags invalid until written.
     pub no_wipe: bool,
+}
+
+/// The table that formats the integrity superblock on `device` (cryptsetup's
+/// `INTEGRITY_format`: an 8-sector `integrity` mapping loaded over a zeroed superblock,
+/// journal mode, the kernel's default journal/interleave/buffer sizes, `fix_padding` unless
+/// `legacy_padding`).
+pub fn format_table(layout: &IntegrityLayout, device: &str, legacy_padding: bool) -> TableSpec {
+    let mut line = IntegrityTableConfig::new(device, IntegrityMode::Journal);
+    line.start = layout.superblock_offset / 512;
+    line.tag_size = Some(layout.tag_size);
+    if layout.sector_size != 512 {
+        line.block_size = Some(layout.sector_size);
+    }
+    line.fix_padding = !legacy_padding;
+    TableSpec::single(FORMAT_MAPPING_SECTORS, line)
+}
+
+/// The lower (`integrity`) table for activation over `device`, sized from the formatted
+/// superblock `sb`; `direct` = `--integrity-no-journal` (mode `D`). It holds no key: the tags
+/// come from dm-crypt above.
+pub fn integrity_table(
+    layout: &IntegrityLayout,
+    device: &str,
+    sb: &IntegritySuperblock,
+    direct: bool,
+) -> Result<TableSpec> {
+    layout.check_superblock(sb)?;
+    let mode = if direct {
+        IntegrityMode::Direct
+    } else {
+        IntegrityMode::Journal
+    };
+    let mut line = IntegrityTableConfig::new(device, mode);
+    line.start = layout.superblock_offset / 512;
+    line.tag_size = Some(layout.tag_size);
+    if layout.sector_size != 512 {
+        line.block_size = Some(layout.sector_size);
+    }
+    line.fix_padding = sb.flags & FLAG_FIXED_PADDING != 0;
+    Ok(TableSpec::single(sb.provided_data_sectors, line))
+}
+
+/// The upper (`crypt`) table over the integrity mapping `integrity_device`, which exposes
+/// `provided_sectors`; `flags` are extra dm-crypt options (`allow_discards`,
+/// `no_read_workqueue`, ...). Holds the volume key.
+pub fn crypt_table(
+    layout: &IntegrityLayout,
+    vk: &SecretBytes,
+    integrity_device: &str,
+    provided_sectors: u64,
+    flags: &[String],
+) -> Result<TableSpec> {
+    if vk.len() != layout.encryption_key_size + layout.integrity_key_size {
+        return Err(VolumeError::usage(format!(
+            "volume key has {} bytes, the segment needs {}",
+            vk.len(),
+            layout.encryption_key_size + layout.integrity_key_size
+        )));
+    }
+    let per = u64::from(layout.sector_size / 512);
+    let len = provided_sectors - provided_sectors % per;
+    if len == 0 {
+        return Err(VolumeError::device(
+            "the integrity device provides no data sectors",
+        ));
+    }
+    let mut line = CryptConfig::new(
+        &layout.dm_cipher,
+        CryptKey::Hex(vk.clone()),
+        layout.iv_tweak,
+        integrity_device,
+        0,
+    );
+    line.flags = CryptFlags::parse(flags).map_err(VolumeError::usage)?;
+    line.flags.integrity = Some(CryptIntegrity {
+        tuple_size: layout.tag_size,
+        kind: IntegrityKind::Aead,
+    });
+    // A MAC key of other than the digest size needs the kernel's explicit option
+    // (cryptsetup's --integrity-key-size; dm-crypt otherwise takes the digest size).
+    line.flags.integrity_key_size = layout.integrity.key_size.map(|k| k as u32);
+    line.flags.sector_size = layout.sector_size;
+    Ok(TableSpec::single(len, line))
 }
 
 fn layout_of(h: &Luks2Header, vk_size: usize) -> Result<IntegrityLayout> {
@@ -69,7 +158,7 @@ pub fn format_data(
     }
     let registry = Registry::new();
     let tmp = format!("temporary-cryptsetup-{}", std::process::id());
-    let line = layout.format_table_line(&path_s, how.legacy_padding);
+    let line = format_table(&layout, &path_s, how.legacy_padding).to_text(true);
     registry.create(&tmp, &line).map_err(|e| {
         VolumeError::device(format!("Cannot format integrity for device {path_s}: {e}"))
     })?;
@@ -118,13 +207,18 @@ pub fn stack(
         ))
     })?;
     let lower_name = format!("{name}_dif");
-    let lower_table = layout.integrity_table_line(&path.display().to_string(), &sb, direct)?;
-    let table = layout.crypt_table_line(
+    let lower_table = integrity_table(&layout, &path.display().to_string(), &sb, direct)?
+        .to_text(false)
+        .trim_end()
+        .to_string();
+    let table = crypt_table(
+        &layout,
         vk,
         &format!("/dev/mapper/{lower_name}"),
         sb.provided_data_sectors,
         flags,
-    )?;
+    )?
+    .to_text(true);
     Ok(IntegrityStack {
         lower_name,
         lower_table,

@@ -87,7 +87,7 @@ pub fn luks(
         }
         return Ok(ActivationPlan {
             name: name.to_string(),
-            table: Zeroizing::new(st.table.clone()),
+            table: st.table.clone(),
             lower: vec![LowerMapping {
                 name: st.lower_name.clone(),
                 table: st.lower_table.clone(),
@@ -98,7 +98,7 @@ pub fn luks(
     let table = seg.crypt_table(vk, at.device, &flags.crypt.table_flags())?;
     Ok(ActivationPlan {
         name: name.to_string(),
-        table: Zeroizing::new(table),
+        table,
         lower: Vec::new(),
         info: json!({
             "type": vol.type_name(),
@@ -132,7 +132,7 @@ pub fn plain(
     let table = seg.crypt_table(&pv.volume_key, device, crypt_flags)?;
     Ok(ActivationPlan {
         name: name.to_string(),
-        table: Zeroizing::new(table),
+        table,
         lower: Vec::new(),
         info: json!({
             "type": "PLAIN",

@@ -3,7 +3,9 @@
 use crate::device::{device_size, table_path};
 use crate::error::{Result, VolumeError};
 use cryptblk_cipher::SecretBytes;
+use cryptblk_dm::{CryptConfig, CryptFlags, CryptKey, TableSpec};
 use std::path::Path;
+use zeroize::Zeroizing;
 
 /// The data segment of an unlocked volume, as a crypt table needs it.
 #[derive(Debug, Clone)]
@@ -50,7 +52,7 @@ impl Segment {
         vk: &SecretBytes,
         data_dev: &Path,
         flags: &[String],
-    ) -> Result<String> {
+    ) -> Result<Zeroizing<String>> {
         if let Some(i) = &self.integrity {
             return Err(VolumeError::usage(format!(
                 "activating a volume with integrity ({i}) is not supported yet"
@@ -59,27 +61,15 @@ impl Segment {
         cryptblk_cipher::CipherSpec::parse(&self.cipher)?;
         let path = table_path(data_dev)?;
         let len = self.mapped_len(device_size(data_dev)?, data_dev)?;
-        let mut opts: Vec<String> = flags.to_vec();
-        if self.sector_size != 512 {
-            opts.push(format!("sector_size:{}", self.sector_size));
-        }
-        let key = if self.cipher.contains("cipher_null") {
-            "-".to_string()
-        } else {
-            vk.to_hex()
-        };
-        let mut t = format!(
-            "0 {} crypt {} {} {} {} {}",
-            len / 512,
-            self.cipher,
-            key,
+        let mut cfg = CryptConfig::new(
+            &self.cipher,
+            CryptKey::for_cipher(&self.cipher, vk),
             self.iv_offset,
-            path.display(),
-            self.offset / 512
+            &path.display().to_string(),
+            self.offset / 512,
         );
-        if !opts.is_empty() {
-            t.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
-        }
-        Ok(t)
+        cfg.flags = CryptFlags::parse(flags).map_err(VolumeError::usage)?;
+        cfg.flags.sector_size = self.sector_size;
+        Ok(TableSpec::single(len / 512, cfg).to_text(true))
     }
 }

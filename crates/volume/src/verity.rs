@@ -4,12 +4,12 @@
 use crate::device::{open_file, table_path};
 use crate::error::{ErrorClass, Result, VolumeError};
 use crate::plan::ActivationPlan;
+use cryptblk_dm::{TableSpec, VerityTableConfig};
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::verity::{self, VerityFormatted, VerityParams, VeritySuperblock};
 use serde_json::json;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use zeroize::Zeroizing;
 
 /// Parameters from the superblock at `hash_offset` of `hash_device`, and the root hash parsed
 /// from hex and checked against the hash algorithm's digest size.
@@ -126,10 +126,16 @@ pub fn plan(
     let dpath = table_path(data)?;
     let hpath = table_path(hash_device)?;
     let sectors = params.data_blocks * params.data_block_size as u64 / 512;
-    let args = params.table_params(&dpath.to_string_lossy(), &hpath.to_string_lossy(), root)?;
+    let line = VerityTableConfig::from_format(
+        params,
+        &dpath.to_string_lossy(),
+        &hpath.to_string_lossy(),
+        root,
+    )
+    .map_err(VolumeError::usage)?;
     Ok(ActivationPlan {
         name: name.to_string(),
-        table: Zeroizing::new(format!("0 {sectors} verity {args}")),
+        table: TableSpec::single(sectors, line).to_text(true),
         lower: Vec::new(),
         info: json!({ "type": "VERITY", "device": data.display().to_string() }),
     })

@@ -205,11 +205,18 @@ impl IntegrityStack {
                     &p,
                 )
                 .map_err(|e| BenchError::Dm(format!("verity format: {e}")))?;
-                let params = p
-                    .table_params(&data_spec, &hash_spec, &done.root_hash)
-                    .map_err(|e| BenchError::Dm(format!("verity table: {e}")))?;
-                let opts = if *once { " 1 check_at_most_once" } else { "" };
-                let t = format!("0 {} verity {params}{opts}", data_len / 512);
+                let mut line = cryptblk_dm::VerityTableConfig::from_format(
+                    &p,
+                    &data_spec,
+                    &hash_spec,
+                    &done.root_hash,
+                )
+                .map_err(|e| BenchError::Dm(format!("verity table: {e}")))?;
+                line.config.check_at_most_once = *once;
+                let t = cryptblk_dm::TableSpec::single(data_len / 512, line)
+                    .to_text(true)
+                    .trim_end()
+                    .to_string();
                 held.push(data);
                 held.push(hash);
                 tables.push(t.clone());

@@ -20,6 +20,7 @@ use crate::args::{ExportArgs, IntegrityAction, IntegrityOpts, Opts};
 use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, ExitCode, Failure};
 use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode};
+use cryptblk_dm::TableSpec;
 use cryptblk_volume::control;
 use cryptblk_volume::integrity::{self as lib, Algorithm};
 use serde_json::{json, Value};
@@ -237,56 +238,14 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
     super::serving::start(spec, export, opts.json)
 }
 
-/// The `key:value` options and positional fields of a one-line integrity table.
-struct IntegrityTable {
-    device: String,
-    tag_size: u64,
-    mode: String,
-    options: Vec<(String, String)>,
-}
-
-impl IntegrityTable {
-    fn parse(table: &str) -> Option<Self> {
-        let f: Vec<&str> = table.split_whitespace().collect();
-        if f.len() < 7 || f[2] != "integrity" {
-            return None;
-        }
-        let options = f
-            .get(8..)
-            .unwrap_or(&[])
-            .iter()
-            .map(|o| match o.split_once(':') {
-                Some((k, v)) => (k.to_string(), v.to_string()),
-                None => (o.to_string(), String::new()),
-            })
-            .collect();
-        Some(IntegrityTable {
-            device: f[3].to_string(),
-            tag_size: f[5].parse().ok()?,
-            mode: f[6].to_string(),
-            options,
-        })
-    }
-
-    fn opt(&self, key: &str) -> Option<&str> {
-        self.options
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn num(&self, key: &str) -> Option<u64> {
-        self.opt(key).and_then(|v| v.parse().ok())
-    }
-}
-
 /// `integrity status <name>`: integritysetup's report, from the live table and status line
 /// (`<mismatches> <provided sectors> -`), or JSON.
 fn status(name: &str, json_out: bool) -> ActionResult {
     let a = control::status(name)?;
     let table = a.table.as_str();
-    let t = IntegrityTable::parse(table.lines().next().unwrap_or(""))
-        .ok_or_else(|| Failure::usage(format!("Device {name} is not an integrity device.")))?;
+    let not_integrity = || Failure::usage(format!("Device {name} is not an integrity device."));
+    let spec = TableSpec::parse(table).map_err(|_| not_integrity())?;
+    let t = spec.integrity_lines().next().ok_or_else(not_integrity)?;
     let status_line = a.status.as_str();
     let failures: u64 = status_line
         .split_whitespace()
@@ -294,19 +253,21 @@ fn status(name: &str, json_out: bool) -> ActionResult {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let info = &a.info;
-    let sector_size = t.num("block_size").unwrap_or(512);
+    let sector_size = t.block_size.unwrap_or(512);
     let integrity = t
-        .opt("internal_hash")
-        .map(|h| h.split(':').next().unwrap_or(h).to_string())
+        .internal_hash
+        .as_ref()
+        .map(|h| h.name.clone())
         .or_else(|| info["integrity"].as_str().map(str::to_string))
         .unwrap_or_default();
     let size_sectors = a.size / 512;
     let readonly = a.readonly;
-    let recovery = t.mode == "R";
-    let journal = t.mode == "J";
-    let bitmap = t.mode == "B";
-    let journal_bytes = t.num("journal_sectors").unwrap_or(0) * 512;
-    let meta_device = t.opt("meta_device").map(str::to_string);
+    let recovery = t.mode == IntegrityMode::Recovery;
+    let journal = t.mode == IntegrityMode::Journal;
+    let bitmap = t.mode == IntegrityMode::Bitmap;
+    let journal_bytes = u64::from(t.journal_sectors.unwrap_or(0)) * 512;
+    let meta_device = t.meta_device.clone();
+    let tag_size = t.tag_size.unwrap_or(0);
     // Status line `<mismatches> <provided> <recalc_sector|->` after `<start> <len> integrity`.
     let recalc_sector: Option<u64> = status_line
         .split_whitespace()
@@ -316,18 +277,21 @@ fn status(name: &str, json_out: bool) -> ActionResult {
         let mut v = json!({
             "name": name,
             "type": "INTEGRITY",
-            "tag_size": t.tag_size,
+            "tag_size": tag_size,
             "integrity": integrity,
             "device": t.device,
             "metadata_device": meta_device,
             "recalc_sector": recalc_sector,
             "sector_size": sector_size,
-            "interleave_sectors": t.num("interleave_sectors"),
+            "interleave_sectors": t.interleave_sectors,
             "size": size_sectors,
             "mode": if readonly { "readonly" } else { "read/write" },
             "recovery": recovery,
-            "journal_mode": match t.mode.as_str() {
-                "J" => "journal", "B" => "bitmap", "D" => "direct", _ => "recovery"
+            "journal_mode": match t.mode {
+                IntegrityMode::Journal => "journal",
+                IntegrityMode::Bitmap => "bitmap",
+                IntegrityMode::Direct => "direct",
+                IntegrityMode::Recovery => "recovery",
             },
             "failures": failures,
             "mismatches": failures,
@@ -335,19 +299,19 @@ fn status(name: &str, json_out: bool) -> ActionResult {
         });
         if journal {
             v["journal_size"] = json!(journal_bytes);
-            v["journal_watermark"] = json!(t.num("journal_watermark"));
-            v["journal_commit_time"] = json!(t.num("commit_time"));
+            v["journal_watermark"] = json!(t.journal_watermark);
+            v["journal_commit_time"] = json!(t.commit_time);
         }
         if bitmap {
-            v["bitmap_sectors_per_bit"] = json!(t.num("sectors_per_bit"));
-            v["bitmap_flush_interval"] = json!(t.num("bitmap_flush_interval"));
+            v["bitmap_sectors_per_bit"] = json!(t.sectors_per_bit);
+            v["bitmap_flush_interval"] = json!(t.bitmap_flush_interval);
         }
         println!("{v}");
         return Ok(());
     }
     println!("/dev/mapper/{name} is active.");
     println!("  type:    INTEGRITY");
-    println!("  tag size: {}", t.tag_size);
+    println!("  tag size: {tag_size}");
     println!("  integrity: {integrity}");
     println!(
         "  device:  {}{}",
@@ -364,7 +328,7 @@ fn status(name: &str, json_out: bool) -> ActionResult {
     println!("  sector size:  {sector_size} bytes");
     println!(
         "  interleave sectors: {}",
-        t.num("interleave_sectors").unwrap_or(0)
+        t.interleave_sectors.unwrap_or(0)
     );
     println!("  size:    {size_sectors} sectors");
     println!(
@@ -376,23 +340,17 @@ fn status(name: &str, json_out: bool) -> ActionResult {
     if bitmap {
         println!(
             "  bitmap 512-byte sectors per bit: {}",
-            t.num("sectors_per_bit").unwrap_or(0)
+            t.sectors_per_bit.unwrap_or(0)
         );
         println!(
             "  bitmap flush interval: {} ms",
-            t.num("bitmap_flush_interval").unwrap_or(0)
+            t.bitmap_flush_interval.unwrap_or(0)
         );
     }
     if journal {
         println!("  journal size: {journal_bytes} bytes");
-        println!(
-            "  journal watermark: {}%",
-            t.num("journal_watermark").unwrap_or(0)
-        );
-        println!(
-            "  journal commit time: {} ms",
-            t.num("commit_time").unwrap_or(0)
-        );
+        println!("  journal watermark: {}%", t.journal_watermark.unwrap_or(0));
+        println!("  journal commit time: {} ms", t.commit_time.unwrap_or(0));
     } else {
         println!("  journal: not active");
     }
@@ -490,19 +448,6 @@ fn dump(device: &Path) -> ActionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn integrity_table_fields() {
-        let t = IntegrityTable::parse(
-            "0 7752 integrity /x 0 4 J 6 journal_sectors:176 interleave_sectors:32768 buffer_sectors:128 journal_watermark:50 commit_time:10000 internal_hash:crc32",
-        )
-        .unwrap();
-        assert_eq!(t.tag_size, 4);
-        assert_eq!(t.mode, "J");
-        assert_eq!(t.num("journal_sectors"), Some(176));
-        assert_eq!(t.opt("internal_hash"), Some("crc32"));
-        assert!(IntegrityTable::parse("0 8 linear /x 0").is_none());
-    }
 
     #[test]
     fn durations_as_cryptsetup() {

@@ -105,7 +105,7 @@ pub fn read_table(args: &TableArgs) -> Result<Zeroizing<String>, Failure> {
             ))
         }
         (Some(t), None) => {
-            if has_inline_key(t) {
+            if cryptblk_dm::text_has_inline_keys(t) {
                 return Err(Failure::usage(
                     "refusing a key on the command line (visible in the process list); use --table-file or standard input",
                 ));
@@ -200,24 +200,6 @@ fn message_words(given: &[String]) -> Result<Vec<String>, Failure> {
         words[2] = key.trim().to_string();
     }
     Ok(words)
-}
-
-/// True if some line carries a key: a crypt line's hex key (not `-`, the null cipher's, nor
-/// a `:<len>:<type>:<desc>` keyring reference), or an integrity line's keyed
-/// `internal_hash:`, `journal_crypt:` or `journal_mac:` (`<option>:<algorithm>:<hex key>`).
-fn has_inline_key(table: &str) -> bool {
-    table.lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let crypt = f.len() > 4 && f[2] == "crypt" && f[4] != "-" && !f[4].starts_with(':');
-        let integrity = f.len() > 2
-            && f[2] == "integrity"
-            && f.iter().any(|o| {
-                ["internal_hash:", "journal_crypt:", "journal_mac:"]
-                    .iter()
-                    .any(|p| o.strip_prefix(p).is_some_and(|rest| rest.contains(':')))
-            });
-        crypt || integrity
-    })
 }
 
 /// `dm <action>`.
@@ -401,27 +383,6 @@ pub fn refresh(name: &str, perf: &PerfArgs) -> ActionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn inline_keys_are_spotted_in_crypt_and_integrity_lines() {
-        assert!(has_inline_key(
-            "0 8 crypt aes-xts-plain64 00ff 0 /dev/x 0\n"
-        ));
-        assert!(!has_inline_key("0 8 crypt cipher_null-ecb - 0 /dev/x 0\n"));
-        assert!(!has_inline_key(
-            "0 8 crypt aes-xts-plain64 :64:logon:cryptsetup:x 0 /dev/x 0\n"
-        ));
-        assert!(has_inline_key(
-            "0 8 integrity /dev/x 0 32 J 1 internal_hash:hmac(sha256):0011\n"
-        ));
-        assert!(has_inline_key(
-            "0 8 integrity /dev/x 0 32 J 2 internal_hash:crc32c journal_mac:hmac(sha1):aa\n"
-        ));
-        assert!(!has_inline_key(
-            "0 8 integrity /dev/x 0 4 J 1 internal_hash:crc32c\n"
-        ));
-        assert!(!has_inline_key("0 8 zero\n"));
-    }
 
     #[test]
     fn lower_options_are_checked_before_any_file_is_read() {

@@ -3,9 +3,9 @@
 //! which take the same path as a `close` request.
 
 use super::stack::Stack;
-use super::tables;
 use crate::exit::{ExitCode, Failure};
-use cryptblk_volume::control::{self as client, Request, Response, Status};
+use cryptblk_dm::{CryptFlags, TableSpec};
+use cryptblk_volume::control::{self as client, Pipeline, Request, Response, Status};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -204,7 +204,12 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                 suspended: info.suspended,
                 inflight: info.inflight as u64,
                 readonly: spec.readonly,
-                pipeline: tables::crypt_pipelines(&table),
+                pipeline: TableSpec::parse(&table)
+                    .map(|t| t.crypt_pipelines())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(Pipeline::from)
+                    .collect(),
                 table,
                 status: mapping.status(),
                 export,
@@ -240,9 +245,8 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                 Err(e) => Response::error(ExitCode::WrongParameters, e.to_string()),
             }
         }
-        Request::Refresh { flags } => match tables::refreshed_table(&mapping.table(true), flags) {
+        Request::Refresh { flags } => match refreshed_table(&mapping.table(true), flags) {
             Ok(text) => {
-                let text = Zeroizing::new(text);
                 // dmsetup reload + suspend + resume: in-flight I/O drains, new I/O waits
                 // for the swap, nothing fails. Same registry, so the same open devices.
                 match registry.reload(target, &text) {
@@ -256,6 +260,14 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             Err(msg) => Response::error(ExitCode::WrongParameters, msg),
         },
     }
+}
+
+/// The live table with every crypt line's activation flags replaced by `flags`, as
+/// cryptsetup's refresh sets them from the command line alone (format options are kept).
+fn refreshed_table(table: &str, flags: &[String]) -> Result<Zeroizing<String>, String> {
+    let mut spec = TableSpec::parse(table).map_err(|e| e.to_string())?;
+    spec.set_crypt_activation_flags(&CryptFlags::parse(flags)?);
+    Ok(spec.to_text(true))
 }
 
 /// SIGTERM, SIGINT and SIGHUP: the signals that close the volume.

@@ -18,7 +18,6 @@
 mod control;
 mod spawn;
 mod stack;
-mod tables;
 
 pub use spawn::spawn_stack;
 

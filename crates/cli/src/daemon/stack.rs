@@ -1,10 +1,10 @@
 //! The stack one daemon serves: the registry with its lower mappings and the top mapping,
 //! the export of the top one, and their teardown in order on close.
 
-use super::{lower_tables, tables, ExportSpec, LowerTable, ServeSpec};
+use super::{lower_tables, ExportSpec, LowerTable, ServeSpec};
 use crate::exit::{ExitCode, Failure};
 use cryptblk_dm::backing::FileOptions;
-use cryptblk_dm::{BlockDevice, Mapping, Registry};
+use cryptblk_dm::{BlockDevice, Mapping, Registry, TableSpec};
 use cryptblk_export::fuse::FuseConfig;
 use cryptblk_export::nbd::{NbdConfig, NbdListen};
 use cryptblk_export::ublk::UblkConfig;
@@ -149,9 +149,9 @@ impl Stack {
             .filter(|other| {
                 other != name
                     && registry.lookup(other).is_some_and(|m| {
-                        tables::table_names_device(&m.table(false), name)
+                        names_device(&m.table(false), name)
                             || m.staged_table(false)
-                                .is_some_and(|t| tables::table_names_device(&t, name))
+                                .is_some_and(|t| names_device(&t, name))
                     })
             })
             .collect();
@@ -215,4 +215,9 @@ impl Stack {
         stopped.map_err(|e| Failure::device(e.to_string()))?;
         Ok(())
     }
+}
+
+/// True if `table` names device `name` (as `name` or `/dev/mapper/name`).
+fn names_device(table: &str, name: &str) -> bool {
+    TableSpec::parse(table).is_ok_and(|t| t.names_device(name))
 }

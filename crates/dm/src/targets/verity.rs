@@ -161,6 +161,38 @@ pub struct VerityTableConfig {
     pub config: VerityConfig,
 }
 
+impl VerityTableConfig {
+    /// The line that maps `data_device` through the tree on `hash_device` that
+    /// `cryptblk_format::verity::format` made with `params`, under `root_digest`, with no
+    /// optional arguments (veritysetup's `open`).
+    pub fn from_format(
+        params: &cryptblk_format::verity::VerityParams,
+        data_device: &str,
+        hash_device: &str,
+        root_digest: &[u8],
+    ) -> Result<Self, String> {
+        let g = params.geometry().map_err(|e| e.to_string())?;
+        Ok(VerityTableConfig {
+            data_device: data_device.to_string(),
+            hash_device: hash_device.to_string(),
+            config: VerityConfig {
+                version: params.hash_type,
+                data_block_size: params.data_block_size,
+                hash_block_size: params.hash_block_size,
+                num_data_blocks: params.data_blocks,
+                hash_start_block: g.hash_start_block,
+                algorithm: params.algorithm,
+                root_digest: root_digest.to_vec(),
+                salt: params.salt.clone(),
+                mode: CorruptionMode::Eio,
+                restart_on_error: false,
+                ignore_zero_blocks: false,
+                check_at_most_once: false,
+            },
+        })
+    }
+}
+
 impl TargetConfig for VerityTableConfig {
     const TYPE: &'static str = "verity";
     fn parse(args: &[String]) -> Result<Self, String> {

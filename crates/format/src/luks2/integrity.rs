@@ -17,7 +17,6 @@
 use super::Luks2Header;
 use crate::error::{FormatError, Result};
 use crate::integrity::IntegritySuperblock;
-use cryptblk_cipher::SecretBytes;
 use serde_json::{json, Value};
 
 /// Sectors the temporary format mapping covers (cryptsetup's `INTEGRITY_format` maps 8).
@@ -367,98 +366,6 @@ impl IntegrityLayout {
         })
     }
 
-    /// The table that formats the integrity superblock on `device` (cryptsetup's
-    /// `INTEGRITY_format`: an 8-sector `integrity` mapping loaded over a zeroed superblock,
-    /// journal mode, the kernel's default journal/interleave/buffer sizes, `fix_padding`
-    /// unless `legacy_padding`).
-    pub fn format_table_line(&self, device: &str, legacy_padding: bool) -> String {
-        let mut opts = Vec::new();
-        if self.sector_size != 512 {
-            opts.push(format!("block_size:{}", self.sector_size));
-        }
-        if !legacy_padding {
-            opts.push("fix_padding".to_string());
-        }
-        format!(
-            "0 {FORMAT_MAPPING_SECTORS} integrity {device} {} {} J {}{}",
-            self.superblock_offset / 512,
-            self.tag_size,
-            opts.len(),
-            opts.iter().map(|o| format!(" {o}")).collect::<String>()
-        )
-    }
-
-    /// The lower (`integrity`) table for activation over `device`, sized from the
-    /// formatted superblock `sb`; `direct` = `--integrity-no-journal` (mode `D`).
-    pub fn integrity_table_line(
-        &self,
-        device: &str,
-        sb: &IntegritySuperblock,
-        direct: bool,
-    ) -> Result<String> {
-        self.check_superblock(sb)?;
-        let mut opts = Vec::new();
-        if self.sector_size != 512 {
-            opts.push(format!("block_size:{}", self.sector_size));
-        }
-        if sb.flags & 0x8 != 0 {
-            opts.push("fix_padding".to_string());
-        }
-        Ok(format!(
-            "0 {} integrity {device} {} {} {} {}{}",
-            sb.provided_data_sectors,
-            self.superblock_offset / 512,
-            self.tag_size,
-            if direct { "D" } else { "J" },
-            opts.len(),
-            opts.iter().map(|o| format!(" {o}")).collect::<String>()
-        ))
-    }
-
-    /// The upper (`crypt`) table over the integrity mapping `integrity_device`, which
-    /// exposes `provided_sectors`; `flags` are extra dm-crypt options
-    /// (`allow_discards`, `no_read_workqueue`, ...). Contains the volume key in hex.
-    pub fn crypt_table_line(
-        &self,
-        vk: &SecretBytes,
-        integrity_device: &str,
-        provided_sectors: u64,
-        flags: &[String],
-    ) -> Result<String> {
-        if vk.len() != self.encryption_key_size + self.integrity_key_size {
-            return Err(FormatError::InvalidParameter(format!(
-                "volume key has {} bytes, the segment needs {}",
-                vk.len(),
-                self.encryption_key_size + self.integrity_key_size
-            )));
-        }
-        let per = u64::from(self.sector_size / 512);
-        let len = provided_sectors - provided_sectors % per;
-        if len == 0 {
-            return Err(FormatError::TooSmall(
-                "the integrity device provides no data sectors".into(),
-            ));
-        }
-        let mut opts: Vec<String> = flags.to_vec();
-        opts.push(format!("integrity:{}:aead", self.tag_size));
-        // A MAC key of other than the digest size needs the kernel's explicit option
-        // (cryptsetup's --integrity-key-size; dm-crypt otherwise takes the digest size).
-        if let Some(k) = self.integrity.key_size {
-            opts.push(format!("integrity_key_size:{k}"));
-        }
-        if self.sector_size != 512 {
-            opts.push(format!("sector_size:{}", self.sector_size));
-        }
-        Ok(format!(
-            "0 {len} crypt {} {} {} {integrity_device} 0 {} {}",
-            self.dm_cipher,
-            vk.to_hex(),
-            self.iv_tweak,
-            opts.len(),
-            opts.join(" ")
-        ))
-    }
-
     /// Refuses a superblock that does not belong to this segment.
     pub fn check_superblock(&self, sb: &IntegritySuperblock) -> Result<()> {
         if u32::from(sb.integrity_tag_size) != self.tag_size {
@@ -584,31 +491,5 @@ mod tests {
         assert!(dm_cipher(&aead, &xts, 64).is_err());
         assert!(dm_cipher(&hmac, &xts, 20).is_err());
         assert!(IntegrityAlgorithm::from_name("crc32c").is_err());
-    }
-
-    #[test]
-    fn table_lines() {
-        let l = layout("aes-xts-plain64", "hmac-sha256", 64);
-        assert_eq!(
-            l.format_table_line("/dev/x", true),
-            "0 8 integrity /dev/x 8192 32 J 0"
-        );
-        let sb = IntegritySuperblock {
-            version: 4,
-            integrity_tag_size: 32,
-            provided_data_sectors: 52800,
-            flags: 0x8,
-            ..Default::default()
-        };
-        assert_eq!(
-            l.integrity_table_line("/dev/x", &sb, false).unwrap(),
-            "0 52800 integrity /dev/x 8192 32 J 1 fix_padding"
-        );
-        let vk = SecretBytes::from_slice(&[0x11; 64]);
-        let line = l
-            .crypt_table_line(&vk, "/dev/mapper/v_dif", 52800, &[])
-            .unwrap();
-        assert!(line.starts_with("0 52800 crypt capi:authenc(hmac(sha256),xts(aes))-plain64 1111"));
-        assert!(line.ends_with(" 0 /dev/mapper/v_dif 0 1 integrity:32:aead"));
     }
 }

@@ -153,6 +153,24 @@ pub enum Queueing {
     Queued,
 }
 
+impl From<cryptblk_dm::PipelineInfo> for Pipeline {
+    fn from(p: cryptblk_dm::PipelineInfo) -> Self {
+        let queueing = |how: &str| {
+            if how == "inline" {
+                Queueing::Inline
+            } else {
+                Queueing::Queued
+            }
+        };
+        Pipeline {
+            start: p.start,
+            read: queueing(p.read),
+            write: queueing(p.write),
+            flags: p.flags,
+        }
+    }
+}
+
 impl Queueing {
     /// The word `status` prints: `inline` or `queued`.
     pub fn as_str(self) -> &'static str {
