@@ -102,29 +102,13 @@ impl TargetSpec {
 
     /// The devices the line names, as written (`/dev/sdb`, `x_dif`, `ram:1G`).
     pub fn devices(&self) -> Vec<&str> {
-        match self {
-            TargetSpec::Linear(c) => vec![c.device.as_str()],
-            TargetSpec::Zero(_) | TargetSpec::Error(_) => Vec::new(),
-            TargetSpec::Delay(c) => [Some(&c.read), c.write.as_ref(), c.flush.as_ref()]
-                .into_iter()
-                .flatten()
-                .map(|d| d.device.as_str())
-                .collect(),
-            TargetSpec::Flakey(c) => vec![c.device.as_str()],
-            TargetSpec::Crypt(c) => vec![c.device.as_str()],
-            TargetSpec::Verity(c) => vec![c.data_device.as_str(), c.hash_device.as_str()],
-            TargetSpec::Integrity(c) => c.devices(),
-        }
+        with_config!(self, c => c.devices())
     }
 
     /// True if the line carries key material: a crypt hex key, or an integrity
     /// `internal_hash:`/`journal_crypt:`/`journal_mac:` with a key.
     pub fn has_inline_keys(&self) -> bool {
-        match self {
-            TargetSpec::Crypt(c) => c.key.is_inline(),
-            TargetSpec::Integrity(c) => c.has_keys(),
-            _ => false,
-        }
+        with_config!(self, c => c.has_inline_keys())
     }
 
     /// The crypt config, if this is a crypt line.

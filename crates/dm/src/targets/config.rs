@@ -23,6 +23,14 @@ pub trait TargetConfig: Sized {
     /// The arguments as the kernel prints them in `dmsetup table`; keys are masked with
     /// zeros unless `show_keys`.
     fn args(&self, show_keys: bool) -> Zeroizing<Vec<String>>;
+    /// The devices the arguments name, as written (`/dev/sdb`, `x_dif`, `ram:1G`): what the
+    /// check for users of a lower mapping reads. No default, so a new target that opens a
+    /// device cannot be left out of that check by accident.
+    fn devices(&self) -> Vec<&str>;
+    /// True if the arguments carry key material, which makes the table text secret.
+    fn has_inline_keys(&self) -> bool {
+        false
+    }
     /// [`TargetConfig::args`] joined by spaces (a target's `table_params`).
     fn args_text(&self, show_keys: bool) -> Zeroizing<String> {
         Zeroizing::new(self.args(show_keys).join(" "))
@@ -81,6 +89,9 @@ impl TargetConfig for LinearConfig {
     fn args(&self, _show_keys: bool) -> Zeroizing<Vec<String>> {
         Zeroizing::new(vec![self.device.clone(), self.offset.to_string()])
     }
+    fn devices(&self) -> Vec<&str> {
+        vec![self.device.as_str()]
+    }
 }
 
 /// `zero` (no arguments).
@@ -96,6 +107,9 @@ impl TargetConfig for ZeroConfig {
     fn args(&self, _show_keys: bool) -> Zeroizing<Vec<String>> {
         Zeroizing::new(Vec::new())
     }
+    fn devices(&self) -> Vec<&str> {
+        Vec::new()
+    }
 }
 
 /// `error` (no arguments).
@@ -110,6 +124,9 @@ impl TargetConfig for ErrorConfig {
     }
     fn args(&self, _show_keys: bool) -> Zeroizing<Vec<String>> {
         Zeroizing::new(Vec::new())
+    }
+    fn devices(&self) -> Vec<&str> {
+        Vec::new()
     }
 }
 
@@ -185,6 +202,13 @@ impl TargetConfig for DelayConfig {
             f.push(&mut out);
         }
         Zeroizing::new(out)
+    }
+    fn devices(&self) -> Vec<&str> {
+        [Some(&self.read), self.write.as_ref(), self.flush.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|d| d.device.as_str())
+            .collect()
     }
 }
 
@@ -341,6 +365,9 @@ impl TargetConfig for FlakeyConfig {
         ];
         out.extend(features);
         Zeroizing::new(out)
+    }
+    fn devices(&self) -> Vec<&str> {
+        vec![self.device.as_str()]
     }
 }
 

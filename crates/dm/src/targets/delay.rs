@@ -138,7 +138,7 @@ impl BlockDevice for DelayTarget {
 
 impl Target for DelayTarget {
     fn target_type(&self) -> &'static str {
-        "delay"
+        DelayConfig::TYPE
     }
     fn table_params(&self, show_keys: bool) -> String {
         table_params_of(&self.config, show_keys)

@@ -54,7 +54,7 @@ impl BlockDevice for ErrorTarget {
 
 impl Target for ErrorTarget {
     fn target_type(&self) -> &'static str {
-        "error"
+        ErrorConfig::TYPE
     }
     fn table_params(&self, show_keys: bool) -> String {
         super::config::table_params_of(&ErrorConfig, show_keys)

@@ -334,7 +334,7 @@ impl BlockDevice for FlakeyTarget {
 
 impl Target for FlakeyTarget {
     fn target_type(&self) -> &'static str {
-        "flakey"
+        FlakeyConfig::TYPE
     }
     fn table_params(&self, show_keys: bool) -> String {
         table_params_of(&self.config(), show_keys)

@@ -103,7 +103,7 @@ impl BlockDevice for LinearTarget {
 
 impl Target for LinearTarget {
     fn target_type(&self) -> &'static str {
-        "linear"
+        LinearConfig::TYPE
     }
     fn table_params(&self, show_keys: bool) -> String {
         super::config::table_params_of(&self.config(), show_keys)

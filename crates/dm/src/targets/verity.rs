@@ -311,6 +311,9 @@ impl TargetConfig for VerityTableConfig {
         push_counted(&mut out, opts);
         Zeroizing::new(out)
     }
+    fn devices(&self) -> Vec<&str> {
+        vec![self.data_device.as_str(), self.hash_device.as_str()]
+    }
 }
 
 impl VerityTarget {
@@ -866,7 +869,7 @@ impl BlockDevice for VerityTarget {
 
 impl Target for VerityTarget {
     fn target_type(&self) -> &'static str {
-        "verity"
+        VerityTableConfig::TYPE
     }
 
     fn table_params(&self, show_keys: bool) -> String {

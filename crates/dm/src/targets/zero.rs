@@ -49,7 +49,7 @@ impl BlockDevice for ZeroTarget {
 
 impl Target for ZeroTarget {
     fn target_type(&self) -> &'static str {
-        "zero"
+        ZeroConfig::TYPE
     }
     fn table_params(&self, show_keys: bool) -> String {
         super::config::table_params_of(&ZeroConfig, show_keys)

@@ -206,6 +206,12 @@ impl TargetConfig for CryptConfig {
         push_counted(&mut out, self.flags.format());
         out
     }
+    fn devices(&self) -> Vec<&str> {
+        vec![self.device.as_str()]
+    }
+    fn has_inline_keys(&self) -> bool {
+        self.key.is_inline()
+    }
 }
 
 impl CryptFlags {

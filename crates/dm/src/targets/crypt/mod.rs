@@ -710,7 +710,7 @@ impl BlockDevice for CryptTarget {
 
 impl Target for CryptTarget {
     fn target_type(&self) -> &'static str {
-        "crypt"
+        CryptConfig::TYPE
     }
     fn table_params(&self, show_keys: bool) -> String {
         table_params_of(&self.config(), show_keys)

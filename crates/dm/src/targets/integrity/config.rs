@@ -360,20 +360,6 @@ impl IntegrityTableConfig {
         }
     }
 
-    /// True if an algorithm option carries a key (the text is then secret).
-    pub fn has_keys(&self) -> bool {
-        [&self.internal_hash, &self.journal_crypt, &self.journal_mac]
-            .iter()
-            .any(|a| a.as_ref().is_some_and(|a| a.key.is_some()))
-    }
-
-    /// The devices the line names (data, then metadata).
-    pub fn devices(&self) -> Vec<&str> {
-        let mut v = vec![self.device.as_str()];
-        v.extend(self.meta_device.as_deref());
-        v
-    }
-
     fn apply_option(&mut self, opt: &str) -> Result<(), String> {
         let num = |v: &str| -> Result<u32, String> {
             v.parse::<u32>()
@@ -539,6 +525,19 @@ impl TargetConfig for IntegrityTableConfig {
         out.extend(opts);
         out
     }
+    /// The data device, then the metadata device if there is one.
+    fn devices(&self) -> Vec<&str> {
+        let mut v = vec![self.device.as_str()];
+        v.extend(self.meta_device.as_deref());
+        v
+    }
+    /// True if an algorithm option (`internal_hash:`, `journal_crypt:`, `journal_mac:`)
+    /// carries a key.
+    fn has_inline_keys(&self) -> bool {
+        [&self.internal_hash, &self.journal_crypt, &self.journal_mac]
+            .iter()
+            .any(|a| a.as_ref().is_some_and(|a| a.key.is_some()))
+    }
 }
 
 impl Core {
@@ -589,7 +588,7 @@ impl Core {
 
 impl Target for Core {
     fn target_type(&self) -> &'static str {
-        "integrity"
+        IntegrityTableConfig::TYPE
     }
 
     fn table_params(&self, show_keys: bool) -> String {
