@@ -34,7 +34,9 @@ pub use error::DmError;
 pub use mapping::{Mapping, MappingInfo};
 pub use registry::Registry;
 pub use resolver::{DeviceResolver, LoadOptions};
-pub use spec::{text_has_inline_keys, PipelineInfo, TableLineSpec, TableSpec, TargetSpec};
+pub use spec::{
+    text_has_inline_keys, PipelineInfo, SpecConfig, TableLineSpec, TableSpec, TargetSpec,
+};
 pub use table::{parse_table_lines, Table, TableEntry, TableLine};
 pub use targets::config::{
     DelayConfig, ErrorConfig, FlakeyConfig, LinearConfig, TargetConfig, ZeroConfig,

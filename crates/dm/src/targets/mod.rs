@@ -17,9 +17,12 @@ use std::any::Any;
 use std::io;
 use std::sync::Arc;
 
+use zeroize::Zeroizing;
+
 use crate::device::BlockDevice;
 use crate::resolver::{DeviceResolver, LoadOptions};
 use crate::SECTOR_SIZE;
+use config::TargetConfig;
 
 /// Which of a target's two status texts is asked for (the kernel's `status_type_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,27 +217,133 @@ pub struct TargetType {
     pub build: fn(&BuildContext<'_>) -> Result<Arc<dyn Target>, String>,
 }
 
-/// A [`TargetType`] whose constructor is `<ty>::from_args(ctx, args)`.
-macro_rules! target_type {
-    ($name:literal, $ty:ty) => {
-        TargetType {
-            name: $name,
-            build: |c| Ok(Arc::new(<$ty>::from_args(c, c.args)?)),
+/// The registry of target types: one line per target, `Variant(TargetType, ConfigType):
+/// "doc line",` (the target's table name is the config's [`TargetConfig::TYPE`]). It
+/// generates [`TARGET_TYPES`] (the constructors), the [`TargetSpec`] enum with one variant
+/// per config, its `parse`/`target_type`/`args`/`devices`/`has_inline_keys` dispatch, the
+/// `From<Config>` impls and [`SpecConfig`]; every per-target behaviour comes from the config's
+/// [`TargetConfig`] methods or the target's `from_args`, so the macro holds no target's code.
+macro_rules! targets {
+    ($( $variant:ident($target:ty, $config:ty) : $doc:literal, )*) => {
+        /// Every target type, in registry order: its table name and constructor.
+        pub const TARGET_TYPES: &[TargetType] = &[
+            $(
+                TargetType {
+                    name: <$config as TargetConfig>::TYPE,
+                    build: |c| Ok(Arc::new(<$target>::from_args(c, c.args)?)),
+                },
+            )*
+        ];
+
+        /// The target of one table line, with its arguments as a config (one variant per
+        /// registered target type).
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum TargetSpec {
+            $(
+                #[doc = $doc]
+                $variant($config),
+            )*
         }
+
+        impl TargetSpec {
+            /// Parses the arguments of a `target_type` line; an unknown type's error lists
+            /// the known ones.
+            pub fn parse(target_type: &str, args: &[String]) -> Result<TargetSpec, String> {
+                $(
+                    if target_type == <$config as TargetConfig>::TYPE {
+                        return Ok(TargetSpec::$variant(<$config as TargetConfig>::parse(args)?));
+                    }
+                )*
+                Err(unknown_target_type(target_type))
+            }
+
+            /// The target type name (`crypt`, ...).
+            pub fn target_type(&self) -> &'static str {
+                match self {
+                    $(TargetSpec::$variant(_) => <$config as TargetConfig>::TYPE,)*
+                }
+            }
+
+            /// The arguments as `dmsetup table` prints them (keys masked unless
+            /// `show_keys`).
+            pub fn args(&self, show_keys: bool) -> Zeroizing<Vec<String>> {
+                match self {
+                    $(TargetSpec::$variant(c) => c.args(show_keys),)*
+                }
+            }
+
+            /// The devices the line names, as written (`/dev/sdb`, `x_dif`, `ram:1G`).
+            pub fn devices(&self) -> Vec<&str> {
+                match self {
+                    $(TargetSpec::$variant(c) => c.devices(),)*
+                }
+            }
+
+            /// True if the line carries key material: a crypt hex key, or an integrity
+            /// `internal_hash:`/`journal_crypt:`/`journal_mac:` with a key.
+            pub fn has_inline_keys(&self) -> bool {
+                match self {
+                    $(TargetSpec::$variant(c) => c.has_inline_keys(),)*
+                }
+            }
+        }
+
+        $(
+            impl From<$config> for TargetSpec {
+                fn from(c: $config) -> Self {
+                    TargetSpec::$variant(c)
+                }
+            }
+
+            impl SpecConfig for $config {
+                fn of(spec: &TargetSpec) -> Option<&Self> {
+                    if let TargetSpec::$variant(c) = spec {
+                        Some(c)
+                    } else {
+                        None
+                    }
+                }
+                fn of_mut(spec: &mut TargetSpec) -> Option<&mut Self> {
+                    if let TargetSpec::$variant(c) = spec {
+                        Some(c)
+                    } else {
+                        None
+                    }
+                }
+            }
+        )*
     };
 }
 
-/// Every target type, one line each: adding a target is a module plus a line here.
-pub const TARGET_TYPES: &[TargetType] = &[
-    target_type!("linear", linear::LinearTarget),
-    target_type!("zero", zero::ZeroTarget),
-    target_type!("error", error::ErrorTarget),
-    target_type!("delay", delay::DelayTarget),
-    target_type!("flakey", flakey::FlakeyTarget),
-    target_type!("crypt", crypt::CryptTarget),
-    target_type!("verity", verity::VerityTarget),
-    target_type!("integrity", integrity::IntegrityTarget),
-];
+// The registry: adding a target is its module plus one line here.
+targets! {
+    Linear(linear::LinearTarget, config::LinearConfig): "`linear`.",
+    Zero(zero::ZeroTarget, config::ZeroConfig): "`zero`.",
+    Error(error::ErrorTarget, config::ErrorConfig): "`error`.",
+    Delay(delay::DelayTarget, config::DelayConfig): "`delay`.",
+    Flakey(flakey::FlakeyTarget, config::FlakeyConfig): "`flakey`.",
+    Crypt(crypt::CryptTarget, crypt::CryptConfig): "`crypt`.",
+    Verity(verity::VerityTarget, verity::VerityTableConfig): "`verity`.",
+    Integrity(integrity::IntegrityTarget, integrity::IntegrityTableConfig): "`integrity`.",
+}
+
+/// A config type that is one of [`TargetSpec`]'s variants, so generic code can pick out the
+/// lines of one target type ([`TargetSpec::config`]). Implemented by the `targets!`
+/// registry for every registered config.
+pub trait SpecConfig: TargetConfig + Into<TargetSpec> {
+    /// The config inside `spec`, if `spec` is this type's variant.
+    fn of(spec: &TargetSpec) -> Option<&Self>;
+    /// The config inside `spec` to change, if `spec` is this type's variant.
+    fn of_mut(spec: &mut TargetSpec) -> Option<&mut Self>;
+}
+
+/// The error for a table line naming no registered target type.
+fn unknown_target_type(name: &str) -> String {
+    format!(
+        "unknown target type '{name}' (known: {})",
+        target_type_names().join(" ")
+    )
+}
 
 /// The names of every target type, in registry order (for help and error text).
 pub fn target_type_names() -> Vec<&'static str> {
@@ -246,9 +355,29 @@ pub fn build_target(ctx: &BuildContext<'_>) -> Result<Arc<dyn Target>, String> {
     let name = ctx.target_type;
     match TARGET_TYPES.iter().find(|t| t.name == name) {
         Some(t) => (t.build)(ctx),
-        None => Err(format!(
-            "unknown target type '{name}' (known: {})",
-            target_type_names().join(" ")
-        )),
+        None => Err(unknown_target_type(name)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The constructor registry and the typed lines come from the same `targets!` line, so
+    // every buildable type must also parse as a spec of that type, and both unknown-type
+    // errors list the same names.
+    #[test]
+    fn every_constructor_has_a_spec_of_its_type() {
+        for t in TARGET_TYPES {
+            match TargetSpec::parse(t.name, &[]) {
+                Ok(spec) => assert_eq!(spec.target_type(), t.name),
+                Err(e) => assert!(!e.contains("unknown target type"), "{}: {e}", t.name),
+            }
+        }
+        assert_eq!(
+            TargetSpec::parse("mirror", &[]).unwrap_err(),
+            "unknown target type 'mirror' \
+             (known: linear zero error delay flakey crypt verity integrity)"
+        );
     }
 }
