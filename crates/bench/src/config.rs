@@ -3,7 +3,9 @@
 //! each performance flag on its own and the inline flags together).
 
 use cryptblk_cipher::SecretBytes;
+use cryptblk_dm::{CryptConfig, CryptFlags, CryptKey, LinearConfig, TableSpec};
 use serde::Serialize;
+use zeroize::Zeroizing;
 
 use crate::BenchError;
 
@@ -167,50 +169,65 @@ impl Configuration {
         c
     }
 
-    /// The dm table (one line covering `size` bytes of `device`) with the real key: what is
-    /// loaded. It lives in a [`SecretBytes`] because it contains the key.
-    pub fn table(&self, device: &str, size: u64, key: Option<&SecretBytes>) -> SecretBytes {
-        let key_hex = key.map(|k| SecretBytes::from_vec(k.to_hex().into_bytes()));
-        SecretBytes::from_vec(self.render(device, size, key_hex.as_ref().map(|k| k.as_bytes())))
-    }
-
-    /// The dm table as `dmsetup table` prints it without `--showkeys`: the key as zeros.
-    pub fn masked_table(&self, device: &str, size: u64) -> String {
-        let zeros = match &self.kind {
-            ConfigKind::Crypt { key_bytes, .. } => "0".repeat(key_bytes * 2),
-            ConfigKind::Linear => String::new(),
-        };
-        String::from_utf8_lossy(&self.render(device, size, Some(zeros.as_bytes()))).into_owned()
-    }
-
-    /// Renders the line into one exactly-sized buffer: the key is copied once, into memory the
-    /// caller wipes, and no growing `String` leaves copies of it behind.
-    fn render(&self, device: &str, size: u64, key_hex: Option<&[u8]>) -> Vec<u8> {
+    /// The dm table (one line covering `size` bytes of `device`) as dm's typed config, with
+    /// `key` for a crypt line (`-` when there is none or the cipher takes none). Unknown
+    /// crypt flags are an error here, before anything is loaded.
+    pub fn table_spec(
+        &self,
+        device: &str,
+        size: u64,
+        key: Option<&SecretBytes>,
+    ) -> Result<TableSpec, BenchError> {
         let sectors = size / 512;
-        match &self.kind {
-            ConfigKind::Linear => format!("0 {sectors} linear {device} 0").into_bytes(),
+        Ok(match &self.kind {
+            ConfigKind::Linear => TableSpec::single(
+                sectors,
+                LinearConfig {
+                    device: device.to_string(),
+                    offset: 0,
+                },
+            ),
             ConfigKind::Crypt {
                 cipher,
                 key_bytes,
                 flags,
             } => {
-                let key: &[u8] = match key_hex {
-                    Some(hex) if *key_bytes > 0 && !hex.is_empty() => hex,
-                    _ => b"-",
+                let key = match key {
+                    Some(k) if *key_bytes > 0 && !k.is_empty() => CryptKey::Hex(k.clone()),
+                    _ => CryptKey::None,
                 };
-                let head = format!("0 {sectors} crypt {cipher} ");
-                let tail = if flags.is_empty() {
-                    format!(" 0 {device} 0")
-                } else {
-                    format!(" 0 {device} 0 {} {}", flags.len(), flags.join(" "))
-                };
-                let mut line = Vec::with_capacity(head.len() + key.len() + tail.len());
-                line.extend_from_slice(head.as_bytes());
-                line.extend_from_slice(key);
-                line.extend_from_slice(tail.as_bytes());
-                line
+                let mut line = CryptConfig::new(cipher, key, 0, device, 0);
+                line.flags = CryptFlags::parse(flags)
+                    .map_err(|e| BenchError::Dm(format!("{}: crypt flags: {e}", self.name)))?;
+                TableSpec::single(sectors, line)
             }
-        }
+        })
+    }
+
+    /// The dm table text with the real key: what is loaded. It lives in a [`Zeroizing`]
+    /// buffer because it contains the key.
+    pub fn table(
+        &self,
+        device: &str,
+        size: u64,
+        key: Option<&SecretBytes>,
+    ) -> Result<Zeroizing<String>, BenchError> {
+        let mut text = self.table_spec(device, size, key)?.to_text(true);
+        // One line, printed with its '\n'; dropped in place so no unwiped copy is made.
+        let len = text.trim_end().len();
+        text.truncate(len);
+        Ok(text)
+    }
+
+    /// The dm table as `dmsetup table` prints it without `--showkeys`: the key as zeros.
+    pub fn masked_table(&self, device: &str, size: u64) -> Result<String, BenchError> {
+        // A zero key of the configuration's length prints as the masked key would.
+        let key = match &self.kind {
+            ConfigKind::Crypt { key_bytes, .. } => Some(SecretBytes::zeroed(*key_bytes)),
+            ConfigKind::Linear => None,
+        };
+        let text = self.table_spec(device, size, key.as_ref())?.to_text(false);
+        Ok(text.trim_end().to_string())
     }
 }
 
@@ -260,29 +277,25 @@ mod tests {
         let all = Configuration::builtin();
         let plain = &all[0];
         assert_eq!(
-            plain.masked_table("ram0", 1 << 30),
+            plain.masked_table("ram0", 1 << 30).unwrap(),
             "0 2097152 linear ram0 0"
         );
         let null = all.iter().find(|c| c.name == "null").unwrap();
         assert!(null.generate_key().is_none());
-        let t = null.table("ram0", 1 << 20, None);
-        assert_eq!(
-            std::str::from_utf8(t.as_bytes()).unwrap(),
-            "0 2048 crypt capi:ecb(cipher_null) - 0 ram0 0"
-        );
+        let t = null.table("ram0", 1 << 20, None).unwrap();
+        assert_eq!(t.as_str(), "0 2048 crypt capi:ecb(cipher_null) - 0 ram0 0");
         let inline = all.iter().find(|c| c.name == "xts-inline").unwrap();
         let key = inline.generate_key().unwrap();
         assert_eq!(key.len(), 64);
-        let t = inline.table("ram0", 1 << 20, Some(&key));
-        let text = std::str::from_utf8(t.as_bytes()).unwrap();
+        let text = inline.table("ram0", 1 << 20, Some(&key)).unwrap();
         assert_eq!(
-            text,
+            *text,
             format!(
                 "0 2048 crypt aes-xts-plain64 {} 0 ram0 0 2 no_read_workqueue no_write_workqueue",
                 key.to_hex()
             )
         );
-        let masked = inline.masked_table("ram0", 1 << 20);
+        let masked = inline.masked_table("ram0", 1 << 20).unwrap();
         assert!(masked.contains(&"0".repeat(128)));
         assert!(!masked.contains(&key.to_hex()));
     }

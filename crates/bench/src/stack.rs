@@ -43,14 +43,12 @@ impl ConfigStack {
     ) -> Result<Self, BenchError> {
         let backing = format!("ram:{}#bench-{}-{}", size, config.name, std::process::id());
         let key = config.generate_key();
-        let table = config.table(&backing, size, key.as_ref());
-        let text = std::str::from_utf8(table.as_bytes())
-            .map_err(|_| BenchError::Dm("table text is not UTF-8".into()))?;
+        let table = config.table(&backing, size, key.as_ref())?;
         let name = format!("cryptblk-bench-{}", config.name);
         // A stale mapping of the same name (an earlier run in this process) goes first.
         let _ = registry.remove(&name);
         let mapping = registry
-            .create(&name, text)
+            .create(&name, &table)
             .map_err(|e| BenchError::Dm(format!("{}: {e}", config.name)))?;
         Ok(ConfigStack {
             config: config.clone(),
@@ -92,14 +90,12 @@ impl ConfigStack {
     /// the device was suspended.
     pub fn flip_flags(&self, flags: &[&str]) -> Result<Duration, BenchError> {
         let other = self.config.with_flags(&self.config.name, flags);
-        let table = other.table(&self.backing, self.size, self.key.as_ref());
-        let text = std::str::from_utf8(table.as_bytes())
-            .map_err(|_| BenchError::Dm("table text is not UTF-8".into()))?;
+        let table = other.table(&self.backing, self.size, self.key.as_ref())?;
         // The live table holds the RAM disk open, and the registry hands out open devices by
         // spec, so the new table lands on the very same disk (as `dmsetup reload` would).
         let loaded = self
             .registry
-            .load_table(text)
+            .load_table(&table)
             .map_err(|e| BenchError::Dm(format!("reloading {}: {e}", self.config.name)))?;
         self.mapping.reload(loaded);
         let t0 = std::time::Instant::now();

@@ -13,9 +13,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cryptblk_cipher::SecretBytes;
-use cryptblk_dm::{BlockDevice, Mapping, Registry};
+use cryptblk_dm::targets::crypt::{CryptIntegrity, IntegrityKind as CryptIntegrityKind};
+use cryptblk_dm::targets::integrity::{IntegrityAlgorithm, IntegrityMode};
+use cryptblk_dm::{
+    BlockDevice, CryptConfig, CryptFlags, CryptKey, IntegrityTableConfig, LinearConfig, Mapping,
+    Registry, TableSpec, TargetSpec,
+};
 use cryptblk_export::NbdServer;
 use cryptblk_format::hdrio::HeaderIo;
+use zeroize::Zeroizing;
 
 use super::configs::{IntegrityBenchConfig, IntegrityKind};
 use crate::engine;
@@ -79,12 +85,15 @@ impl Drop for IntegrityStack {
     }
 }
 
-/// The sectors an integrity table line over `ram` provides (its status line's second
-/// field), found by loading it over a fresh device, which formats it as the kernel would.
-fn provided_sectors(registry: &Registry, probe: &str, line_tail: &str) -> Result<u64, String> {
-    let m = registry
-        .create(probe, &format!("0 8 integrity {line_tail}"))
-        .map_err(|e| e.to_string())?;
+/// The sectors an integrity table line provides (its status line's second field), found by
+/// loading it over a fresh device, which formats it as the kernel would.
+fn provided_sectors(
+    registry: &Registry,
+    probe: &str,
+    line: &IntegrityTableConfig,
+) -> Result<u64, String> {
+    let table = TableSpec::single(8, line.clone()).to_text(true);
+    let m = registry.create(probe, &table).map_err(|e| e.to_string())?;
     let status = m.status();
     let _ = registry.remove(probe);
     status
@@ -94,11 +103,72 @@ fn provided_sectors(registry: &Registry, probe: &str, line_tail: &str) -> Result
         .ok_or_else(|| format!("unexpected integrity status '{}'", status.trim()))
 }
 
-fn mask_keys(table: &str, key: Option<&SecretBytes>) -> String {
-    match key {
-        Some(k) => table.replace(&k.to_hex(), &"0".repeat(k.len() * 2)),
-        None => table.to_string(),
+/// A one-line table's text, with keys (`show_keys`, what is loaded) or masked to zeros as
+/// `dmsetup table` prints them (what the report stores); without the trailing newline.
+fn line_text(sectors: u64, target: impl Into<TargetSpec>, show_keys: bool) -> Zeroizing<String> {
+    let mut text = TableSpec::single(sectors, target).to_text(show_keys);
+    // Truncated in place: trimming into a new String would leave an unwiped key copy.
+    let len = text.trim_end().len();
+    text.truncate(len);
+    text
+}
+
+/// `linear` over all of `ram` (`size` bytes).
+fn linear_line(ram: &str, size: u64) -> (u64, LinearConfig) {
+    let line = LinearConfig {
+        device: ram.to_string(),
+        offset: 0,
+    };
+    (size / 512, line)
+}
+
+/// `integrity` over `ram` with the tag size of `hash` (keyed with `key`) in `mode`
+/// (`J`, `B`, `D` or `R`), with 4 KiB metadata padding as integritysetup formats today.
+fn integrity_line(
+    ram: &str,
+    hash: &str,
+    key: Option<&SecretBytes>,
+    mode: char,
+) -> Result<IntegrityTableConfig, String> {
+    let mode = match mode {
+        'J' => IntegrityMode::Journal,
+        'B' => IntegrityMode::Bitmap,
+        'D' => IntegrityMode::Direct,
+        'R' => IntegrityMode::Recovery,
+        other => return Err(format!("unknown integrity mode '{other}'")),
+    };
+    Ok(IntegrityTableConfig {
+        fix_padding: true,
+        internal_hash: Some(match key {
+            Some(k) => IntegrityAlgorithm::keyed(hash, k.clone()),
+            None => IntegrityAlgorithm::new(hash),
+        }),
+        ..IntegrityTableConfig::new(ram, mode)
+    })
+}
+
+/// `integrity` over `ram` holding `tag_size` bytes of tags per sector for the crypt target
+/// above it (no internal hash), in journal mode.
+fn external_tags_line(ram: &str, tag_size: u32) -> IntegrityTableConfig {
+    IntegrityTableConfig {
+        tag_size: Some(tag_size),
+        fix_padding: true,
+        ..IntegrityTableConfig::new(ram, IntegrityMode::Journal)
     }
+}
+
+/// `crypt` with an AEAD `cipher` and `key` over `lower`, keeping `tag_size` bytes per
+/// sector in the integrity device below.
+fn aead_crypt_line(cipher: &str, key: &SecretBytes, lower: &str, tag_size: u32) -> CryptConfig {
+    let mut line = CryptConfig::new(cipher, CryptKey::Hex(key.clone()), 0, lower, 0);
+    line.flags = CryptFlags {
+        integrity: Some(CryptIntegrity {
+            tuple_size: tag_size,
+            kind: CryptIntegrityKind::Aead,
+        }),
+        ..CryptFlags::default()
+    };
+    line
 }
 
 impl IntegrityStack {
@@ -126,8 +196,9 @@ impl IntegrityStack {
         }
         let mapping = match &config.kind {
             IntegrityKind::Plain => {
-                let t = format!("0 {} linear {ram} 0", size / 512);
-                tables.push(t.clone());
+                let (sectors, line) = linear_line(&ram, size);
+                let t = line_text(sectors, line, true);
+                tables.push(t.to_string());
                 registry.create(&name, &t).map_err(dm)?
             }
             IntegrityKind::Integrity {
@@ -136,17 +207,15 @@ impl IntegrityStack {
                 mode,
             } => {
                 let key = (*key_bytes > 0).then(|| SecretBytes::random(*key_bytes));
-                let hash_opt = match &key {
-                    Some(k) => format!("internal_hash:{hash}:{}", k.to_hex()),
-                    None => format!("internal_hash:{hash}"),
-                };
-                let tail = format!("{ram} 0 - {mode} 2 fix_padding {hash_opt}");
+                let failed = |e: String| BenchError::Dm(format!("{}: {e}", config.name));
+                let line = integrity_line(&ram, hash, key.as_ref(), *mode).map_err(failed)?;
                 held.push(registry.open_device(&ram).map_err(dm)?);
-                let sectors = provided_sectors(registry, &format!("{name}-probe"), &tail)
-                    .map_err(|e| BenchError::Dm(format!("{}: {e}", config.name)))?;
-                let t = format!("0 {sectors} integrity {tail}");
-                tables.push(mask_keys(&t, key.as_ref()));
-                registry.create(&name, &t).map_err(dm)?
+                let sectors =
+                    provided_sectors(registry, &format!("{name}-probe"), &line).map_err(failed)?;
+                tables.push(line_text(sectors, line.clone(), false).to_string());
+                registry
+                    .create(&name, &line_text(sectors, line, true))
+                    .map_err(dm)?
             }
             IntegrityKind::CryptIntegrity {
                 cipher,
@@ -154,26 +223,23 @@ impl IntegrityStack {
                 tag_size,
             } => {
                 let lower = format!("{name}-dif");
-                let tail = format!("{ram} 0 {tag_size} J 1 fix_padding");
+                let line = external_tags_line(&ram, *tag_size);
                 held.push(registry.open_device(&ram).map_err(dm)?);
-                let sectors = match provided_sectors(registry, &format!("{name}-probe"), &tail) {
+                let sectors = match provided_sectors(registry, &format!("{name}-probe"), &line) {
                     Ok(s) => s,
                     Err(e) => return Ok(Err(format!("integrity table failed to load: {e}"))),
                 };
-                let t = format!("0 {sectors} integrity {tail}");
+                let t = line_text(sectors, line, true);
                 if let Err(e) = registry.create(&lower, &t) {
                     return Ok(Err(format!("integrity table failed to load: {e}")));
                 }
                 names.push(lower.clone());
-                tables.push(t);
+                tables.push(t.to_string());
                 let key = SecretBytes::random(*key_bytes);
-                let ct = format!(
-                    "0 {sectors} crypt {cipher} {} 0 {lower} 0 1 integrity:{tag_size}:aead",
-                    key.to_hex()
-                );
-                match registry.create(&name, &ct) {
+                let crypt = aead_crypt_line(cipher, &key, &lower, *tag_size);
+                match registry.create(&name, &line_text(sectors, crypt.clone(), true)) {
                     Ok(m) => {
-                        tables.push(mask_keys(&ct, Some(&key)));
+                        tables.push(line_text(sectors, crypt, false).to_string());
                         m
                     }
                     Err(e) => {
@@ -213,10 +279,7 @@ impl IntegrityStack {
                 )
                 .map_err(|e| BenchError::Dm(format!("verity table: {e}")))?;
                 line.config.check_at_most_once = *once;
-                let t = cryptblk_dm::TableSpec::single(data_len / 512, line)
-                    .to_text(true)
-                    .trim_end()
-                    .to_string();
+                let t = line_text(data_len / 512, line, true).to_string();
                 held.push(data);
                 held.push(hash);
                 tables.push(t.clone());
@@ -273,6 +336,49 @@ mod tests {
     use super::*;
     use crate::engine::EngineRun;
     use crate::integrity::workloads;
+
+    /// The typed lines print exactly the text the bench loaded before they existed (keys
+    /// shown), and the report's copies mask the keys with zeros of their length.
+    #[test]
+    fn lines_print_as_dmsetup_tables() {
+        let (sectors, line) = linear_line("ram:8M#x", 8 << 20);
+        assert_eq!(*line_text(sectors, line, true), "0 16384 linear ram:8M#x 0");
+
+        let line = integrity_line("ram:8M#x", "crc32c", None, 'B').unwrap();
+        let text = "0 15944 integrity ram:8M#x 0 - B 2 fix_padding internal_hash:crc32c";
+        assert_eq!(*line_text(15944, line.clone(), true), text);
+        assert_eq!(*line_text(15944, line, false), text);
+
+        let key = SecretBytes::random(32);
+        let line = integrity_line("ram:8M#x", "hmac(sha256)", Some(&key), 'J').unwrap();
+        let head = "0 14240 integrity ram:8M#x 0 - J 2 fix_padding internal_hash:hmac(sha256):";
+        assert_eq!(
+            *line_text(14240, line.clone(), true),
+            format!("{head}{}", key.to_hex())
+        );
+        assert_eq!(
+            *line_text(14240, line, false),
+            format!("{head}{}", "0".repeat(64))
+        );
+        assert!(integrity_line("ram:8M#x", "crc32c", None, 'X').is_err());
+
+        let line = external_tags_line("ram:8M#x", 32);
+        assert_eq!(
+            *line_text(14240, line, true),
+            "0 14240 integrity ram:8M#x 0 32 J 1 fix_padding"
+        );
+
+        let cipher = "capi:authenc(hmac(sha256),xts(aes))-plain64";
+        let key = SecretBytes::random(96);
+        let line = aead_crypt_line(cipher, &key, "low-dif", 32);
+        let line_with =
+            |k: &str| format!("0 14240 crypt {cipher} {k} 0 low-dif 0 1 integrity:32:aead");
+        assert_eq!(
+            *line_text(14240, line.clone(), true),
+            line_with(&key.to_hex())
+        );
+        assert_eq!(*line_text(14240, line, false), line_with(&"0".repeat(192)));
+    }
 
     #[test]
     fn every_configuration_loads_and_reads_back_its_pattern() {
