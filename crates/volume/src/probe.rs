@@ -4,7 +4,6 @@
 use crate::device::open_file;
 use crate::error::Result;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 /// The kinds of volume the library recognises on a device.
@@ -22,15 +21,9 @@ pub enum VolumeKind {
     Unknown,
 }
 
-/// LUKS version in the primary header's magic, if any.
+/// LUKS version in the primary header's magic, if any (unreadable devices have none).
 pub fn luks_version(file: &File) -> Option<u16> {
-    let mut b = [0u8; 8];
-    file.read_exact_at(&mut b, 0).ok()?;
-    if &b[..6] == b"LUKS\xba\xbe" {
-        Some(u16::from_be_bytes([b[6], b[7]]))
-    } else {
-        None
-    }
+    cryptblk_format::luks_version(file).ok().flatten()
 }
 
 /// Probes the device or image at `path`.
