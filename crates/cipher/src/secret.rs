@@ -64,7 +64,15 @@ impl SecretBytes {
 
     /// Lower-case hex, for `--dump-volume-key` style output only.
     pub fn to_hex(&self) -> String {
-        self.buf.iter().map(|b| format!("{b:02x}")).collect()
+        // One allocation of the final size: a growing String would leave freed partial
+        // copies of the key on the heap.
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(self.buf.len() * 2);
+        for b in self.buf.iter() {
+            out.push(DIGITS[usize::from(b >> 4)] as char);
+            out.push(DIGITS[usize::from(b & 0xf)] as char);
+        }
+        out
     }
 }
 

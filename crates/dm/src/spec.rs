@@ -133,15 +133,30 @@ impl TableSpec {
     /// The table as `dmsetup table` prints it: one `\n`-terminated line per target, keys
     /// masked with zeros unless `show_keys`.
     pub fn to_text(&self, show_keys: bool) -> Zeroizing<String> {
-        let mut out = Zeroizing::new(String::new());
-        for l in &self.lines {
-            out.push_str(&format!("{} {} {}", l.start, l.len, l.target.target_type()));
-            for a in l.target.args(show_keys).iter() {
+        // Every line's words first, then one allocation of the exact size: a growing String
+        // would leave freed copies of a key behind on the heap.
+        let lines: Vec<(String, Zeroizing<Vec<String>>)> = self
+            .lines
+            .iter()
+            .map(|l| {
+                let head = format!("{} {} {}", l.start, l.len, l.target.target_type());
+                (head, l.target.args(show_keys))
+            })
+            .collect();
+        let len = lines
+            .iter()
+            .map(|(head, args)| head.len() + args.iter().map(|a| a.len() + 1).sum::<usize>() + 1)
+            .sum();
+        let mut out = Zeroizing::new(String::with_capacity(len));
+        for (head, args) in &lines {
+            out.push_str(head);
+            for a in args.iter() {
                 out.push(' ');
                 out.push_str(a);
             }
             out.push('\n');
         }
+        debug_assert_eq!(out.len(), len, "to_text reserved the exact size");
         out
     }
 
