@@ -26,6 +26,7 @@ pub mod registry;
 pub mod resolver;
 pub mod spec;
 pub mod table;
+pub mod table_text;
 pub mod targets;
 
 pub use backing::{parse_size, FileBacking, FileOptions, RamDisk};
