@@ -7,7 +7,6 @@
 //! - only `allow-discards`, the four performance flags and `no-journal` can be stored;
 //! - a volume that is not LUKS2 is activated anyway, and the failure to store is reported.
 
-use crate::device::open_file;
 use crate::error::{Result, VolumeError};
 use crate::luks::{LuksType, Volume};
 use cryptblk_format::luks2::PERSISTENT_FLAGS;
@@ -162,7 +161,6 @@ pub fn store_flags(header: &Path, uuid: &str, given: &Activation) -> Result<()> 
 /// The flags stored in the header at `header` if it belongs to volume `uuid` (an error naming
 /// `name` otherwise); none for LUKS1.
 pub fn stored_flags_of(header: &Path, uuid: &str, name: &str) -> Result<Vec<String>> {
-    let _ = open_file(header, false)?;
     match Volume::load(header, LuksType::Any, false)? {
         Volume::Luks2(h, _) if h.uuid() == uuid => Ok(h.config_flags()),
         Volume::Luks2(..) => Err(VolumeError::device(format!(

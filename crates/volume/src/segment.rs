@@ -55,7 +55,7 @@ impl Segment {
     ) -> Result<Zeroizing<String>> {
         if let Some(i) = &self.integrity {
             return Err(VolumeError::usage(format!(
-                "activating a volume with integrity ({i}) is not supported yet"
+                "a segment with integrity ({i}) is activated as a stack (plan::luks), not a single crypt table"
             )));
         }
         cryptblk_cipher::CipherSpec::parse(&self.cipher)?;

@@ -302,16 +302,7 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
         .or_else(|| info["device"].as_str().map(Into::into))
         .ok_or_else(|| Failure::usage(format!("{name} does not say where its header is")))?;
     let uuid = info["uuid"].as_str().unwrap_or_default().to_string();
-    let stored = match volume::load(opts, &device, false)? {
-        Volume::Luks2(h, _) if h.uuid() == uuid => h.config_flags(),
-        Volume::Luks2(..) => {
-            return Err(Failure::device(format!(
-                "Header {} does not belong to {name} (UUID {uuid}).",
-                device.display()
-            )))
-        }
-        Volume::Luks1(_) => Vec::new(),
-    };
+    let stored = cryptblk_volume::activation::stored_flags_of(&device, &uuid, name)?;
     let flags = persistent::effective(opts, perf, &stored);
     super::serving::refresh(name, &flags.perf)?;
     // `--header` names the header itself: no second `--header` lookup.
