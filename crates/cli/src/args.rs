@@ -312,6 +312,16 @@ pub enum Action {
         /// File with the new key.
         new_key_file: Option<PathBuf>,
     },
+    /// Re-derive a LUKS2 keyslot with new PBKDF parameters (--pbkdf, --iter-time,
+    /// --pbkdf-memory, --pbkdf-parallel, --pbkdf-force-iterations, --hash), same passphrase.
+    #[command(name = "luksConvertKey")]
+    LuksConvertKey {
+        /// Device.
+        device: PathBuf,
+        /// File with the passphrase of the keyslot (alternative to --key-file).
+        #[arg(id = "positional_key_file", value_name = "KEY_FILE")]
+        key_file: Option<PathBuf>,
+    },
     /// Wipe a keyslot by number.
     #[command(name = "luksKillSlot")]
     LuksKillSlot {

@@ -77,6 +77,9 @@ fn run(cli: args::Cli) -> ActionResult {
             device,
             new_key_file,
         } => luks::change_key(o, device, new_key_file.as_deref()),
+        Action::LuksConvertKey { device, key_file } => {
+            actions::lifecycle::convert_key(o, device, key_file.as_deref())
+        }
         Action::LuksKillSlot {
             device,
             slot,

@@ -41,7 +41,25 @@ enum Op {
     Add,
     Remove,
     Change,
+    Convert,
     Relabel,
+}
+
+/// The KDF luksConvertKey moves keyslot 1 to: Argon2id at its smallest cost, so that the
+/// old (PBKDF2) and new keyslot are told apart by their KDF type.
+fn converted() -> KeyslotParams {
+    let mut p = PbkdfRequest::argon2id().with_forced_iterations(4);
+    p.max_memory_kib = 32;
+    p.parallel = 1;
+    KeyslotParams::new(p)
+}
+
+fn kdf_of_slot(h: &Luks2Header, slot: usize) -> String {
+    h.keyslots()
+        .into_iter()
+        .find(|k| k.id == slot)
+        .map(|k| k.kdf)
+        .unwrap_or_default()
 }
 
 fn run(op: Op, h: &mut Luks2Header, dev: &dyn HeaderIo) -> cryptblk_format::Result<()> {
@@ -52,6 +70,7 @@ fn run(op: Op, h: &mut Luks2Header, dev: &dyn HeaderIo) -> cryptblk_format::Resu
         }
         Op::Remove => h.remove_keyslot(dev, 1),
         Op::Change => h.change_key(dev, B, C, None, &params()).map(|_| ()),
+        Op::Convert => h.convert_keyslot(dev, B, None, &converted()).map(|_| ()),
         Op::Relabel => {
             h.set_label("new label")?;
             h.write(dev)
@@ -78,7 +97,7 @@ fn every_interrupted_write_leaves_old_or_new_state() {
     let tool = have_cryptsetup();
     let dir = Scratch::new("crash");
     let base = base();
-    for op in [Op::Add, Op::Remove, Op::Change, Op::Relabel] {
+    for op in [Op::Add, Op::Remove, Op::Change, Op::Convert, Op::Relabel] {
         let mut index = 0;
         loop {
             let mut completed = false;
@@ -94,6 +113,12 @@ fn every_interrupted_write_leaves_old_or_new_state() {
                 let result = run(op, &mut h, &dev);
                 if dev.writes_attempted() <= index {
                     result.unwrap_or_else(|e| panic!("{op:?} failed without a fault: {e}"));
+                    if let Op::Convert = op {
+                        let mem = dev.into_inner();
+                        let h = Luks2Header::read(&mem).unwrap();
+                        assert_eq!(kdf_of_slot(&h, 1), "argon2id");
+                        assert!(opens(&mem, &h, B));
+                    }
                     completed = true;
                     break;
                 }
@@ -118,6 +143,11 @@ fn every_interrupted_write_leaves_old_or_new_state() {
                         assert_eq!(b, h.keyslots().len() == 2, "{ctx}");
                     }
                     Op::Change => assert!(b ^ c, "{ctx}"),
+                    Op::Convert => {
+                        assert!(b && !c, "{ctx}");
+                        let kdf = kdf_of_slot(&h, 1);
+                        assert!(kdf == "pbkdf2" || kdf == "argon2id", "{ctx}: kdf {kdf}");
+                    }
                     Op::Relabel => {
                         assert!(b && !c, "{ctx}");
                         assert!(h.label().is_empty() || h.label() == "new label", "{ctx}");

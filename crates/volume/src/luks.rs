@@ -380,3 +380,33 @@ pub fn lvm2_signature_sector(header: &Path) -> Result<Option<u64>> {
     let f = open_file(header, false)?;
     Ok(cryptblk_format::luks2::lvm2_signature_sector(&f))
 }
+
+/// `luksConvertKey` (LUKS2 only, as cryptsetup): re-derives the keyslot `passphrase` opens
+/// (only `slot` when given) with the KDF and parameters in `params`, keeping its number and
+/// passphrase; crash-safe like `luksChangeKey`. `device` names the volume in messages.
+/// Returns the keyslot number.
+pub fn convert_key(
+    vol: &mut Volume,
+    device: &Path,
+    passphrase: &[u8],
+    slot: Option<usize>,
+    params: &KeyslotParams,
+) -> Result<usize> {
+    let Volume::Luks2(h, f) = vol else {
+        return Err(not_luks2(device));
+    };
+    if let Some(s) = slot {
+        if h.keyslots().iter().all(|k| k.id != s) {
+            return Err(VolumeError::usage(format!("Keyslot {s} is not active.")));
+        }
+    }
+    Ok(h.convert_keyslot(&*f, passphrase, slot, params)?)
+}
+
+/// cryptsetup's refusal of a LUKS2-only action on another header (exit 1).
+pub fn not_luks2(device: &Path) -> VolumeError {
+    VolumeError::usage(format!(
+        "Device {} is not a valid LUKS2 device.",
+        device.display()
+    ))
+}

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod info;
 pub mod integrity;
+pub mod lifecycle;
 pub mod luks;
 pub mod luks_integrity;
 pub mod offline;

@@ -664,6 +664,39 @@ impl Luks2Header {
         slot: Option<usize>,
         params: &KeyslotParams,
     ) -> Result<usize> {
+        self.rewrite_keyslot(io, old_passphrase, new_passphrase, slot, params, true)
+    }
+
+    /// Re-derives the keyslot that `passphrase` opens (from `slot` if given) with new KDF
+    /// parameters, keeping its number and passphrase (`luksConvertKey`). As cryptsetup, the
+    /// rewritten keyslot takes `params` whole (KDF, AF hash, priority, area cipher: the
+    /// segment's or the default one unless `params.cipher` names one) instead of inheriting
+    /// the old keyslot's. Crash-safe as [`Luks2Header::change_key`]: the new material goes
+    /// to a free area, one header write switches to it, the old area is wiped after.
+    /// Returns the keyslot number.
+    pub fn convert_keyslot(
+        &mut self,
+        io: &dyn HeaderIo,
+        passphrase: &[u8],
+        slot: Option<usize>,
+        params: &KeyslotParams,
+    ) -> Result<usize> {
+        let mut p = params.clone();
+        p.slot = None;
+        self.rewrite_keyslot(io, passphrase, passphrase, slot, &p, false)
+    }
+
+    /// [`Luks2Header::change_key`] and [`Luks2Header::convert_keyslot`]: `inherit` keeps
+    /// the old keyslot's area cipher and priority where `params` leaves them default.
+    fn rewrite_keyslot(
+        &mut self,
+        io: &dyn HeaderIo,
+        old_passphrase: &[u8],
+        new_passphrase: &[u8],
+        slot: Option<usize>,
+        params: &KeyslotParams,
+        inherit: bool,
+    ) -> Result<usize> {
         self.check_requirements()?;
         let unlocked = self.unlock(io, old_passphrase, slot, UnlockPurpose::Unbound)?;
         let old_slot = unlocked.slot;
@@ -684,13 +717,13 @@ impl Luks2Header {
         };
         let old_ks = self.keyslot_json(old_slot).cloned().unwrap_or(Value::Null);
         let mut p = params.clone();
-        if p.cipher.is_none() {
+        if inherit && p.cipher.is_none() {
             if let Some(enc) = old_ks["area"]["encryption"].as_str() {
                 p.cipher = Some(enc.to_string());
                 p.cipher_key_size = get_u32(&old_ks["area"], "key_size").map(|n| n as usize);
             }
         }
-        if p.priority == 1 {
+        if inherit && p.priority == 1 {
             p.priority = priority_of(&old_ks);
         }
         let (spec, area_key_size) = self.area_cipher_choice(&p, key.len());
