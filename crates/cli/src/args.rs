@@ -322,6 +322,19 @@ pub enum Action {
         #[arg(id = "positional_key_file", value_name = "KEY_FILE")]
         key_file: Option<PathBuf>,
     },
+    /// Hold all I/O to a served LUKS volume and wipe its key from memory.
+    #[command(name = "luksSuspend")]
+    LuksSuspend {
+        /// Mapping name.
+        name: String,
+    },
+    /// Unlock a suspended volume again (passphrase, --key-file, --key-slot or
+    /// --volume-key-file) and release the held I/O.
+    #[command(name = "luksResume")]
+    LuksResume {
+        /// Mapping name.
+        name: String,
+    },
     /// Wipe a keyslot by number.
     #[command(name = "luksKillSlot")]
     LuksKillSlot {

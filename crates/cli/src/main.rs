@@ -80,6 +80,8 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::LuksConvertKey { device, key_file } => {
             actions::lifecycle::convert_key(o, device, key_file.as_deref())
         }
+        Action::LuksSuspend { name } => actions::lifecycle::suspend(name),
+        Action::LuksResume { name } => actions::lifecycle::resume(o, name),
         Action::LuksKillSlot {
             device,
             slot,

@@ -48,6 +48,7 @@ pub mod plan;
 pub mod probe;
 pub mod progress;
 pub mod segment;
+pub mod suspend;
 pub mod verity;
 
 pub use error::{ErrorClass, Result, VolumeError};

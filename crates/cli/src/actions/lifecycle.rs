@@ -32,3 +32,41 @@ pub fn convert_key(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
     }
     Ok(())
 }
+
+/// `luksSuspend <name>`.
+pub fn suspend(name: &str) -> ActionResult {
+    cryptblk_volume::suspend::suspend(name)
+}
+
+/// `luksResume <name>`: the header is `--header` or the one the volume was opened from;
+/// the key comes from `--volume-key-file`, else a passphrase (`--key-file`, the terminal or
+/// standard input; `--key-slot` limits the keyslots tried).
+pub fn resume(opts: &Opts, name: &str) -> ActionResult {
+    use cryptblk_volume::suspend as lib;
+    let st = lib::suspended_status(name)?;
+    let header = match &opts.header {
+        Some(h) => h.clone(),
+        None => lib::header_of(&st)?,
+    };
+    let vol = cryptblk_volume::Volume::load(&header, cryptblk_volume::LuksType::Any, false)?;
+    if let Some(p) = &opts.volume_key_file {
+        let vk = volume::read_volume_key_file(p)?;
+        vol.verify_volume_key(vk.as_bytes())?;
+        return lib::resume_with_key(&st, vk.as_bytes());
+    }
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", header.display()),
+    )?;
+    let slot = lib::resume(
+        &st,
+        &vol,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+    )?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} unlocked.");
+    }
+    Ok(())
+}

@@ -153,20 +153,56 @@ fn accept_next(
 /// One request per connection, for mapping `target` (the top or a lower one): read a line,
 /// answer a line.
 fn handle_client(stream: UnixStream, stack: &Stack, stopping: &AtomicBool, target: &str) {
-    // A reload line holds the table's keys.
-    let mut line = Zeroizing::new(String::new());
-    let Ok(reader_stream) = stream.try_clone() else {
+    let Some(line) = read_request_line(&stream) else {
         return;
     };
-    if BufReader::new(reader_stream).read_line(&mut line).is_err() {
-        return;
-    }
     let answer = match Request::decode(&line) {
         Ok(req) => answer(&req, stack, stopping, target),
         Err(refusal) => refusal,
     };
     let mut w = stream;
     let _ = w.write_all(answer.encode().as_bytes());
+}
+
+/// Largest request line read: a reload of a table with many keyed lines fits many times.
+const MAX_REQUEST: usize = 1 << 20;
+
+/// Reads one request line straight into one buffer that is wiped on drop. A reload or
+/// `key set` line holds a key: a buffered reader or a growing string would leave copies of
+/// it in freed memory, which a later `luksSuspend` could not wipe. The buffer grows (by
+/// moving into a wiped larger one) only for lines longer than 64 KiB.
+fn read_request_line(mut stream: &UnixStream) -> Option<Zeroizing<String>> {
+    use std::io::Read;
+    let mut buf = Zeroizing::new(vec![0u8; 64 << 10]);
+    let mut used = 0;
+    loop {
+        if used == buf.len() {
+            if buf.len() >= MAX_REQUEST {
+                return None;
+            }
+            let mut bigger = Zeroizing::new(vec![0u8; buf.len() * 2]);
+            bigger[..used].copy_from_slice(&buf[..used]);
+            buf = bigger;
+        }
+        match stream.read(&mut buf[used..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                used += n;
+                if buf[used - n..used].contains(&b'\n') {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let end = buf[..used]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(used, |i| i + 1);
+    let mut line = Zeroizing::new(String::with_capacity(end));
+    line.push_str(std::str::from_utf8(&buf[..end]).ok()?);
+    Some(line)
 }
 
 fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> Response {

@@ -54,6 +54,7 @@ pub struct ServeSpec {
     /// Mapping name.
     pub name: String,
     /// The dm table, keys included.
+    #[serde(with = "table_lines")]
     pub table: String,
     /// The export.
     pub export: ExportSpec,
@@ -79,7 +80,35 @@ pub struct LowerTable {
     /// Mapping name.
     pub name: String,
     /// The dm table, keys included.
+    #[serde(with = "table_lines")]
     pub table: String,
+}
+
+/// A table with keys crosses the pipe as a JSON array of its lines rather than one string:
+/// the newlines between lines would be JSON escapes, and serde_json unescapes a string in a
+/// scratch buffer that it frees without wiping, which would leave a copy of the key on the
+/// daemon's heap for the daemon's lifetime (and so after a `luksSuspend` key wipe). Lines
+/// hold no escapes (unless a path has a quote or backslash), so each is copied once, exactly
+/// sized, and wiped here after joining.
+mod table_lines {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use zeroize::Zeroize;
+
+    pub fn serialize<S: Serializer>(table: &str, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(table.lines())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let mut lines = Vec::<String>::deserialize(d)?;
+        let len = lines.iter().map(|l| l.len() + 1).sum();
+        let mut table = String::with_capacity(len);
+        for l in &mut lines {
+            table.push_str(l);
+            table.push('\n');
+            l.zeroize();
+        }
+        Ok(table)
+    }
 }
 
 impl Drop for LowerTable {

@@ -76,7 +76,7 @@ impl Stack {
     /// Creates the lower mappings (the keyless ones of `spec.info.lower`, then
     /// `secret_lower`), the top one, and its export. `lower` names them all, in that order.
     pub(super) fn build(
-        spec: ServeSpec,
+        mut spec: ServeSpec,
         secret_lower: Vec<LowerTable>,
         lower: Vec<String>,
     ) -> Result<Stack, Failure> {
@@ -108,6 +108,9 @@ impl Stack {
                 Failure::new(ExitCode::WrongDevice, format!("{}: {msg}", spec.name))
             }
         })?;
+        // The live table holds the key from here on; the copy we were handed would outlive
+        // a `luksSuspend` key wipe.
+        zeroize::Zeroize::zeroize(&mut spec.table);
         let export = start_export(&spec, mapping.clone())?;
         Ok(Stack {
             spec,

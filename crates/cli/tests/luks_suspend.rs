@@ -1,0 +1,209 @@
+//! `luksSuspend` / `luksResume` of a volume served over NBD: a writer started while the
+//! volume is suspended is held, not failed, and completes after resume with its data on
+//! disk (checked with cryptsetup's volume key and the independent model); after suspend the
+//! volume key is nowhere in the daemon's memory (/proc/PID/mem); a wrong passphrase on
+//! resume exits 2 and leaves the volume suspended; the other refusals exit as cryptsetup.
+
+mod common;
+use common::*;
+use std::io::{Read, Seek, SeekFrom};
+use std::process::Command;
+use std::time::Duration;
+
+const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+fn status(name: &str) -> serde_json::Value {
+    let out = run_ok(cryptblk().args(["status", "--json", name]), b"");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// True if `needle` occurs in any readable mapping of process `pid`'s memory.
+fn in_memory(pid: i32, needle: &[u8]) -> bool {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        if buf.windows(needle.len()).any(|w| w == needle) {
+            return true;
+        }
+    }
+    false
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn code(cmd: &mut Command) -> (i32, String) {
+    let out = run(cmd, b"");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
+    let Some(_) = tool("nbdcopy") else { return };
+    let Some(mut fmt) = cryptsetup() else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"suspend test key").unwrap();
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, b"not the key").unwrap();
+    let img = dir.path().join("vol.img");
+    sparse_file(&img, 24 << 20);
+    run_ok(
+        fmt.args(["luksFormat", "--type", "luks2"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&img),
+        b"",
+    );
+    let vk_hex = cryptsetup_volume_key(&img, &key, &[]).unwrap();
+    let vk = hex_bytes(&vk_hex);
+    let name = "t-suspend";
+    let sock = dir.path().join("nbd.sock");
+    let served = open_nbd(&img, &key, name, &sock, &[]);
+    let pid = status(name)["pid"].as_i64().unwrap() as i32;
+    // The scan can see the key while the volume is live: its absence later means something.
+    assert!(in_memory(pid, &vk), "the scan does not find the live key");
+
+    run_ok(cryptblk().args(["luksSuspend", name]), b"");
+    assert_eq!(status(name)["suspended"], true);
+    assert!(
+        !in_memory(pid, &vk),
+        "volume key still in the daemon's memory after suspend"
+    );
+    assert!(
+        !in_memory(pid, vk_hex.as_bytes()),
+        "volume key (hex) still in the daemon's memory after suspend"
+    );
+    let (rc, err) = code(cryptblk().args(["luksSuspend", name]));
+    assert_eq!(rc, 5, "{err}");
+    assert!(
+        err.contains(&format!("Volume {name} is already suspended.")),
+        "{err}"
+    );
+
+    // A writer while suspended: held, not failed.
+    let data_path = dir.path().join("data.bin");
+    let data = write_pattern(&data_path, 2 << 20, 7);
+    let mut writer = Command::new("nbdcopy")
+        .arg(&data_path)
+        .arg(nbd_uri(&sock))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "the writer was not held"
+    );
+
+    let (rc, err) = code(
+        cryptblk()
+            .args(["luksResume", name, "--key-file"])
+            .arg(&bad),
+    );
+    assert_eq!(rc, 2, "{err}");
+    assert!(
+        err.contains("No key available with this passphrase."),
+        "{err}"
+    );
+    assert_eq!(status(name)["suspended"], true);
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "the writer ended while suspended"
+    );
+
+    run_ok(
+        cryptblk()
+            .args(["luksResume", name, "--key-file"])
+            .arg(&key),
+        b"",
+    );
+    let done = writer.wait().unwrap();
+    assert!(done.success(), "the held writer failed: {done}");
+    assert_eq!(status(name)["suspended"], false);
+    let (rc, err) = code(
+        cryptblk()
+            .args(["luksResume", name, "--key-file"])
+            .arg(&key),
+    );
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains(&format!("Volume {name} is not suspended.")),
+        "{err}"
+    );
+    // A second suspend also finds no copy left behind by the first resume's `key set`.
+    run_ok(cryptblk().args(["luksSuspend", name]), b"");
+    assert!(!in_memory(pid, &vk), "key in memory after a second suspend");
+    assert!(
+        !in_memory(pid, vk_hex.as_bytes()),
+        "key (hex) in memory after a second suspend"
+    );
+    run_ok(
+        cryptblk()
+            .args(["luksResume", name, "--key-file"])
+            .arg(&key),
+        b"",
+    );
+    drop(served);
+
+    // What the held writer wrote is on disk, encrypted with the volume key.
+    let (off, sector) = cryptsetup_luks2_segment(&img).unwrap();
+    let raw = std::fs::read(&img).unwrap();
+    let plain = independent(
+        "decrypt",
+        "aes-xts-plain64",
+        &vk_hex,
+        sector,
+        &raw[off..off + data.len()],
+    );
+    assert!(plain == data, "the held write did not land intact");
+}
+
+#[test]
+fn suspend_refuses_what_is_not_a_served_luks_volume() {
+    let (rc, err) = code(cryptblk().args(["luksSuspend", "t-no-such-volume"]));
+    assert_eq!(rc, 4, "{err}");
+    let (rc, err) = code(cryptblk().args(["luksResume", "t-no-such-volume"]));
+    assert_eq!(rc, 4, "{err}");
+    // A raw dm mapping has no LUKS header to resume from.
+    let name = "t-suspend-raw";
+    let dir = tempdir();
+    run_ok(
+        cryptblk()
+            .args(["dm", "create", name, "--table", "0 2048 zero", "--nbd"])
+            .arg(dir.path().join("raw.sock")),
+        b"",
+    );
+    let _served = Served::volume(name);
+    let (rc, err) = code(cryptblk().args(["luksSuspend", name]));
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{name} is not active LUKS device name or header is missing."
+        )),
+        "{err}"
+    );
+}
