@@ -335,6 +335,16 @@ pub enum Action {
         /// Mapping name.
         name: String,
     },
+    /// Grow or shrink a served crypt volume (default: to the backing device's size less the
+    /// data offset); the export tells its clients where its protocol can.
+    #[command(name = "resize")]
+    Resize {
+        /// Mapping name.
+        name: String,
+        /// The new size in bytes (a multiple of 512); not with --size.
+        #[arg(long, value_name = "BYTES")]
+        device_size: Option<u64>,
+    },
     /// Wipe a keyslot by number.
     #[command(name = "luksKillSlot")]
     LuksKillSlot {

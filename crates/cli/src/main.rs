@@ -82,6 +82,7 @@ fn run(cli: args::Cli) -> ActionResult {
         }
         Action::LuksSuspend { name } => actions::lifecycle::suspend(name),
         Action::LuksResume { name } => actions::lifecycle::resume(o, name),
+        Action::Resize { name, device_size } => actions::lifecycle::resize(o, name, *device_size),
         Action::LuksKillSlot {
             device,
             slot,

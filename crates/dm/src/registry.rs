@@ -6,6 +6,7 @@
 //! kernel: reloading a table over `ram:1G` keeps the RAM disk's contents. Add `#<tag>` to get
 //! distinct RAM disks of the same size.
 
+use crate::device::SECTOR_SIZE;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -304,7 +305,12 @@ impl Registry {
         };
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(dev) = open.get(&key).and_then(Weak::upgrade) {
-            return Ok(dev);
+            // A file that grew or shrank since it was opened is opened again, so that a
+            // table reloaded after the change (a `resize`) sees its new size, as the kernel
+            // sees a loop device's after `losetup -c`; live tables keep their open file.
+            if regular_file_sectors(&key).is_none_or(|s| s * SECTOR_SIZE == dev.size()) {
+                return Ok(dev);
+            }
         }
         let dev: Arc<dyn BlockDevice> = if let Some(rest) = spec.strip_prefix("ram:") {
             let size_text = rest.split('#').next().unwrap_or_default();
@@ -325,6 +331,13 @@ impl Registry {
         open.insert(key, Arc::downgrade(&dev));
         Ok(dev)
     }
+}
+
+/// The size of `path` in whole sectors if it is a regular file (block devices keep the size
+/// they were opened with).
+fn regular_file_sectors(path: &str) -> Option<u64> {
+    let meta = std::fs::metadata(path).ok()?;
+    meta.is_file().then(|| meta.len() / SECTOR_SIZE)
 }
 
 impl DeviceResolver for Registry {

@@ -70,3 +70,30 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
     }
     Ok(())
 }
+
+/// `resize <name> [--size SECTORS | --device-size BYTES]`; `--json` prints the old and new
+/// sizes.
+pub fn resize(opts: &Opts, name: &str, device_size: Option<u64>) -> ActionResult {
+    use cryptblk_volume::resize::{self as lib, ResizeRequest};
+    let req = ResizeRequest {
+        size_sectors: opts.size,
+        device_size,
+    };
+    let done = lib::resize(name, &req)?;
+    if opts.verbose {
+        eprintln!("Resized {name} to {} sectors.", done.new_sectors);
+    }
+    if opts.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "name": done.name,
+                "device": done.device,
+                "old_sectors": done.old_sectors,
+                "new_sectors": done.new_sectors,
+                "size": done.new_sectors * 512,
+            })
+        );
+    }
+    Ok(())
+}

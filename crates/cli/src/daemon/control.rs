@@ -4,7 +4,7 @@
 
 use super::stack::Stack;
 use crate::exit::{ExitCode, Failure};
-use cryptblk_dm::{CryptFlags, TableSpec};
+use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
 use cryptblk_volume::control::{self as client, Pipeline, Request, Response, Status};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
@@ -266,10 +266,21 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             Ok(()) => Response::Done,
             Err(e) => dm_err(e),
         },
-        Request::Resume => match mapping.resume() {
-            Ok(_) => Response::Done,
-            Err(e) => dm_err(e),
-        },
+        Request::Resume => {
+            let before = mapping.size();
+            match mapping.resume() {
+                // A staged table of another length is a resize: as the kernel's resume sets
+                // the disk's capacity, the export tells its clients.
+                Ok(_) if is_top && mapping.size() != before => {
+                    match stack.export_resized(mapping.size()) {
+                        Ok(()) => Response::Done,
+                        Err(msg) => Response::error(ExitCode::WrongDevice, msg),
+                    }
+                }
+                Ok(_) => Response::Done,
+                Err(e) => dm_err(e),
+            }
+        }
         Request::Reload { table } => match registry.reload(target, table) {
             Ok(()) => Response::Done,
             Err(e) => dm_err(e),

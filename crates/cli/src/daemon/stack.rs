@@ -141,6 +141,17 @@ impl Stack {
         self.export.describe()
     }
 
+    /// Tells the export's clients the top mapping's new size (after a resume swapped in a
+    /// table of another length).
+    pub(super) fn export_resized(&self, new_size: u64) -> Result<(), String> {
+        self.export.resized(new_size).map_err(|e| {
+            format!(
+                "{} now has {new_size} bytes, but its export could not tell its clients: {e}",
+                self.spec.name
+            )
+        })
+    }
+
     /// `dm remove` of a lower mapping: refused while another mapping of the stack uses it in
     /// its live or staged table (the kernel's EBUSY), or while suspended (its flush would
     /// wait for a resume that the control loop must answer), else flushed and removed.
