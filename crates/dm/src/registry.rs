@@ -337,7 +337,7 @@ impl Registry {
 /// they were opened with).
 fn regular_file_sectors(path: &str) -> Option<u64> {
     let meta = std::fs::metadata(path).ok()?;
-    meta.is_file().then(|| meta.len() / SECTOR_SIZE)
+    meta.is_file().then_some(meta.len() / SECTOR_SIZE)
 }
 
 impl DeviceResolver for Registry {
