@@ -2,7 +2,9 @@
 //! volume is suspended is held, not failed, and completes after resume with its data on
 //! disk (checked with cryptsetup's volume key and the independent model); after suspend the
 //! volume key is nowhere in the daemon's memory (/proc/PID/mem); a wrong passphrase on
-//! resume exits 2 and leaves the volume suspended; the other refusals exit as cryptsetup.
+//! resume exits 2 and leaves the volume suspended; the other refusals exit with the codes
+//! and messages cryptsetup 2.6 gives on a kernel (observed in the lab: already suspended 1,
+//! not suspended 1, inactive key slot 1, no such device 4, not a LUKS mapping 4).
 
 mod common;
 use common::*;
@@ -99,7 +101,7 @@ fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
         "volume key (hex) still in the daemon's memory after suspend"
     );
     let (rc, err) = code(cryptblk().args(["luksSuspend", name]));
-    assert_eq!(rc, 5, "{err}");
+    assert_eq!(rc, 1, "{err}");
     assert!(
         err.contains(&format!("Volume {name} is already suspended.")),
         "{err}"
@@ -129,6 +131,14 @@ fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
         err.contains("No key available with this passphrase."),
         "{err}"
     );
+    assert_eq!(status(name)["suspended"], true);
+    let (rc, err) = code(
+        cryptblk()
+            .args(["luksResume", name, "-S", "3", "--key-file"])
+            .arg(&key),
+    );
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("No usable keyslot is available."), "{err}");
     assert_eq!(status(name)["suspended"], true);
     assert!(
         writer.try_wait().unwrap().is_none(),
@@ -199,11 +209,9 @@ fn suspend_refuses_what_is_not_a_served_luks_volume() {
     );
     let _served = Served::volume(name);
     let (rc, err) = code(cryptblk().args(["luksSuspend", name]));
-    assert_eq!(rc, 1, "{err}");
+    assert_eq!(rc, 4, "{err}");
     assert!(
-        err.contains(&format!(
-            "{name} is not active LUKS device name or header is missing."
-        )),
+        err.contains(&format!("{name} is not active LUKS device name.")),
         "{err}"
     );
 }

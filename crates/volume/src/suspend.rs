@@ -12,13 +12,13 @@ use cryptblk_format::luks2::UnlockPurpose;
 use std::path::PathBuf;
 
 /// The status of `name`, which must be a served LUKS volume (cryptsetup refuses the others
-/// with this message).
+/// with this message and exit 4).
 pub fn luks_status(name: &str) -> Result<Status> {
     let st = control::status(name)?;
     match st.info["type"].as_str() {
         Some("LUKS1" | "LUKS2") => Ok(st),
-        _ => Err(VolumeError::usage(format!(
-            "{name} is not active LUKS device name or header is missing."
+        _ => Err(VolumeError::device(format!(
+            "{name} is not active LUKS device name."
         ))),
     }
 }
@@ -52,11 +52,11 @@ fn message(name: &str, sector: u64, words: &[&str]) -> Result<()> {
 }
 
 /// `luksSuspend NAME`: holds I/O to the served volume and wipes its key from the daemon.
-/// Refuses a volume that is already suspended (exit 5, as cryptsetup).
+/// Refuses a volume that is already suspended (exit 1, as cryptsetup).
 pub fn suspend(name: &str) -> Result<()> {
     let st = luks_status(name)?;
     if st.suspended {
-        return Err(VolumeError::busy(format!(
+        return Err(VolumeError::usage(format!(
             "Volume {name} is already suspended."
         )));
     }
@@ -98,6 +98,15 @@ pub fn resume(st: &Status, vol: &Volume, passphrase: &[u8], slot: Option<usize>)
             "The header does not belong to {name} (UUID {} instead of {uuid}).",
             vol.uuid()
         )));
+    }
+    if let Some(s) = slot {
+        let active = match vol {
+            Volume::Luks1(v) => v.header().keyslots.get(s).is_some_and(|k| k.is_enabled()),
+            Volume::Luks2(h, _) => h.keyslots().iter().any(|k| k.id == s),
+        };
+        if !active {
+            return Err(VolumeError::usage("No usable keyslot is available."));
+        }
     }
     let (opened, key) = vol.unlock(passphrase, slot, UnlockPurpose::Activate)?;
     resume_with_key(st, key.as_bytes())?;
