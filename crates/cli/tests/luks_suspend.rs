@@ -100,6 +100,11 @@ fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
         !in_memory(pid, vk_hex.as_bytes()),
         "volume key (hex) still in the daemon's memory after suspend"
     );
+    // Nothing rebuilds the table from the wiped key meanwhile.
+    let (rc, err) = code(cryptblk().args(["refresh", name, "--perf-queued"]));
+    assert_eq!(rc, 5, "{err}");
+    let (rc, err) = code(cryptblk().args(["resize", name]));
+    assert_eq!(rc, 5, "{err}");
     let (rc, err) = code(cryptblk().args(["luksSuspend", name]));
     assert_eq!(rc, 1, "{err}");
     assert!(

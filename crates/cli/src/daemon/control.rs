@@ -292,6 +292,12 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                 Err(e) => Response::error(ExitCode::WrongParameters, e.to_string()),
             }
         }
+        // After `luksSuspend` the live table's key is wiped: a table rebuilt from it would
+        // carry a zero key, and the resume below would serve garbage.
+        Request::Refresh { .. } if mapping.info().suspended => Response::error(
+            ExitCode::Busy,
+            format!("Volume {target} is suspended; resume it first."),
+        ),
         Request::Refresh { flags } => match refreshed_table(&mapping.table(true), flags) {
             Ok(text) => {
                 // dmsetup reload + suspend + resume: in-flight I/O drains, new I/O waits
