@@ -220,3 +220,79 @@ fn suspend_refuses_what_is_not_a_served_luks_volume() {
         "{err}"
     );
 }
+
+#[test]
+fn fio_verifies_across_suspend_resume_cycles() {
+    let Some(_) = tool("fio") else { return };
+    let Some(mut fmt) = cryptsetup() else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"fio suspend key").unwrap();
+    let img = dir.path().join("vol.img");
+    sparse_file(&img, 40 << 20);
+    run_ok(
+        fmt.args(["luksFormat", "--type", "luks2"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&img),
+        b"",
+    );
+    let name = "t-suspend-fio";
+    let sock = dir.path().join("nbd.sock");
+    let _served = open_nbd(&img, &key, name, &sock, &[]);
+    let mut fio = Command::new("fio");
+    // fio leaves verify state files in its working directory.
+    fio.current_dir(dir.path());
+    fio.args([
+        "--name=suspend",
+        "--ioengine=nbd",
+        &format!("--uri={}", nbd_uri(&sock)),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=8M",
+        "--offset_increment=8M",
+        "--iodepth=4",
+        "--numjobs=2",
+        "--verify=crc32c",
+        "--verify_backlog=64",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        "--loops=2",
+        "--output-format=json",
+    ]);
+    let mut child = spawn_captured(&mut fio);
+    // Suspend and resume for as long as fio runs; count only cycles made under load.
+    let mut cycles = 0;
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
+        run_ok(cryptblk().args(["luksSuspend", name]), b"");
+        std::thread::sleep(Duration::from_millis(150));
+        run_ok(
+            cryptblk()
+                .args(["luksResume", name, "--key-file"])
+                .arg(&key),
+            b"",
+        );
+        cycles += 1;
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio failed across {cycles} suspend/resume cycles: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
+    for job in report["jobs"].as_array().unwrap() {
+        assert_eq!(job["error"], 0, "fio job error: {job}");
+        assert!(
+            job["read"]["io_bytes"].as_u64().unwrap() > 0,
+            "job verified nothing"
+        );
+    }
+    assert!(cycles >= 2, "only {cycles} cycles happened while fio ran");
+    eprintln!("fio verified across {cycles} suspend/resume cycles");
+}
