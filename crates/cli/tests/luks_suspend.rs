@@ -296,3 +296,52 @@ fn fio_verifies_across_suspend_resume_cycles() {
     assert!(cycles >= 2, "only {cycles} cycles happened while fio ran");
     eprintln!("fio verified across {cycles} suspend/resume cycles");
 }
+
+#[test]
+fn luks1_resumes_by_key_slot_and_keeps_its_data() {
+    let Some(_) = tool("nbdcopy") else { return };
+    let Some(mut fmt) = cryptsetup() else { return };
+    let dir = tempdir();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"luks1 suspend key").unwrap();
+    let img = dir.path().join("vol.img");
+    sparse_file(&img, 8 << 20);
+    run_ok(
+        fmt.args([
+            "luksFormat",
+            "--type",
+            "luks1",
+            "--pbkdf-force-iterations",
+            "1000",
+        ])
+        .arg("--key-file")
+        .arg(&key)
+        .arg(&img),
+        b"",
+    );
+    let name = "t-suspend-luks1";
+    let sock = dir.path().join("nbd.sock");
+    let _served = open_nbd(&img, &key, name, &sock, &[]);
+    let data_path = dir.path().join("data.bin");
+    let data = write_pattern(&data_path, 1 << 20, 4);
+    run_ok(
+        Command::new("nbdcopy").arg(&data_path).arg(nbd_uri(&sock)),
+        b"",
+    );
+    run_ok(cryptblk().args(["luksSuspend", name]), b"");
+    let (rc, err) = code(
+        cryptblk()
+            .args(["luksResume", name, "-S", "1", "--key-file"])
+            .arg(&key),
+    );
+    assert_eq!(rc, 1, "{err}");
+    run_ok(
+        cryptblk()
+            .args(["luksResume", name, "-S", "0", "--key-file"])
+            .arg(&key),
+        b"",
+    );
+    let back = dir.path().join("back.bin");
+    run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&back), b"");
+    assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..]);
+}
