@@ -681,3 +681,79 @@ fn volume_key_dumps_are_identical_to_cryptsetups() {
         );
     }
 }
+
+/// Without `--sector-size`, luksFormat picks the encryption sector size cryptsetup 2.6 picks
+/// for the same image file and options (4096 for an image, 512 where cryptsetup falls back),
+/// and `encrypt` writes a default volume's 4096-byte sectors that cryptsetup opens.
+#[test]
+fn default_sector_size_is_cryptsetups() {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", b"sector size passphrase");
+    // (name, image size, extra luksFormat options)
+    let cases: &[(&str, u64, &[&str])] = &[
+        ("image", 32 << 20, &[]),
+        ("size-not-4k-aligned", (32 << 20) + 512, &[]),
+        ("offset-4096-sectors", 64 << 20, &["--offset", "36864"]),
+        // 4 KiB aligned, but cryptsetup counts the offset's sectors against 4096.
+        ("offset-32776", 64 << 20, &["--offset", "32776"]),
+        ("explicit-512", 32 << 20, &["--sector-size", "512"]),
+        ("luks1", 32 << 20, &["--type", "luks1"]),
+    ];
+    for (name, size, extra) in cases {
+        let theirs = dir.path().join(format!("{name}-cryptsetup.img"));
+        let ours = dir.path().join(format!("{name}-cryptblk.img"));
+        sparse_file(&theirs, *size);
+        sparse_file(&ours, *size);
+        if !cryptsetup_format(&theirs, &key, &[&FAST_PBKDF2[..], extra].concat()) {
+            return;
+        }
+        run_ok(
+            cryptblk()
+                .args(["luksFormat", "--batch-mode", "--key-file"])
+                .arg(&key)
+                .args(FAST_PBKDF2)
+                .args(*extra)
+                .arg(&ours),
+            b"",
+        );
+        let dump = |img: &Path| {
+            let out = run_ok(cryptsetup().unwrap().arg("luksDump").arg(img), b"");
+            out.lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("sector:") || l.starts_with("Payload offset:"))
+                .map(str::to_string)
+                .unwrap_or_else(|| panic!("{name}: no sector or payload line in {out}"))
+        };
+        assert_eq!(dump(&ours), dump(&theirs), "{name}");
+    }
+    assert_eq!(
+        cryptsetup_luks2_segment(&dir.path().join("image-cryptblk.img")).map(|s| s.1),
+        Some(4096)
+    );
+
+    // encrypt: the default volume has 4096-byte sectors and cryptsetup reads its data.
+    let plain = dir.path().join("plain.bin");
+    let data = write_pattern(&plain, 3 << 20, 7);
+    let vol = dir.path().join("encrypted.img");
+    run_ok(
+        cryptblk()
+            .args(["encrypt", "--batch-mode", "--key-file"])
+            .arg(&key)
+            .args(FAST_PBKDF2)
+            .arg(&plain)
+            .arg(&vol),
+        b"",
+    );
+    let (offset, sector) = cryptsetup_luks2_segment(&vol).unwrap();
+    assert_eq!(sector, 4096);
+    let vk = cryptsetup_volume_key(&vol, &key, &[]).unwrap();
+    let image = std::fs::read(&vol).unwrap();
+    let decrypted = independent(
+        "decrypt",
+        "aes-xts-plain64",
+        &vk,
+        4096,
+        &image[offset..offset + data.len()],
+    );
+    assert_eq!(decrypted, data);
+}

@@ -41,6 +41,37 @@ pub fn table_path(p: &Path) -> Result<PathBuf> {
     Ok(abs)
 }
 
+// Block-layer ioctls (linux/fs.h): logical and physical block size of a block device.
+const BLKSSZGET: libc::c_ulong = 0x1268;
+const BLKPBSZGET: libc::c_ulong = 0x127b;
+
+/// The encryption sector size the data device `p` suits best, as cryptsetup 2.6 detects it:
+/// 4096 for a regular file; for a block device the larger of its logical and physical block
+/// sizes when that is a power of two from 512 to 4096, else its logical block size (512 when
+/// even that is out of range).
+pub fn optimal_encryption_sector_size(p: &Path) -> Result<u32> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::io::AsRawFd;
+    let f = open_file(p, false)?;
+    if !f.metadata()?.file_type().is_block_device() {
+        return Ok(4096);
+    }
+    let block_size = |request: libc::c_ulong| {
+        let mut v: libc::c_int = 0;
+        // SAFETY: BLKSSZGET and BLKPBSZGET write one int through the pointer.
+        if unsafe { libc::ioctl(f.as_raw_fd(), request, &mut v) } != 0 {
+            return 0;
+        }
+        u32::try_from(v).unwrap_or(0)
+    };
+    let usable = |s: u32| (512..=4096).contains(&s) && s.is_power_of_two();
+    let (logical, physical) = (block_size(BLKSSZGET), block_size(BLKPBSZGET));
+    Ok([logical.max(physical), logical]
+        .into_iter()
+        .find(|&s| usable(s))
+        .unwrap_or(512))
+}
+
 /// Size in bytes of a file or block device.
 pub fn device_size(p: &Path) -> Result<u64> {
     let f = open_file(p, false)?;

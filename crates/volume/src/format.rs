@@ -8,6 +8,7 @@ use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::kdf::PbkdfRequest;
 use cryptblk_format::luks1::{Luks1FormatParams, Luks1Volume};
 use cryptblk_format::luks2::{FormatParams, KeyslotParams, Luks2Header};
+use std::path::Path;
 
 /// cryptsetup's default cipher for LUKS.
 pub const DEFAULT_LUKS_CIPHER: &str = "aes-xts-plain64";
@@ -57,6 +58,50 @@ pub fn hash_or_default(name: Option<&str>) -> Result<HashAlgorithm> {
             .map_err(|_| VolumeError::usage(format!("Hash algorithm {h} not supported."))),
         None => Ok(HashAlgorithm::Sha256),
     }
+}
+
+/// The encryption sector size of a new LUKS2 volume whose data lives on `data_device`:
+/// `requested` (`--sector-size`) when given, else cryptsetup 2.6's choice
+/// ([`default_sector_size`] of the device's optimal size, its size and the explicit
+/// `--offset` in 512-byte sectors).
+pub fn luks2_sector_size(
+    requested: Option<u32>,
+    data_device: &Path,
+    data_offset_sectors: Option<u64>,
+) -> Result<u32> {
+    if let Some(s) = requested {
+        return Ok(s);
+    }
+    let optimal = crate::device::optimal_encryption_sector_size(data_device)?;
+    let size = crate::device::device_size(data_device)?;
+    Ok(default_sector_size(
+        optimal,
+        Some(size),
+        data_offset_sectors,
+    ))
+}
+
+/// cryptsetup 2.6's default LUKS2 sector size for a data device whose optimal encryption
+/// sector size is `optimal` (4096 for image files, see
+/// [`crate::device::optimal_encryption_sector_size`]): `optimal`, falling back to 512 when
+/// the device size (`None`: a new image, always whole sectors) is no multiple of it, or when
+/// an explicit data offset (`--offset`, 512-byte sectors) is no multiple of it *counted in
+/// sectors*: cryptsetup 2.6 compares the offset's sector count with the sector size in bytes,
+/// so `--offset 32776` (4 KiB aligned) gets 512 while `--offset 36864` gets 4096. A LUKS2
+/// header's own default data offset (16 MiB) is never checked that way.
+pub fn default_sector_size(
+    optimal: u32,
+    device_size: Option<u64>,
+    data_offset_sectors: Option<u64>,
+) -> u32 {
+    let optimal_u64 = u64::from(optimal);
+    if optimal <= 512
+        || data_offset_sectors.is_some_and(|o| o % optimal_u64 != 0)
+        || device_size.is_some_and(|s| s % optimal_u64 != 0)
+    {
+        return 512;
+    }
+    optimal
 }
 
 /// Keyslot parameters for a new LUKS2 keyslot.
@@ -122,6 +167,44 @@ mod tests {
         assert_eq!(parse_bytes("512", "x").unwrap(), 512);
         assert!(parse_bytes("12q", "x").is_err());
         assert!(parse_bytes("k", "x").is_err());
+    }
+
+    /// The cases were read off cryptsetup 2.6.1 (`luksFormat` then `luksDump`, or `--debug`'s
+    /// "Reverting to 512 bytes").
+    #[test]
+    fn sector_size_defaults_follow_cryptsetup() {
+        // A 32 MiB image file: 4096.
+        assert_eq!(default_sector_size(4096, Some(32 << 20), None), 4096);
+        // 32 MiB + 512 bytes: the size is not 4 KiB aligned.
+        assert_eq!(default_sector_size(4096, Some((32 << 20) + 512), None), 512);
+        // --offset 32776 and 32896 (4 KiB aligned bytes) fall back; multiples of 4096 don't.
+        for (offset, want) in [(32776, 512), (32896, 512), (34816, 512), (32768, 4096)] {
+            assert_eq!(
+                default_sector_size(4096, Some(64 << 20), Some(offset)),
+                want,
+                "--offset {offset}"
+            );
+        }
+        assert_eq!(default_sector_size(4096, Some(64 << 20), Some(36864)), 4096);
+        // A 512-byte block device stays at 512.
+        assert_eq!(default_sector_size(512, Some(64 << 20), None), 512);
+        // A new image (size unknown, always padded to whole sectors).
+        assert_eq!(default_sector_size(4096, None, None), 4096);
+    }
+
+    #[test]
+    fn regular_files_suit_4096_byte_sectors() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+        assert_eq!(
+            crate::device::optimal_encryption_sector_size(&img).unwrap(),
+            4096
+        );
+        assert_eq!(luks2_sector_size(None, &img, None).unwrap(), 4096);
+        assert_eq!(luks2_sector_size(Some(512), &img, None).unwrap(), 512);
+        std::fs::write(&img, vec![0u8; (1 << 20) + 512]).unwrap();
+        assert_eq!(luks2_sector_size(None, &img, None).unwrap(), 512);
     }
 
     #[test]

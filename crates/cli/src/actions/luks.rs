@@ -22,12 +22,29 @@ fn cipher_and_key_bytes(opts: &Opts) -> Result<(String, usize), Failure> {
     cryptblk_volume::format::cipher_and_key_bytes(opts.cipher.as_deref(), opts.key_size)
 }
 
-/// Formats `dev` (a header device) and returns the volume key and data offset in bytes.
-/// Refuses `--integrity`: only `luksFormat` also formats the data device's integrity layer.
+/// The encryption sector size of a new volume whose data is on `data` (`None`: a new image
+/// file the caller writes, always of whole sectors): `--sector-size`, else cryptsetup 2.6's
+/// default (4096 for image files and 4K block devices for LUKS2, 512 for LUKS1).
+pub fn new_sector_size(opts: &Opts, data: Option<&Path>) -> Result<u32, Failure> {
+    if opts.volume_type == Some(VolumeType::Luks1) {
+        return Ok(opts.sector_size.unwrap_or(512));
+    }
+    Ok(match data {
+        Some(p) => cryptblk_volume::format::luks2_sector_size(opts.sector_size, p, opts.offset)?,
+        None => opts.sector_size.unwrap_or_else(|| {
+            cryptblk_volume::format::default_sector_size(4096, None, opts.offset)
+        }),
+    })
+}
+
+/// Formats `dev` (a header device) with `sector_size`-byte encryption sectors and returns
+/// the volume key and data offset in bytes. Refuses `--integrity`: only `luksFormat` also
+/// formats the data device's integrity layer.
 pub fn format_on(
     opts: &Opts,
     dev: &dyn HeaderIo,
     passphrase: &[u8],
+    sector_size: u32,
 ) -> Result<(SecretBytes, u64), Failure> {
     if opts.integrity.integrity.is_some() {
         return Err(Failure::usage(
@@ -35,7 +52,7 @@ pub fn format_on(
              integrity layer).",
         ));
     }
-    format_header(opts, dev, passphrase)
+    format_header(opts, dev, passphrase, sector_size)
 }
 
 /// [`format_on`] for `luksFormat`, which may write an integrity-protected segment.
@@ -43,6 +60,7 @@ fn format_header(
     opts: &Opts,
     dev: &dyn HeaderIo,
     passphrase: &[u8],
+    sector_size: u32,
 ) -> Result<(SecretBytes, u64), Failure> {
     let integrity = opts.integrity.integrity.clone();
     super::luks_integrity::check_format_options(opts, opts.volume_type == Some(VolumeType::Luks1))?;
@@ -91,7 +109,7 @@ fn format_header(
             let mut p = FormatParams {
                 cipher,
                 key_size: key_bytes,
-                sector_size: opts.sector_size.unwrap_or(512),
+                sector_size,
                 uuid: opts.uuid.clone(),
                 label: opts.label.clone().unwrap_or_default(),
                 subsystem: opts.subsystem.clone().unwrap_or_default(),
@@ -136,7 +154,8 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         std::fs::File::create(header)?;
     }
     let f = volume::open_file(header, true)?;
-    let (vk, _) = format_header(opts, &f, pass.as_bytes())?;
+    let sector_size = new_sector_size(opts, Some(device))?;
+    let (vk, _) = format_header(opts, &f, pass.as_bytes(), sector_size)?;
     if opts.integrity.integrity.is_some() {
         let h = Luks2Header::read(&f)?;
         let how = luks2_integrity::DataFormat {

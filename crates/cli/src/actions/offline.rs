@@ -34,8 +34,9 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
     )?;
     // The header goes to memory first, so the output can be a pipe.
     let header = MemIo::zeroed(64 << 20);
-    let (vk, data_offset) = luks::format_on(opts, &header, pass.as_bytes())?;
-    let sector = opts.sector_size.unwrap_or(512) as usize;
+    let sector_size = luks::new_sector_size(opts, None)?;
+    let (vk, data_offset) = luks::format_on(opts, &header, pass.as_bytes(), sector_size)?;
+    let sector = sector_size as usize;
     let seg = volume::Segment {
         cipher: opts
             .cipher
