@@ -350,6 +350,7 @@ mod tests {
             median: Some(m),
             bound: None,
             error: None,
+            spread: None,
         }
     }
 

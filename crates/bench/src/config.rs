@@ -16,6 +16,10 @@ pub const XTS_CIPHER: &str = "aes-xts-plain64";
 /// Key length of the XTS configurations: 512 bits (two AES-256 keys).
 pub const XTS_KEY_BYTES: usize = 64;
 
+/// Encryption sector size of the crypt configurations: what a default LUKS2 volume on an
+/// image file or 4K device uses (`luksFormat` chooses 4096 there, as cryptsetup 2.6 does).
+pub const DEFAULT_SECTOR_SIZE: u32 = 4096;
+
 /// The flags that bypass both dm-crypt queues (the mainline form of Cloudflare's
 /// `force_inline`).
 pub const INLINE_FLAGS: [&str; 2] = ["no_read_workqueue", "no_write_workqueue"];
@@ -34,6 +38,8 @@ pub enum ConfigKind {
         key_bytes: usize,
         /// Optional parameters (`same_cpu_crypt`, `no_read_workqueue`, ...).
         flags: Vec<String>,
+        /// Encryption sector size in bytes (`sector_size:` in the table when not 512).
+        sector_size: u32,
     },
 }
 
@@ -64,6 +70,7 @@ impl Configuration {
                 cipher: cipher.into(),
                 key_bytes,
                 flags: flags.iter().map(|f| f.to_string()).collect(),
+                sector_size: DEFAULT_SECTOR_SIZE,
             },
         }
     }
@@ -191,6 +198,7 @@ impl Configuration {
                 cipher,
                 key_bytes,
                 flags,
+                sector_size,
             } => {
                 let key = match key {
                     Some(k) if *key_bytes > 0 && !k.is_empty() => CryptKey::Hex(k.clone()),
@@ -199,6 +207,7 @@ impl Configuration {
                 let mut line = CryptConfig::new(cipher, key, 0, device, 0);
                 line.flags = CryptFlags::parse(flags)
                     .map_err(|e| BenchError::Dm(format!("{}: crypt flags: {e}", self.name)))?;
+                line.flags.sector_size = *sector_size;
                 TableSpec::single(sectors, line)
             }
         })
@@ -283,7 +292,10 @@ mod tests {
         let null = all.iter().find(|c| c.name == "null").unwrap();
         assert!(null.generate_key().is_none());
         let t = null.table("ram0", 1 << 20, None).unwrap();
-        assert_eq!(t.as_str(), "0 2048 crypt capi:ecb(cipher_null) - 0 ram0 0");
+        assert_eq!(
+            t.as_str(),
+            "0 2048 crypt capi:ecb(cipher_null) - 0 ram0 0 1 sector_size:4096"
+        );
         let inline = all.iter().find(|c| c.name == "xts-inline").unwrap();
         let key = inline.generate_key().unwrap();
         assert_eq!(key.len(), 64);
@@ -291,7 +303,8 @@ mod tests {
         assert_eq!(
             *text,
             format!(
-                "0 2048 crypt aes-xts-plain64 {} 0 ram0 0 2 no_read_workqueue no_write_workqueue",
+                "0 2048 crypt aes-xts-plain64 {} 0 ram0 0 3 no_read_workqueue no_write_workqueue \
+                 sector_size:4096",
                 key.to_hex()
             )
         );

@@ -88,6 +88,89 @@ pub struct ResultRow {
     pub bound: Option<BoundFigures>,
     /// The first failure, if a run failed.
     pub error: Option<String>,
+    /// Spread of the runs: (max - min) / median of read + write MB/s ([`spread_of`]);
+    /// absent with fewer than two runs.
+    pub spread: Option<f64>,
+}
+
+/// A `plain` row whose repeats spread by more than this (max - min over median) marks the
+/// whole run noisy. Plain rows measure the machine, not cryptblk: their repeats differ only
+/// because something else took the CPUs or the memory bandwidth. 10% is several times what
+/// repeats spread on an idle machine (2-4% here) and below the effects the bench is read for
+/// (inline vs queued is 1.5-3x, crypt vs plain claims are 3-15% apart): past it, a ratio of
+/// two medians can move by as much as the claim it is checked against.
+pub const NOISY_SPREAD: f64 = 0.10;
+
+/// (max - min) / median of the runs' read + write MB/s; `None` with fewer than two runs or
+/// a zero median.
+pub fn spread_of(runs: &[RunMetrics]) -> Option<f64> {
+    if runs.len() < 2 {
+        return None;
+    }
+    let mut v: Vec<f64> = runs.iter().map(|r| r.read.mb_s + r.write.mb_s).collect();
+    v.sort_by(f64::total_cmp);
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    (median > 0.0).then(|| (v[v.len() - 1] - v[0]) / median)
+}
+
+/// How much the machine disturbed the run: the load average (in [`HostInfo`]) and the
+/// spread of the `plain` rows' repeats.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Noise {
+    /// The largest spread of a `plain` row's repeats (absent with one repeat or no plain
+    /// row).
+    pub plain_spread: Option<f64>,
+    /// Which plain row (`workload/transport`) spread the most.
+    pub worst_plain_row: Option<String>,
+    /// The spread above which the run is noisy ([`NOISY_SPREAD`]).
+    pub threshold: f64,
+    /// True when `plain_spread` exceeds `threshold`: the figures are not to be published.
+    pub noisy: bool,
+}
+
+impl Noise {
+    /// The noise of `results` (their `spread` filled in).
+    pub fn of(results: &[ResultRow]) -> Noise {
+        let worst = results
+            .iter()
+            .filter(|r| r.config == "plain")
+            .filter_map(|r| {
+                r.spread
+                    .map(|s| (s, format!("{}/{}", r.workload, r.transport)))
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        Noise {
+            plain_spread: worst.as_ref().map(|w| w.0),
+            noisy: worst.as_ref().is_some_and(|w| w.0 > NOISY_SPREAD),
+            worst_plain_row: worst.map(|w| w.1),
+            threshold: NOISY_SPREAD,
+        }
+    }
+
+    /// One line for the table and the markdown report.
+    pub fn summary(&self, host: &HostInfo) -> String {
+        let load = format!(
+            "load average {:.1} at the start, {:.1} at the end",
+            host.load_avg_start, host.load_avg_end
+        );
+        match (&self.plain_spread, &self.worst_plain_row) {
+            (Some(s), Some(row)) if self.noisy => format!(
+                "NOISY RUN: plain {row} repeats spread {:.0}% (> {:.0}%); {load}. Do not publish these figures.",
+                s * 100.0,
+                self.threshold * 100.0
+            ),
+            (Some(s), Some(row)) => format!(
+                "quiet run: largest plain spread {:.0}% ({row}, threshold {:.0}%); {load}.",
+                s * 100.0,
+                self.threshold * 100.0
+            ),
+            _ => format!("noise not measured (needs 2+ repeats of the plain rows); {load}."),
+        }
+    }
 }
 
 /// Everything a benchmark run produced.
@@ -117,6 +200,11 @@ pub struct BenchReport {
     pub results: Vec<ResultRow>,
     /// The live flip experiment, when run.
     pub live: Option<LiveReport>,
+    /// How noisy the machine was.
+    pub noise: Noise,
+    /// `openssl speed -evp aes-256-xts` at 4 KiB in the same run, MB/s (encrypt, decrypt),
+    /// when an XTS configuration ran and openssl is installed.
+    pub openssl_xts_mb_s: Option<(f64, f64)>,
 }
 
 /// Formats a latency in microseconds with sensible precision.
@@ -140,7 +228,7 @@ fn pair(r: f64, w: f64) -> String {
     format!("{}/{}", us(r), us(w))
 }
 
-const HEADER: [&str; 13] = [
+const HEADER: [&str; 14] = [
     "config",
     "workload",
     "transport",
@@ -154,6 +242,7 @@ const HEADER: [&str; 13] = [
     "cipher MB/s d/e",
     "bound MB/s",
     "of bound",
+    "spread",
 ];
 
 impl BenchReport {
@@ -182,6 +271,10 @@ impl BenchReport {
                         }
                         None => row.extend(["".into(), "".into(), "".into()]),
                     }
+                    row.push(r.spread.map_or(String::new(), |s| {
+                        let mark = if s > NOISY_SPREAD { "!" } else { "" };
+                        format!("{:.0}%{mark}", s * 100.0)
+                    }));
                 }
                 (_, err) => {
                     row.push(format!(
@@ -239,6 +332,26 @@ impl BenchReport {
         for t in self.transports.iter().filter(|t| !t.ran) {
             out.push_str(&format!("transport {} skipped: {}\n", t.name, t.detail));
         }
+        if cells.len() > 1 {
+            for c in &self.cipher_speeds {
+                out.push_str(&format!(
+                    "cipher {} {}-bit, {}-byte sectors ({}): {:.0} MB/s decrypt, {:.0} MB/s encrypt\n",
+                    c.cipher,
+                    c.key_bytes * 8,
+                    c.sector_size,
+                    c.implementation,
+                    c.decrypt_mb_s,
+                    c.encrypt_mb_s
+                ));
+            }
+            if let Some((enc, dec)) = self.openssl_xts_mb_s {
+                out.push_str(&format!(
+                    "openssl speed -evp aes-256-xts, 4 KiB: {dec:.0} MB/s decrypt, {enc:.0} MB/s encrypt\n"
+                ));
+            }
+            out.push_str(&self.noise.summary(&self.host));
+            out.push('\n');
+        }
         if let Some(live) = &self.live {
             out.push_str(&live.summary());
         }
@@ -288,6 +401,7 @@ impl BenchReport {
             s.region >> 20,
             self.total_seconds,
         ));
+        md.push_str(&format!("**{}**\n\n", self.noise.summary(&self.host)));
         md.push_str("## Transports\n\n");
         for t in &self.transports {
             md.push_str(&format!(
@@ -307,16 +421,23 @@ impl BenchReport {
             ));
         }
         if !self.cipher_speeds.is_empty() {
-            md.push_str("\n## In-memory cipher speed (the bound's \"cipher\" term)\n\n| cipher | key bits | block | encrypt MB/s | decrypt MB/s | implementation |\n| --- | ---: | ---: | ---: | ---: | --- |\n");
+            md.push_str("\n## In-memory cipher speed (the bound's \"cipher\" term)\n\n| cipher | key bits | sector | block | encrypt MB/s | decrypt MB/s | implementation |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
             for c in &self.cipher_speeds {
                 md.push_str(&format!(
-                    "| {} | {} | {} | {:.0} | {:.0} | {} |\n",
+                    "| {} | {} | {} | {} | {:.0} | {:.0} | {} |\n",
                     c.cipher,
                     c.key_bytes * 8,
+                    c.sector_size,
                     c.block_size,
                     c.encrypt_mb_s,
                     c.decrypt_mb_s,
                     c.implementation
+                ));
+            }
+            if let Some((enc, dec)) = self.openssl_xts_mb_s {
+                md.push_str(&format!(
+                    "\n`openssl speed -evp aes-256-xts` at 4 KiB in the same run: {enc:.0} MB/s \
+                     encrypt, {dec:.0} MB/s decrypt.\n"
                 ));
             }
         }
@@ -401,6 +522,7 @@ mod tests {
             median: Some(m),
             bound,
             error: None,
+            spread: None,
         }
     }
 
@@ -455,5 +577,40 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&rep.to_json()).unwrap();
         assert_eq!(json["results"][1]["bound"]["bound_read_mb_s"], 696.0);
         assert_eq!(rep.failures().len(), 1);
+        assert!(t.contains("noise not measured"));
+    }
+
+    #[test]
+    fn plain_spread_over_the_threshold_marks_the_run_noisy() {
+        let run = |mb: f64| row("plain", mb, None).runs.remove(0);
+        // Read + write per run: 200, 210, 190: spread 20/200.
+        let runs = vec![run(100.0), run(105.0), run(95.0)];
+        assert!((spread_of(&runs).unwrap() - 0.10).abs() < 1e-9);
+        assert_eq!(spread_of(&runs[..1]), None);
+        let mut quiet = row("plain", 100.0, None);
+        quiet.spread = spread_of(&runs);
+        let mut xts = row("xts", 50.0, None);
+        xts.spread = Some(0.5); // crypt rows do not decide: only plain measures the machine.
+        let noise = Noise::of(&[quiet.clone(), xts.clone()]);
+        assert!(!noise.noisy, "exactly the threshold is not over it");
+        assert_eq!(noise.worst_plain_row.as_deref(), Some("rw4k/inproc"));
+        let mut loud = quiet.clone();
+        loud.transport = "nbd".into();
+        loud.spread = spread_of(&[run(100.0), run(130.0), run(100.0)]);
+        let mut rep = BenchReport::default();
+        rep.results = vec![quiet, xts, loud];
+        rep.noise = Noise::of(&rep.results);
+        assert!(rep.noise.noisy);
+        assert_eq!(rep.noise.worst_plain_row.as_deref(), Some("rw4k/nbd"));
+        let t = rep.render_table();
+        assert!(
+            t.contains("NOISY RUN: plain rw4k/nbd repeats spread 30%"),
+            "{t}"
+        );
+        assert!(t.contains("30%!"));
+        let json: serde_json::Value = serde_json::from_str(&rep.to_json()).unwrap();
+        assert_eq!(json["noise"]["noisy"], true);
+        assert_eq!(json["noise"]["threshold"], NOISY_SPREAD);
+        assert!(rep.render_markdown(None).contains("**NOISY RUN"));
     }
 }

@@ -45,16 +45,21 @@ impl Subject {
         }
     }
 
-    /// (cipher, key bytes) whose in-memory speed bounds this subject, if it encrypts.
-    fn cipher(&self) -> Option<(String, usize)> {
+    /// (cipher, key bytes, sector size) whose in-memory speed bounds this subject, if it
+    /// encrypts.
+    fn cipher(&self) -> Option<(String, usize, u32)> {
         match self {
             Subject::Config(s) => match &s.config.kind {
                 config::ConfigKind::Crypt {
-                    cipher, key_bytes, ..
-                } => Some((cipher.clone(), *key_bytes)),
+                    cipher,
+                    key_bytes,
+                    sector_size,
+                    ..
+                } => Some((cipher.clone(), *key_bytes, *sector_size)),
                 config::ConfigKind::Linear => None,
             },
-            Subject::Peer(_) => Some((XTS_CIPHER.to_string(), XTS_KEY_BYTES)),
+            // The peers' image is LUKS1: 512-byte sectors.
+            Subject::Peer(_) => Some((XTS_CIPHER.to_string(), XTS_KEY_BYTES, 512)),
         }
     }
 }
@@ -533,12 +538,14 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         Duration::from_millis(300)
     };
     for s in &subjects {
-        if let Some((cipher, key_bytes)) = s.cipher() {
-            if !speeds
-                .iter()
-                .any(|x| x.cipher == cipher && x.key_bytes == key_bytes)
-            {
-                speeds.push(cipher_speed::measure(&cipher, key_bytes, budget)?);
+        if let Some((cipher, key_bytes, sector_size)) = s.cipher() {
+            if !speeds.iter().any(|x| x.is(&cipher, key_bytes, sector_size)) {
+                speeds.push(cipher_speed::measure(
+                    &cipher,
+                    key_bytes,
+                    sector_size,
+                    budget,
+                )?);
             }
         }
     }
@@ -607,7 +614,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
 
     // Rows: medians, then bounds against the plain row of the same workload and transport.
     let names: Vec<String> = subjects.iter().map(Subject::name).collect();
-    let ciphers: Vec<Option<(String, usize)>> = subjects.iter().map(Subject::cipher).collect();
+    let ciphers: Vec<Option<(String, usize, u32)>> = subjects.iter().map(Subject::cipher).collect();
     for ((wi, si, t), cell) in &cells {
         if *t == Transport::Loop && matches!(loop_status, Some(Err(_))) {
             continue;
@@ -624,6 +631,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
                 .error
                 .clone()
                 .or_else(|| cell.runs.is_empty().then(|| "no run completed".to_string())),
+            spread: crate::report::spread_of(&cell.runs),
         });
     }
     report.results.sort_by_key(|r| {
@@ -641,12 +649,12 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let snapshot = report.results.clone();
     for r in &mut report.results {
         let si = names.iter().position(|n| *n == r.config);
-        let Some(Some((cipher, key_bytes))) = si.map(|i| ciphers[i].clone()) else {
+        let Some(Some((cipher, key_bytes, sector_size))) = si.map(|i| ciphers[i].clone()) else {
             continue;
         };
         let speed = speeds
             .iter()
-            .find(|s| s.cipher == cipher && s.key_bytes == key_bytes);
+            .find(|s| s.is(&cipher, key_bytes, sector_size));
         if let (Some(m), Some(p), Some(sp)) = (
             &r.median,
             plain_of(&snapshot, &r.workload, &r.transport),
@@ -682,6 +690,11 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let mut ts: Vec<TransportStatus> = statuses.into_values().collect();
     ts.append(&mut report.transports);
     report.transports = ts;
+    report.noise = crate::report::Noise::of(&report.results);
+    // openssl's own figure beside ours, in the same run (about 2 s; not in a smoke run).
+    if !opts.quick && speeds.iter().any(|s| s.cipher == XTS_CIPHER) {
+        report.openssl_xts_mb_s = cipher_speed::openssl_xts_speed();
+    }
     report.cipher_speeds = speeds;
     // Stop servers before reporting the time: unmounts and socket removal belong to the run.
     drop(subjects);
