@@ -16,7 +16,13 @@ fn main() {
         std::process::exit(daemon::daemon_main());
     }
     quiet_on_closed_stdout();
-    let cli = match args::Cli::try_parse() {
+    // `bench` first: its own grammar, so its help lists only its options.
+    let parsed = if std::env::args().nth(1).as_deref() == Some("bench") {
+        args::BenchCli::try_parse_from(std::env::args().skip(1)).map(args::BenchCli::into_cli)
+    } else {
+        args::Cli::try_parse()
+    };
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
