@@ -384,7 +384,8 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
         Volume::Luks1(v) => print!("{}", v.dump(&device.display().to_string(), vk.as_ref())),
         Volume::Luks2(h, _) => {
             if opts.dump_json_metadata {
-                println!("{}", h.dump_json());
+                // cryptsetup ends the JSON without a newline.
+                print!("{}", h.dump_json());
                 return Ok(());
             }
             let dev = device.display().to_string();

@@ -1,0 +1,353 @@
+//! Headers of a LUKS2 reencryption in progress, made by cryptsetup 2.6 (`reencrypt
+//! --init-only`, and reencryptions killed at their Nth write by strace's fault injection):
+//! cryptblk loads them, dumps them byte for byte as cryptsetup does, refuses the header
+//! changes cryptsetup refuses with its message, and keeps everything a header backup,
+//! restore or erase must keep so that cryptsetup can still finish the reencryption.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+
+const PASS: &[u8] = b"reencrypt-pass";
+const MIB: usize = 1 << 20;
+
+/// Fast keyslots: the tests are about reencryption metadata, not KDF cost.
+const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+struct Lab {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+}
+
+impl Lab {
+    fn new() -> Lab {
+        let dir = tempdir();
+        let key = dir.path().join("key");
+        std::fs::write(&key, PASS).unwrap();
+        Lab { dir, key }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A LUKS2 image of `total_mib` MiB (2 MiB header, 512-byte sectors) made by cryptsetup.
+    fn luks2(&self, name: &str, total_mib: usize) -> PathBuf {
+        let img = self.path(name);
+        write_pattern(&img, total_mib * MIB, 7);
+        run_ok(
+            cryptsetup()
+                .unwrap()
+                .args(["luksFormat", "--type", "luks2", "--sector-size", "512"])
+                .args([
+                    "--luks2-keyslots-size",
+                    "1M",
+                    "--luks2-metadata-size",
+                    "16k",
+                ])
+                .args(FAST)
+                .arg("--key-file")
+                .arg(&self.key)
+                .arg(&img),
+            b"",
+        );
+        img
+    }
+
+    /// `cryptsetup reencrypt --force-offline-reencrypt` on `img` with `args`.
+    fn cs_reencrypt(&self, img: &Path, args: &[&str]) -> std::process::Output {
+        run(
+            cryptsetup()
+                .unwrap()
+                .args(["reencrypt", "--force-offline-reencrypt", "--key-file"])
+                .arg(&self.key)
+                .args(FAST)
+                .args(args)
+                .arg(img),
+            b"",
+        )
+    }
+
+    /// A copy of `base` on which cryptsetup's reencryption was killed at its `n`th write.
+    fn killed_at(&self, base: &Path, n: usize, args: &[&str]) -> PathBuf {
+        let img = self.path(&format!("killed-{n}.img"));
+        std::fs::copy(base, &img).unwrap();
+        let inject = format!("inject=write:signal=KILL:when={n}");
+        let out = run(
+            tool("strace")
+                .unwrap()
+                .args(["-o", "/dev/null", "-e", "trace=write", "-e", &inject])
+                .args(["cryptsetup", "--batch-mode", "reencrypt"])
+                .args(["--force-offline-reencrypt", "--key-file"])
+                .arg(&self.key)
+                .args(FAST)
+                .args(args)
+                .arg(&img),
+            b"",
+        );
+        // strace reports the kill through its own status; the image state is what counts.
+        let _ = out;
+        img
+    }
+}
+
+fn dump_with(cmd: Option<std::process::Command>, img: &Path, json: bool) -> (bool, Vec<u8>) {
+    let mut c = cmd.unwrap();
+    c.arg("luksDump");
+    if json {
+        c.arg("--dump-json-metadata");
+    }
+    let out = run(c.arg(img), b"");
+    (out.status.success(), out.stdout)
+}
+
+/// luksDump and --dump-json-metadata of both tools agree byte for byte (and both succeed
+/// or both fail).
+fn assert_same_dump(img: &Path, what: &str) -> bool {
+    let mut ok = false;
+    for json in [false, true] {
+        let (cs_ok, cs) = dump_with(cryptsetup(), img, json);
+        let (cb_ok, cb) = dump_with(Some(cryptblk()), img, json);
+        assert_eq!(
+            cs_ok, cb_ok,
+            "{what}: luksDump status differs (json {json})"
+        );
+        assert!(
+            cs == cb,
+            "{what}: luksDump differs (json {json}):\n--- cryptsetup\n{}\n--- cryptblk\n{}",
+            String::from_utf8_lossy(&cs),
+            String::from_utf8_lossy(&cb)
+        );
+        ok = cs_ok;
+    }
+    ok
+}
+
+fn requirement_of(img: &Path) -> Option<String> {
+    let (_, out) = dump_with(cryptsetup(), img, false);
+    String::from_utf8_lossy(&out)
+        .lines()
+        .find_map(|l| l.strip_prefix("Requirements:\t"))
+        .map(|r| r.trim().to_string())
+}
+
+#[test]
+fn init_only_headers_of_every_kind_dump_like_cryptsetup() {
+    if cryptsetup().is_none() {
+        return;
+    }
+    let lab = Lab::new();
+    let base = lab.luks2("base.img", 6);
+    for resilience in ["checksum", "journal", "none"] {
+        let img = lab.path(&format!("{resilience}.img"));
+        std::fs::copy(&base, &img).unwrap();
+        let out = lab.cs_reencrypt(
+            &img,
+            &[
+                "--init-only",
+                "--resilience",
+                resilience,
+                "--cipher",
+                "aes-cbc-essiv:sha256",
+                "--key-size",
+                "256",
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(requirement_of(&img).as_deref(), Some("online-reencrypt-v2"));
+        assert!(assert_same_dump(&img, resilience));
+    }
+
+    // Encryption in place with a data shift (backward, linear segments, moved segment).
+    let enc = lab.path("encrypt.img");
+    write_pattern(&enc, 6 * MIB, 3);
+    let out = run(
+        cryptsetup()
+            .unwrap()
+            .args(["reencrypt", "--encrypt", "--type", "luks2", "--init-only"])
+            .args(["--force-offline-reencrypt", "--reduce-device-size", "4M"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(&lab.key)
+            .arg(&enc),
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(assert_same_dump(&enc, "encrypt datashift"));
+
+    // Decryption to a detached header (datashift-checksum, linear backup-final).
+    let dec = lab.path("decrypt.img");
+    std::fs::copy(&base, &dec).unwrap();
+    let hdr = lab.path("decrypt.hdr");
+    let out = lab.cs_reencrypt(
+        &dec,
+        &[
+            "--decrypt",
+            "--init-only",
+            "--header",
+            hdr.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(assert_same_dump(&hdr, "decrypt to a detached header"));
+}
+
+#[test]
+fn killed_reencryptions_dump_like_cryptsetup_at_every_write() {
+    if cryptsetup().is_none() || tool("strace").is_none() {
+        return;
+    }
+    let lab = Lab::new();
+    let base = lab.luks2("base.img", 5);
+    // 3 MiB of data in 1 MiB hotzones: 70 writes. A header update is six (per copy: binary
+    // header, JSON area, binary header again with the checksum). Writes 1-14 initialise
+    // (the new keyslot's area in two writes, two header updates); each hotzone is 14 (its
+    // checksums, the header naming it, its data, the header after it); 57-70 finish (wipe
+    // the old keyslot, header, wipe the resilience area, header). The kill points cover
+    // each kind.
+    let args = ["--hotzone-size", "1M"];
+    let mut mid = 0;
+    for n in [
+        1, 3, 9, 14, 15, 16, 19, 22, 23, 25, 28, 29, 36, 43, 57, 60, 64, 70,
+    ] {
+        let img = lab.killed_at(&base, n, &args);
+        if requirement_of(&img).is_some() {
+            mid += 1;
+        }
+        assert_same_dump(&img, &format!("killed at write {n}"));
+        std::fs::remove_file(&img).unwrap();
+    }
+    assert!(mid >= 12, "only {mid} states were mid-reencryption");
+}
+
+#[test]
+fn header_changes_are_refused_as_cryptsetup_refuses_them_and_erase_keeps_the_reencryption() {
+    if cryptsetup().is_none() {
+        return;
+    }
+    let lab = Lab::new();
+    let base = lab.luks2("base.img", 5);
+    let out = lab.cs_reencrypt(&base, &["--init-only"]);
+    assert!(out.status.success(), "{out:?}");
+
+    // Changes cryptsetup refuses: same exit code, same message.
+    let new_key = lab.path("new-key");
+    std::fs::write(&new_key, b"other").unwrap();
+    let refused: [&[&str]; 3] = [
+        &["config", "--label", "x"],
+        &["luksUUID", "--uuid", "11111111-2222-3333-4444-555555555555"],
+        &[
+            "luksAddKey",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+        ],
+    ];
+    for args in refused {
+        let run_tool = |mut c: std::process::Command| {
+            let img = lab.path("refused.img");
+            std::fs::copy(&base, &img).unwrap();
+            c.args(args).arg("--key-file").arg(&lab.key).arg(&img);
+            if args[0] == "luksAddKey" {
+                c.arg(&new_key);
+            } else {
+                c.arg("--batch-mode");
+            }
+            let out = run(&mut c, b"");
+            let same = std::fs::read(&img).unwrap() == std::fs::read(&base).unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+                same,
+            )
+        };
+        let (cs_code, cs_err, cs_same) = run_tool(cryptsetup().unwrap());
+        let (cb_code, cb_err, cb_same) = run_tool(cryptblk());
+        assert_eq!(cs_code, cb_code, "{args:?}: {cs_err} / {cb_err}");
+        assert!(cs_same && cb_same, "{args:?} changed the image");
+        let msg = "Operation incompatible with device marked for LUKS2 reencryption. Aborting.";
+        assert!(cs_err.contains(msg), "{cs_err}");
+        assert!(cb_err.contains(msg), "{cb_err}");
+    }
+
+    // luksErase: both tools drop the passphrase keyslots and keep the reencrypt keyslot.
+    let erased = |c: std::process::Command, name: &str| {
+        let img = lab.path(name);
+        std::fs::copy(&base, &img).unwrap();
+        let mut c = c;
+        run_ok(c.args(["luksErase", "--batch-mode"]).arg(&img), b"");
+        let (_, json) = dump_with(cryptsetup(), &img, true);
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        (img, v)
+    };
+    let (cs_img, cs_json) = erased(cryptsetup().unwrap(), "cs-erased.img");
+    let (cb_img, cb_json) = erased(cryptblk(), "cb-erased.img");
+    assert_eq!(cs_json, cb_json);
+    assert_eq!(cb_json["keyslots"].as_object().unwrap().len(), 1);
+    assert_eq!(cb_json["keyslots"]["2"]["type"], "reencrypt");
+    assert!(assert_same_dump(&cb_img, "erased by cryptblk"));
+    assert!(assert_same_dump(&cs_img, "erased by cryptsetup"));
+}
+
+#[test]
+fn a_killed_reencryption_survives_cryptblk_header_backup_and_restore() {
+    if cryptsetup().is_none() || tool("strace").is_none() {
+        return;
+    }
+    let lab = Lab::new();
+    let base = lab.luks2("base.img", 5);
+    let (_, plain_before) = plaintext_by_cryptsetup(&lab, &base);
+    // Killed at the second hotzone's data write: the header names the hotzone.
+    let img = lab.killed_at(&base, 36, &["--hotzone-size", "1M"]);
+    assert!(requirement_of(&img).is_some());
+
+    let backup = lab.path("backup.bin");
+    run_ok(
+        cryptblk()
+            .args(["luksHeaderBackup", "--header-backup-file"])
+            .arg(&backup)
+            .arg(&img),
+        b"",
+    );
+    // Spoil the header, restore it with cryptblk, let cryptsetup finish the job.
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[..4096].fill(0);
+    bytes[16384..16384 + 4096].fill(0);
+    std::fs::write(&img, &bytes).unwrap();
+    run_ok(
+        cryptblk()
+            .args(["luksHeaderRestore", "--batch-mode", "--header-backup-file"])
+            .arg(&backup)
+            .arg(&img),
+        b"",
+    );
+    assert!(assert_same_dump(&img, "restored"));
+    // cryptsetup wants its reencryption recovery (the hotzone) run by `repair` first.
+    run_ok(
+        cryptsetup()
+            .unwrap()
+            .args(["repair", "--key-file"])
+            .arg(&lab.key)
+            .arg(&img),
+        b"",
+    );
+    let out = lab.cs_reencrypt(&img, &["--resume-only"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(requirement_of(&img), None);
+    let (_, plain_after) = plaintext_by_cryptsetup(&lab, &img);
+    assert!(
+        plain_before == plain_after,
+        "data changed across the reencryption"
+    );
+}
+
+/// The data segment of `img` decrypted by the independent model with the volume key
+/// cryptsetup reports: (key, plaintext).
+fn plaintext_by_cryptsetup(lab: &Lab, img: &Path) -> (String, Vec<u8>) {
+    let key = cryptsetup_volume_key(img, &lab.key, &[]).unwrap();
+    let (offset, sector) = cryptsetup_luks2_segment(img).unwrap();
+    let data = std::fs::read(img).unwrap();
+    let plain = independent("decrypt", "aes-xts-plain64", &key, sector, &data[offset..]);
+    (key, plain)
+}
