@@ -232,6 +232,16 @@ impl Luks2Header {
             .collect()
     }
 
+    /// The id of the digest that lists keyslot `slot`.
+    pub fn digest_of_slot(&self, slot: usize) -> Option<String> {
+        let name = slot.to_string();
+        self.json["digests"]
+            .as_object()?
+            .iter()
+            .find(|(_, d)| super::json::array_has(d.get("keyslots"), &name))
+            .map(|(k, _)| k.clone())
+    }
+
     /// The ids of the digests assigned to segment `segment`.
     pub fn digests_of_segment(&self, segment: u32) -> Vec<String> {
         let name = segment.to_string();

@@ -1,8 +1,10 @@
-//! Headers of a LUKS2 reencryption in progress, made by cryptsetup 2.6 (`reencrypt
-//! --init-only`, and reencryptions killed at their Nth write by strace's fault injection):
-//! cryptblk loads them, dumps them byte for byte as cryptsetup does, refuses the header
-//! changes cryptsetup refuses with its message, and keeps everything a header backup,
-//! restore or erase must keep so that cryptsetup can still finish the reencryption.
+//! LUKS2 reencryptions in progress, made by cryptsetup 2.6 (`reencrypt --init-only`, and
+//! reencryptions killed at their Nth write by strace's fault injection): cryptblk loads
+//! them, dumps them byte for byte as cryptsetup does, refuses the header changes cryptsetup
+//! refuses with its message, keeps everything a header backup, restore or erase must keep
+//! so that cryptsetup can still finish the reencryption, and reads their plaintext back
+//! (the hotzone recovered from its checksums or journal) as an independent model of
+//! dm-crypt decrypts it from the original image.
 
 mod common;
 use common::*;
@@ -199,12 +201,12 @@ fn killed_reencryptions_dump_like_cryptsetup_at_every_write() {
     }
     let lab = Lab::new();
     let base = lab.luks2("base.img", 5);
-    // 3 MiB of data in 1 MiB hotzones: 70 writes. A header update is six (per copy: binary
-    // header, JSON area, binary header again with the checksum). Writes 1-14 initialise
-    // (the new keyslot's area in two writes, two header updates); each hotzone is 14 (its
-    // checksums, the header naming it, its data, the header after it); 57-70 finish (wipe
-    // the old keyslot, header, wipe the resilience area, header). The kill points cover
-    // each kind.
+    // 3 MiB of data in 1 MiB hotzones. Seen with these options: writes 1-18 initialise
+    // (the new keyslot, then header updates of six writes each: per copy the binary header,
+    // the JSON area, the binary header again with its checksum); each hotzone then takes 14
+    // (its checksums, the header naming it, its data, the header after it), so kills at
+    // 19-25 leave hotzone 1 named in the header, 19-22 with its old data, 23-25 with its
+    // new data; the last writes wipe the old keyslot and the resilience area.
     let args = ["--hotzone-size", "1M"];
     let mut mid = 0;
     for n in [
@@ -300,6 +302,8 @@ fn a_killed_reencryption_survives_cryptblk_header_backup_and_restore() {
     let (_, plain_before) = plaintext_by_cryptsetup(&lab, &base);
     // Killed at the second hotzone's data write: the header names the hotzone.
     let img = lab.killed_at(&base, 36, &["--hotzone-size", "1M"]);
+    let (_, json) = dump_with(cryptsetup(), &img, true);
+    assert!(String::from_utf8_lossy(&json).contains("in-reencryption"));
     assert!(requirement_of(&img).is_some());
 
     let backup = lab.path("backup.bin");
@@ -350,4 +354,73 @@ fn plaintext_by_cryptsetup(lab: &Lab, img: &Path) -> (String, Vec<u8>) {
     let data = std::fs::read(img).unwrap();
     let plain = independent("decrypt", "aes-xts-plain64", &key, sector, &data[offset..]);
     (key, plain)
+}
+
+#[test]
+fn interrupted_reencryptions_read_back_their_plaintext() {
+    if cryptsetup().is_none() || tool("strace").is_none() {
+        return;
+    }
+    let lab = Lab::new();
+    let base = lab.luks2("base.img", 5);
+    let (_, plain) = plaintext_by_cryptsetup(&lab, &base);
+    let hz = ["--hotzone-size", "1M"];
+    let cases: [(&str, Vec<&str>, &[usize]); 3] = [
+        ("checksum", hz.to_vec(), &[18, 19, 22, 23, 25, 26, 37, 74]),
+        (
+            "journal",
+            [&hz[..], &["--resilience", "journal"]].concat(),
+            &[19, 22, 23, 25],
+        ),
+        (
+            "cipher change",
+            [
+                &hz[..],
+                &["--cipher", "aes-cbc-essiv:sha256", "--key-size", "256"],
+            ]
+            .concat(),
+            &[19, 22, 23, 25],
+        ),
+    ];
+    for (what, args, kills) in cases {
+        let mut hotzones = 0;
+        for &n in kills {
+            let img = lab.killed_at(&base, n, &args);
+            let (_, json) = dump_with(cryptsetup(), &img, true);
+            if String::from_utf8_lossy(&json).contains("in-reencryption") {
+                hotzones += 1;
+            }
+            let out = lab.path("plain.out");
+            run_ok(
+                cryptblk()
+                    .args(["decrypt", "--key-file"])
+                    .arg(&lab.key)
+                    .arg(&img)
+                    .arg(&out),
+                b"",
+            );
+            let got = std::fs::read(&out).unwrap();
+            assert!(
+                got == plain,
+                "{what}, killed at write {n}: plaintext differs ({} bytes read)",
+                got.len()
+            );
+            std::fs::remove_file(&img).unwrap();
+        }
+        assert!(hotzones >= 3, "{what}: only {hotzones} cuts left a hotzone");
+    }
+
+    // A wrong passphrase is refused with cryptsetup's exit code.
+    let img = lab.killed_at(&base, 22, &hz);
+    let wrong = lab.path("wrong");
+    std::fs::write(&wrong, b"wrong").unwrap();
+    let out = run(
+        cryptblk()
+            .args(["decrypt", "--key-file"])
+            .arg(&wrong)
+            .arg(&img)
+            .arg(lab.path("never.out")),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
