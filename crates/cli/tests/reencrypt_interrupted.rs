@@ -423,4 +423,26 @@ fn interrupted_reencryptions_read_back_their_plaintext() {
         b"",
     );
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    // Activation is refused with one clear line; the passphrase test passes, as in cryptsetup.
+    let out = run(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(&lab.key)
+            .arg(&img)
+            .args(["reenc-never", "--fuse"])
+            .arg(lab.path("mnt")),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("middle of a LUKS2 reencryption"), "{err}");
+    for mut c in [cryptblk(), cryptsetup().unwrap()] {
+        run_ok(
+            c.args(["open", "--test-passphrase", "--key-file"])
+                .arg(&lab.key)
+                .arg(&img),
+            b"",
+        );
+    }
 }
