@@ -451,3 +451,75 @@ fn interrupted_reencryptions_read_back_their_plaintext() {
         );
     }
 }
+
+#[test]
+fn repair_recovers_a_cut_step_as_cryptsetup_repair_does_and_cryptsetup_resumes() {
+    if cryptsetup().is_none() || tool("strace").is_none() {
+        return;
+    }
+    let lab = Lab::new();
+    let base = lab.luks2("base.img", 5);
+    let (_, plain) = plaintext_by_cryptsetup(&lab, &base);
+    let hz = ["--hotzone-size", "1M"];
+    let journal = [&hz[..], &["--resilience", "journal"]].concat();
+    // Hotzone 1 with old data (22) and new data (23), checksum and journal.
+    for (what, args, n) in [
+        ("checksum old", hz.to_vec(), 22),
+        ("checksum new", hz.to_vec(), 23),
+        ("journal new", journal.clone(), 23),
+    ] {
+        let img = lab.killed_at(&base, n, &args);
+        let theirs = lab.path("theirs.img");
+        std::fs::copy(&img, &theirs).unwrap();
+        run_ok(
+            cryptsetup()
+                .unwrap()
+                .args(["repair", "--key-file"])
+                .arg(&lab.key)
+                .arg(&theirs),
+            b"",
+        );
+        run_ok(
+            cryptblk()
+                .args(["repair", "--batch-mode", "--key-file"])
+                .arg(&lab.key)
+                .arg(&img),
+            b"",
+        );
+        let (_, ours_json) = dump_with(cryptsetup(), &img, true);
+        let (_, theirs_json) = dump_with(cryptsetup(), &theirs, true);
+        assert!(
+            ours_json == theirs_json,
+            "{what}: metadata after repair differs"
+        );
+        let (ours, theirs_data) = (
+            std::fs::read(&img).unwrap(),
+            std::fs::read(&theirs).unwrap(),
+        );
+        assert!(
+            ours[2 * MIB..] == theirs_data[2 * MIB..],
+            "{what}: data after repair differs"
+        );
+        let out = lab.cs_reencrypt(&img, &["--resume-only"]);
+        assert!(out.status.success(), "{what}: {out:?}");
+        assert_eq!(requirement_of(&img), None, "{what}");
+        let (_, after) = plaintext_by_cryptsetup(&lab, &img);
+        assert!(after == plain, "{what}: plaintext changed");
+    }
+
+    // The last hotzone is left to cryptsetup, which also finishes the reencryption; the data
+    // stays untouched.
+    let img = lab.killed_at(&base, 51, &hz);
+    let (_, json) = dump_with(cryptsetup(), &img, true);
+    assert!(String::from_utf8_lossy(&json).contains("in-reencryption"));
+    let before = std::fs::read(&img).unwrap();
+    let out = run(
+        cryptblk()
+            .args(["repair", "--batch-mode", "--key-file"])
+            .arg(&lab.key)
+            .arg(&img),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(std::fs::read(&img).unwrap()[2 * MIB..] == before[2 * MIB..]);
+}

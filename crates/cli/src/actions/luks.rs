@@ -688,5 +688,41 @@ pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
             device.display()
         ),
     )?;
-    lib::repair(header)
+    lib::repair(header)?;
+    repair_reencryption(opts, header, device)
+}
+
+/// The reencryption recovery part of `repair`: a reencryption cut inside a step gets its
+/// hotzone rewritten under the new key (the passphrase opens both keys), as cryptsetup's
+/// repair does before `reencrypt --resume-only` may continue.
+fn repair_reencryption(opts: &Opts, header: &Path, device: &Path) -> ActionResult {
+    let vol = volume::load(opts, header, true)?;
+    let Volume::Luks2(mut h, file) = vol else {
+        return Ok(());
+    };
+    let Some(state) = cryptblk_volume::reencrypt::ReencryptState::of(&h)? else {
+        return Ok(());
+    };
+    if state.hotzone().is_none() {
+        return Ok(());
+    }
+    if opts.header.is_some() {
+        return Err(Failure::usage(
+            "reencryption recovery with a detached header is not supported yet",
+        ));
+    }
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let keys = cryptblk_volume::reencrypt::unlock_keys(
+        &h,
+        &file,
+        &state,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+    )?;
+    cryptblk_volume::reencrypt::recover_hotzone(&mut h, &file, &state, &keys)?;
+    Ok(())
 }

@@ -406,7 +406,7 @@ impl Luks2Header {
         self.write_unchecked(io)
     }
 
-    fn write_unchecked(&mut self, io: &dyn HeaderIo) -> Result<()> {
+    pub(crate) fn write_unchecked(&mut self, io: &dyn HeaderIo) -> Result<()> {
         let json_area = (self.hdr_size as usize) - BIN_HDR_LEN;
         validate::validate(&self.json, json_area as u64)?;
         let text = json::to_compact(&self.json);

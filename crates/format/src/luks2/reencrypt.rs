@@ -232,6 +232,105 @@ impl Luks2Header {
             .collect()
     }
 
+    /// Writes both header copies (see [`Luks2Header::write`]) for a reencryption step or its
+    /// recovery: an online reencryption requirement does not block this write.
+    pub fn write_reencryption(&mut self, io: &dyn crate::hdrio::HeaderIo) -> Result<()> {
+        self.check_requirements_except_reencryption()?;
+        self.write_unchecked(io)
+    }
+
+    /// Turns the metadata of a forward re-key whose hotzone is on disk under the new key
+    /// into the layout cryptsetup writes after a finished step: one segment of new data from
+    /// the data start to the hotzone's end (`dynamic` when that is the device end), one of
+    /// old data after it (`dynamic`), then `backup-previous` and `backup-final`; the old key's
+    /// digest lists the old segment and `backup-previous`, the new key's the new segment and
+    /// `backup-final`. Segments copy their backup's fields with offset, size and iv_tweak
+    /// set; the reencrypt keyslot and its digest stay as they are (cryptsetup 2.6 keeps the
+    /// reencryption digest across steps). Takes effect on the next write.
+    pub fn finish_forward_hotzone(&mut self) -> Result<()> {
+        let segs = self.segments();
+        let hz = segs
+            .iter()
+            .find(|s| s.has_flag("in-reencryption"))
+            .ok_or_else(|| bad("no hotzone segment to finish"))?;
+        let hz_end = hz
+            .size
+            .map(|n| hz.offset + n)
+            .ok_or_else(|| bad("hotzone segment without a size"))?;
+        let old_rest = segs
+            .iter()
+            .filter(|s| !s.is_backup() && !s.has_flag("in-reencryption"))
+            .any(|s| s.offset >= hz_end);
+        let find = |flag: &str| -> Result<(u32, Value)> {
+            let s = segs
+                .iter()
+                .find(|s| s.has_flag(flag))
+                .ok_or_else(|| bad(format!("no {flag} segment")))?;
+            Ok((s.id, self.json["segments"][s.id.to_string()].clone()))
+        };
+        let (prev_id, prev) = find("backup-previous")?;
+        let (fin_id, fin) = find("backup-final")?;
+        let old_digest = self
+            .digests_of_segment(prev_id)
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad("backup-previous has no digest"))?;
+        let new_digest = self
+            .digests_of_segment(fin_id)
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad("backup-final has no digest"))?;
+        let data_start = get_u64_str(&fin, "offset").ok_or_else(|| bad("bad backup-final"))?;
+        let place = |backup: &Value, offset: u64, size: Option<u64>| -> Result<Value> {
+            let mut v = backup.clone();
+            let base = get_u64_str(backup, "offset").ok_or_else(|| bad("bad backup offset"))?;
+            let tweak = get_u64_str(backup, "iv_tweak").unwrap_or(0);
+            let rel = offset
+                .checked_sub(base)
+                .ok_or_else(|| bad("segment before its backup's start"))?;
+            let o = v
+                .as_object_mut()
+                .ok_or_else(|| bad("segment is no object"))?;
+            o.insert("offset".into(), super::json::u64_value(offset));
+            o.insert(
+                "size".into(),
+                size.map_or_else(|| Value::String("dynamic".into()), super::json::u64_value),
+            );
+            o.insert("iv_tweak".into(), super::json::u64_value(tweak + rel / 512));
+            o.remove("flags");
+            Ok(v)
+        };
+        let mut out = serde_json::Map::new();
+        let mut next = 0u32;
+        let mut push = |out: &mut serde_json::Map<String, Value>, v: Value| {
+            out.insert(next.to_string(), v);
+            next += 1;
+            (next - 1).to_string()
+        };
+        let new_size = old_rest.then_some(hz_end - data_start);
+        let new_id = push(&mut out, place(&fin, data_start, new_size)?);
+        let old_id = if old_rest {
+            Some(push(&mut out, place(&prev, hz_end, None)?))
+        } else {
+            None
+        };
+        let prev_new = push(&mut out, prev);
+        let fin_new = push(&mut out, fin);
+        let old_list: Vec<Value> = old_id
+            .into_iter()
+            .chain(Some(prev_new))
+            .map(Value::String)
+            .collect();
+        let new_list = vec![Value::String(new_id), Value::String(fin_new)];
+        let mut json = self.json.clone();
+        json["segments"] = Value::Object(out);
+        json["digests"][&old_digest]["segments"] = Value::Array(old_list);
+        json["digests"][&new_digest]["segments"] = Value::Array(new_list);
+        super::validate::validate(&json, self.hdr_size - super::binary::BIN_HDR_LEN as u64)?;
+        self.json = json;
+        Ok(())
+    }
+
     /// The id of the digest that lists keyslot `slot`.
     pub fn digest_of_slot(&self, slot: usize) -> Option<String> {
         let name = slot.to_string();

@@ -44,6 +44,15 @@ impl SideCipher {
         })
     }
 
+    /// Encrypts `buf`, which is to lie at byte `pos` of the data device.
+    pub fn encrypt_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        let rel = pos.checked_sub(self.offset).ok_or_else(|| {
+            VolumeError::device(format!("byte {pos} lies before its segment's start"))
+        })?;
+        self.cipher.encrypt(rel / 512, buf)?;
+        Ok(())
+    }
+
     /// Decrypts `buf`, which lies at byte `pos` of the data device.
     pub fn decrypt_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
         let rel = pos.checked_sub(self.offset).ok_or_else(|| {
