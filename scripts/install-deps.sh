@@ -23,6 +23,7 @@ want pkg-config pkg-config
 want cc gcc
 want clang clang
 want nbd-client nbd-client
+want strace strace
 # The kernel lab (../shared/lab) needs these on the host; installing them here, in the same
 # apt run, keeps qemu-system and qemu-utils at versions that agree.
 want qemu-system-x86_64 qemu-system-x86

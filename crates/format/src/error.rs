@@ -69,6 +69,10 @@ pub enum FormatError {
     /// An operation that the format does not (yet) support.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The header carries a requirement (a LUKS2 reencryption in progress) that forbids
+    /// this operation; the message is cryptsetup's, printed as is.
+    #[error("{0}")]
+    Incompatible(String),
 }
 
 impl FormatError {

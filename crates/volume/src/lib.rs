@@ -47,6 +47,7 @@ pub mod offline;
 pub mod plan;
 pub mod probe;
 pub mod progress;
+pub mod reencrypt;
 pub mod resize;
 pub mod segment;
 pub mod suspend;

@@ -61,7 +61,9 @@ impl Volume {
             None if want != LuksType::Luks1 => match Luks2Header::read(&file) {
                 Ok(mut h) => {
                     if write {
-                        h.check_requirements()?;
+                        // Header writes refuse a reencryption in progress themselves;
+                        // restoring a damaged copy of one is allowed, as in cryptsetup.
+                        h.check_requirements_except_reencryption()?;
                         h.repair(&file)?;
                     }
                     return Ok(Volume::Luks2(Box::new(h), file));
@@ -76,7 +78,8 @@ impl Volume {
             }
             (2, LuksType::Any | LuksType::Luks2) => {
                 let h = if write {
-                    let mut h = Luks2Header::read_for_write(&file)?;
+                    let mut h = Luks2Header::read(&file)?;
+                    h.check_requirements_except_reencryption()?;
                     if h.needs_repair() {
                         h.repair(&file)?;
                     }

@@ -211,6 +211,16 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     }
     persistent::check_options(opts, &a.perf)?;
     let vol = volume::load(opts, &a.device, false)?;
+    if !opts.test_passphrase && vol.luks2().is_some_and(|h| h.reencryption_in_progress()) {
+        // cryptsetup would recover the hotzone and map both segments; cryptblk reads such
+        // volumes only offline so far.
+        return Err(Failure::usage(format!(
+            "{} is in the middle of a LUKS2 reencryption: cryptblk cannot activate it yet \
+             ('cryptblk decrypt' reads its data; 'cryptsetup reencrypt --resume-only' \
+             finishes it).",
+            a.device.display()
+        )));
+    }
     let purpose = if opts.unbound {
         UnlockPurpose::Unbound
     } else if opts.test_passphrase {
@@ -403,7 +413,8 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
         Volume::Luks1(v) => print!("{}", v.dump(&device.display().to_string(), vk.as_ref())),
         Volume::Luks2(h, _) => {
             if opts.dump_json_metadata {
-                println!("{}", h.dump_json());
+                // cryptsetup ends the JSON without a newline.
+                print!("{}", h.dump_json());
                 return Ok(());
             }
             let dev = device.display().to_string();
@@ -696,5 +707,41 @@ pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
             device.display()
         ),
     )?;
-    lib::repair(header)
+    lib::repair(header)?;
+    repair_reencryption(opts, header, device)
+}
+
+/// The reencryption recovery part of `repair`: a reencryption cut inside a step gets its
+/// hotzone rewritten under the new key (the passphrase opens both keys), as cryptsetup's
+/// repair does before `reencrypt --resume-only` may continue.
+fn repair_reencryption(opts: &Opts, header: &Path, device: &Path) -> ActionResult {
+    let vol = volume::load(opts, header, true)?;
+    let Volume::Luks2(mut h, file) = vol else {
+        return Ok(());
+    };
+    let Some(state) = cryptblk_volume::reencrypt::ReencryptState::of(&h)? else {
+        return Ok(());
+    };
+    if state.hotzone().is_none() {
+        return Ok(());
+    }
+    if opts.header.is_some() {
+        return Err(Failure::usage(
+            "reencryption recovery with a detached header is not supported yet",
+        ));
+    }
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let keys = cryptblk_volume::reencrypt::unlock_keys(
+        &h,
+        &file,
+        &state,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+    )?;
+    cryptblk_volume::reencrypt::recover_hotzone(&mut h, &file, &state, &keys)?;
+    Ok(())
 }

@@ -10,6 +10,7 @@ use crate::progress::Bar;
 use cryptblk_format::hdrio::MemIo;
 use cryptblk_format::luks2::UnlockPurpose;
 use cryptblk_volume::offline;
+use cryptblk_volume::reencrypt::{self, ReencryptState};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -74,6 +75,11 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
 /// `decrypt <device> <plain-output>`: the decrypted data segment.
 pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
     let vol = volume::load(opts, device, false)?;
+    if let Some(h) = vol.luks2() {
+        if let Some(state) = ReencryptState::of(h)? {
+            return decrypt_mid_reencryption(opts, &vol, h, &state, device, output);
+        }
+    }
     let (_, vk) = luks::unlock(opts, &vol, device, UnlockPurpose::Activate)?;
     let seg = vol.segment()?;
     if seg.integrity.is_some() {
@@ -97,6 +103,54 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         &mut *dst,
         &mut Bar::new(true),
     )
+}
+
+/// `decrypt` of a volume whose LUKS2 reencryption was interrupted: both keys from the
+/// passphrase, the hotzone recovered in memory (the volume is not changed).
+fn decrypt_mid_reencryption(
+    opts: &Opts,
+    vol: &cryptblk_volume::Volume,
+    h: &cryptblk_format::luks2::Luks2Header,
+    state: &ReencryptState,
+    device: &Path,
+    output: &Path,
+) -> ActionResult {
+    if opts.header.is_some() {
+        return Err(Failure::usage(
+            "decrypting a reencryption with a detached header is not supported yet",
+        ));
+    }
+    let cryptblk_volume::Volume::Luks2(_, header_file) = vol else {
+        return Err(Failure::usage("reencryption needs a LUKS2 header"));
+    };
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let keys = reencrypt::unlock_keys(
+        h,
+        header_file,
+        state,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+    )?;
+    let data = File::open(device)?;
+    let dev_size = {
+        let mut d = &data;
+        d.seek(SeekFrom::End(0))?
+    };
+    let mut dst = create_output(output)?;
+    reencrypt::read_plaintext(
+        state,
+        &keys,
+        header_file,
+        &data,
+        dev_size,
+        &mut *dst,
+        &mut Bar::new(true),
+    )?;
+    Ok(())
 }
 
 /// Standard output for `-`, else a new file.

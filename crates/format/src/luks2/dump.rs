@@ -148,6 +148,8 @@ pub(super) fn dump(h: &Luks2Header) -> String {
         let _ = writeln!(o, "\tPriority:   {prio}");
         if ks["type"] == "luks2" {
             dump_luks2_keyslot(&mut o, ks);
+        } else if ks["type"] == "reencrypt" {
+            dump_reencrypt_keyslot(&mut o, ks);
         }
         let name = i.to_string();
         if let Some(d) = j["digests"].as_object() {
@@ -208,6 +210,27 @@ fn dump_luks2_keyslot(o: &mut String, ks: &Value) {
     hex_b64(o, &kdf["salt"]);
     let _ = writeln!(o, "\tAF stripes: {}", int(&af["stripes"]));
     let _ = writeln!(o, "\tAF hash:    {}", s(&af["hash"]));
+    let off = area["offset"].as_str().and_then(str_u64).unwrap_or(0);
+    let len = area["size"].as_str().and_then(str_u64).unwrap_or(0);
+    let _ = writeln!(o, "\tArea offset:{off} [bytes]");
+    let _ = writeln!(o, "\tArea length:{len} [bytes]");
+}
+
+/// The `reencrypt` keyslot lines of cryptsetup 2.6: the hash lines only for plain
+/// `checksum` resilience (not `datashift-checksum`), the shift size only for plain
+/// `datashift`, printed without a space before `[bytes]` as cryptsetup does.
+fn dump_reencrypt_keyslot(o: &mut String, ks: &Value) {
+    let area = &ks["area"];
+    let _ = writeln!(o, "\tMode:       {}", s(&ks["mode"]));
+    let _ = writeln!(o, "\tDirection:  {}", s(&ks["direction"]));
+    let _ = writeln!(o, "\tResilience: {}", s(&area["type"]));
+    if area["type"] == "checksum" {
+        let _ = writeln!(o, "\tHash:       {}", s(&area["hash"]));
+        let _ = writeln!(o, "\tHash data:  {} [bytes]", int(&area["sector_size"]));
+    } else if area["type"] == "datashift" {
+        let shift = area["shift_size"].as_str().and_then(str_u64).unwrap_or(0);
+        let _ = writeln!(o, "\tShift size: {shift}[bytes]");
+    }
     let off = area["offset"].as_str().and_then(str_u64).unwrap_or(0);
     let len = area["size"].as_str().and_then(str_u64).unwrap_or(0);
     let _ = writeln!(o, "\tArea offset:{off} [bytes]");

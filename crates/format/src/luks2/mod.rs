@@ -23,10 +23,12 @@ mod format;
 pub mod integrity;
 pub mod json;
 mod keyslot;
+pub mod reencrypt;
 pub mod validate;
 
 pub use format::{FormatParams, DEFAULT_DATA_OFFSET, DEFAULT_METADATA_SIZE};
 pub use keyslot::{KeyslotParams, UnlockPurpose};
+pub use reencrypt::{ReencryptDirection, ReencryptKeyslot, ReencryptMode, Resilience, SegmentInfo};
 
 use crate::error::{FormatError, Result};
 use crate::hdrio::HeaderIo;
@@ -312,12 +314,25 @@ impl Luks2Header {
 
     /// Fails with a clear error when the header lists a mandatory requirement cryptblk does
     /// not implement (cryptsetup: "Unmet LUKS2 requirements detected", -ETXTBSY). Known
-    /// reencryption/OPAL requirements are also refused: cryptblk cannot honour them.
+    /// reencryption/OPAL requirements are also refused: a header change or a plain
+    /// activation cannot honour them (a reencryption in progress is refused with cryptsetup's
+    /// own message; [`Luks2Header::check_requirements_except_reencryption`] lets it pass).
     pub fn check_requirements(&self) -> Result<()> {
-        let reqs = self.requirements();
-        if reqs.is_empty() {
-            return Ok(());
+        self.check_requirements_except_reencryption()?;
+        if self.reencryption_in_progress() {
+            return Err(FormatError::Incompatible(
+                "Operation incompatible with device marked for LUKS2 reencryption. Aborting."
+                    .into(),
+            ));
         }
+        Ok(())
+    }
+
+    /// As [`Luks2Header::check_requirements`], but an online reencryption requirement
+    /// passes: for the operations cryptsetup allows on a volume mid-reencryption (header
+    /// backup and restore, `luksErase`, reencryption itself and its recovery).
+    pub fn check_requirements_except_reencryption(&self) -> Result<()> {
+        let reqs = self.requirements();
         let unknown: Vec<&str> = reqs
             .iter()
             .map(String::as_str)
@@ -329,10 +344,33 @@ impl Luks2Header {
                 unknown.join(" ")
             )));
         }
-        Err(FormatError::Unsupported(format!(
-            "operation incompatible with LUKS2 requirement(s): {}",
-            reqs.join(" ")
-        )))
+        if reqs.iter().any(|r| r == "offline-reencrypt") {
+            return Err(FormatError::Incompatible(
+                "Operation incompatible with device marked for legacy reencryption. Aborting."
+                    .into(),
+            ));
+        }
+        let other: Vec<&str> = reqs
+            .iter()
+            .map(String::as_str)
+            .filter(|r| !validate::is_online_reencrypt_requirement(r))
+            .collect();
+        if !other.is_empty() {
+            return Err(FormatError::Unsupported(format!(
+                "operation incompatible with LUKS2 requirement(s): {}",
+                other.join(" ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// True when the header carries an online reencryption requirement
+    /// (`online-reencrypt`, `online-reencrypt-v2`, `-v3`, ...): a reencryption was
+    /// initialised and not finished (see [`Luks2Header::reencrypt_keyslot`]).
+    pub fn reencryption_in_progress(&self) -> bool {
+        self.requirements()
+            .iter()
+            .any(|r| validate::is_online_reencrypt_requirement(r))
     }
 
     /// The mandatory requirement names (`config.requirements.mandatory`).
@@ -368,7 +406,7 @@ impl Luks2Header {
         self.write_unchecked(io)
     }
 
-    fn write_unchecked(&mut self, io: &dyn HeaderIo) -> Result<()> {
+    pub(crate) fn write_unchecked(&mut self, io: &dyn HeaderIo) -> Result<()> {
         let json_area = (self.hdr_size as usize) - BIN_HDR_LEN;
         validate::validate(&self.json, json_area as u64)?;
         let text = json::to_compact(&self.json);
@@ -658,15 +696,29 @@ impl Luks2Header {
             .collect()
     }
 
-    /// True when some digest that lists keyslot `slot` is assigned to a segment.
+    /// True when the keyslot's digest is the digest of some data (non-backup) segment, where
+    /// a segment's digest is the lowest-numbered digest listing it. Mid-reencryption the
+    /// hotzone lists both keys' digests and counts for the old one only, so the new key's
+    /// keyslot is unbound (as cryptsetup's luksDump says) until a segment of new data exists.
     pub fn keyslot_is_bound(&self, slot: usize) -> bool {
         let name = slot.to_string();
-        self.json["digests"].as_object().is_some_and(|d| {
-            d.values().any(|dg| {
-                json::array_has(dg.get("keyslots"), &name)
-                    && dg["segments"].as_array().is_some_and(|a| !a.is_empty())
+        let Some(digests) = self.json["digests"].as_object() else {
+            return false;
+        };
+        let Some(segments) = self.json["segments"].as_object() else {
+            return false;
+        };
+        let ordered = json::numeric_keys(digests);
+        segments
+            .iter()
+            .filter(|(_, s)| !validate::segment_is_backup(s))
+            .filter_map(|(seg, _)| {
+                ordered
+                    .iter()
+                    .map(|(_, id)| &digests[id.as_str()])
+                    .find(|d| json::array_has(d.get("segments"), seg))
             })
-        })
+            .any(|d| json::array_has(d.get("keyslots"), &name))
     }
 
     /// Token ids in number order.
@@ -759,10 +811,11 @@ impl Luks2Header {
     /// LUKS2 header; when `io` already holds LUKS2 metadata its layout (sizes and data
     /// offset) must match so that restoring cannot overwrite data.
     pub fn restore(io: &dyn HeaderIo, backup: &dyn HeaderIo) -> Result<Luks2Header> {
+        // cryptsetup restores headers of (and onto) volumes mid-reencryption.
         let new = Self::read(backup)?;
-        new.check_requirements()?;
+        new.check_requirements_except_reencryption()?;
         if let Ok(cur) = Self::read(io) {
-            cur.check_requirements()?;
+            cur.check_requirements_except_reencryption()?;
             if cur.metadata_and_keyslots_size() != new.metadata_and_keyslots_size()
                 || cur.data_offset() != new.data_offset()
             {
@@ -779,15 +832,22 @@ impl Luks2Header {
     }
 
     /// Destroys every keyslot (`luksErase`): wipes each keyslot area, then removes the
-    /// keyslots from the metadata. Tokens, digests and segments stay.
+    /// keyslots from the metadata. Tokens, digests and segments stay; so does the
+    /// `reencrypt` keyslot of a reencryption in progress, with its area (it holds the
+    /// hotzone's resilience data), as cryptsetup keeps it.
     pub fn erase(&mut self, io: &dyn HeaderIo) -> Result<()> {
-        self.check_requirements()?;
-        let ids: Vec<usize> = self.keyslots().iter().map(|k| k.id).collect();
+        self.check_requirements_except_reencryption()?;
+        let ids: Vec<usize> = self
+            .keyslots()
+            .iter()
+            .filter(|k| k.kind != "reencrypt")
+            .map(|k| k.id)
+            .collect();
         let areas: Vec<(u64, u64)> = ids.iter().filter_map(|&i| self.keyslot_area(i)).collect();
         for id in &ids {
             self.drop_keyslot_json(*id);
         }
-        self.write(io)?;
+        self.write_unchecked(io)?;
         for (off, len) in areas {
             keyslot::wipe_area(io, off, len)?;
         }

@@ -125,6 +125,12 @@ pub fn mandatory_requirements(hdr: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// True for the online reencryption requirement names (`online-reencrypt`, and
+/// `online-reencrypt-vN` of any version N cryptsetup may write).
+pub fn is_online_reencrypt_requirement(flag: &str) -> bool {
+    reencrypt_candidate(flag)
+}
+
 fn reencrypt_candidate(flag: &str) -> bool {
     if flag == "online-reencrypt" {
         return true;

@@ -1,0 +1,25 @@
+//! LUKS2 reencryption as cryptsetup 2.6 does it, in small parts:
+//!
+//! - [`state`]: the reencryption a header describes, read from its `reencrypt` keyslot and
+//!   segments: which data lies under the old key, which under the new one, and the hotzone
+//!   between them;
+//! - [`keys`]: unlocking both volume keys with one passphrase;
+//! - [`recovery`]: the hotzone's state after a crash, decided from its resilience data
+//!   (checksums or journal in the keyslot area) the way cryptsetup's recovery decides it;
+//! - [`read`]: reading the plaintext of a volume mid-reencryption without changing it;
+//! - [`repair`]: recovery written back (`repair`): the hotzone rewritten under the new key
+//!   and the header of a finished step.
+//!
+//! What is not here yet: performing or resuming a reencryption (its first header needs
+//! cryptsetup's reencryption verification digest), backward direction, data shifts (`--encrypt` with `--reduce-device-size`, `--decrypt`).
+
+pub mod keys;
+pub mod read;
+pub mod recovery;
+pub mod repair;
+pub mod state;
+
+pub use keys::{unlock_keys, ReencryptKeys};
+pub use read::read_plaintext;
+pub use repair::recover_hotzone;
+pub use state::{ReencryptState, Side, StateSegment};
