@@ -1,13 +1,15 @@
 //! Offline image pipelines without dm: a plaintext stream encrypted into a new volume's data
 //! segment, and a volume's data segment decrypted into a stream.
 
-use crate::error::Result;
+use crate::error::{Result, VolumeError};
 use crate::progress::Progress;
 use crate::segment::Segment;
 use cryptblk_cipher::{SectorCipher, SectorOptions};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
 /// Bytes processed per cipher call: large enough to amortise per-call costs.
 const CHUNK: usize = 4 << 20;
@@ -119,4 +121,211 @@ pub fn decrypt_segment(
     })();
     progress.finish();
     result
+}
+
+/// One end of a pipeline as the user named it: a path, or `-` for standard input (an input)
+/// or standard output (an output); with the file it is, when it is one that can be both read
+/// and written (a regular file or a block device).
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    name: String,
+    id: Option<(u64, u64)>,
+}
+
+impl Endpoint {
+    /// An input named `path` (`-`: standard input, seen through its descriptor, so a
+    /// redirection from the output file is recognised).
+    pub fn input(path: &Path) -> Self {
+        Self::named(path, std::io::stdin().as_fd(), "standard input")
+    }
+
+    /// An output named `path` (`-`: standard output); a path that does not exist yet is no
+    /// file so far.
+    pub fn output(path: &Path) -> Self {
+        Self::named(path, std::io::stdout().as_fd(), "standard output")
+    }
+
+    fn named(path: &Path, std_fd: BorrowedFd<'_>, std_name: &str) -> Self {
+        if path.as_os_str() == "-" {
+            let meta = std_fd
+                .try_clone_to_owned()
+                .ok()
+                .and_then(|fd| File::from(fd).metadata().ok());
+            Endpoint {
+                name: std_name.to_string(),
+                id: meta.as_ref().and_then(file_id),
+            }
+        } else {
+            Endpoint {
+                name: path.display().to_string(),
+                id: std::fs::metadata(path).ok().as_ref().and_then(file_id),
+            }
+        }
+    }
+}
+
+/// Device and inode of a regular file or block device: the files an output can destroy.
+fn file_id(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    let t = meta.file_type();
+    (t.is_file() || t.is_block_device()).then(|| (meta.dev(), meta.ino()))
+}
+
+/// Refuses (exit 1) an output that is the same file as one of `inputs`, through whatever
+/// path, link or redirection: writing it would destroy the input while it is read.
+pub fn check_output_distinct(inputs: &[Endpoint], output: &Endpoint) -> Result<()> {
+    let Some(out) = output.id else {
+        return Ok(());
+    };
+    match inputs.iter().find(|i| i.id == Some(out)) {
+        Some(input) => Err(VolumeError::usage(format!(
+            "Output {} is the same file as input {}; write to another file.",
+            output.name, input.name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Where a pipeline writes. A regular file (new or existing) is written as a temporary file
+/// in its directory and renamed over it by [`Output::commit`], so a failure or an interrupt
+/// leaves the old file whole and nothing is truncated while inputs are still read; standard
+/// output and existing devices (block devices, FIFOs) are written in place.
+pub struct Output {
+    target: OutputTarget,
+}
+
+enum OutputTarget {
+    Stdout(std::io::Stdout),
+    InPlace(File),
+    Renamed {
+        tmp: tempfile::NamedTempFile,
+        path: PathBuf,
+    },
+}
+
+impl Output {
+    /// Prepares the output `path` (`-`: standard output). An existing regular file keeps its
+    /// mode; a new one gets the default mode of a created file (0666 less the umask). A
+    /// symbolic link is followed: its target is replaced, the link stays.
+    pub fn create(path: &Path) -> Result<Output> {
+        let cannot = |e: std::io::Error| {
+            VolumeError::device(format!("cannot create {}: {e}", path.display()))
+        };
+        if path.as_os_str() == "-" {
+            return Ok(Output {
+                target: OutputTarget::Stdout(std::io::stdout()),
+            });
+        }
+        let existing = match std::fs::metadata(path) {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(cannot(e)),
+        };
+        if let Some(meta) = existing.as_ref().filter(|m| !m.is_file()) {
+            if meta.is_dir() {
+                return Err(VolumeError::device(format!(
+                    "cannot create {}: it is a directory",
+                    path.display()
+                )));
+            }
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(cannot)?;
+            return Ok(Output {
+                target: OutputTarget::InPlace(f),
+            });
+        }
+        let path = match existing {
+            Some(_) => std::fs::canonicalize(path).map_err(cannot)?,
+            None => path.to_path_buf(),
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let tmp = tempfile::Builder::new()
+            .prefix(".cryptblk-")
+            .permissions(std::fs::Permissions::from_mode(0o666))
+            .tempfile_in(&dir)
+            .map_err(cannot)?;
+        if let Some(meta) = &existing {
+            tmp.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o7777))
+                .map_err(cannot)?;
+        }
+        Ok(Output {
+            target: OutputTarget::Renamed { tmp, path },
+        })
+    }
+
+    /// The stream to write the pipeline's bytes to.
+    pub fn writer(&mut self) -> &mut dyn Write {
+        match &mut self.target {
+            OutputTarget::Stdout(s) => s,
+            OutputTarget::InPlace(f) => f,
+            OutputTarget::Renamed { tmp, .. } => tmp.as_file_mut(),
+        }
+    }
+
+    /// Finishes the output: flushed, and a regular file synced and renamed into place.
+    /// Dropping an `Output` without committing removes its temporary file.
+    pub fn commit(self) -> Result<()> {
+        match self.target {
+            OutputTarget::Stdout(mut s) => Ok(s.flush()?),
+            OutputTarget::InPlace(f) => Ok(f.sync_data()?),
+            OutputTarget::Renamed { tmp, path } => {
+                tmp.as_file().sync_all()?;
+                tmp.persist(&path).map_err(|e| {
+                    VolumeError::device(format!("cannot create {}: {}", path.display(), e.error))
+                })?;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_through_a_hardlink_or_symlink_is_its_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::hard_link(&a, dir.path().join("hard")).unwrap();
+        std::os::unix::fs::symlink(&a, dir.path().join("soft")).unwrap();
+        let inputs = [Endpoint::input(&a)];
+        for out in ["a", "hard", "soft"] {
+            let e = check_output_distinct(&inputs, &Endpoint::output(&dir.path().join(out)))
+                .unwrap_err();
+            assert_eq!(e.code, crate::ErrorClass::WrongParameters);
+            assert!(e.message.contains(out), "{}", e.message);
+        }
+        std::fs::write(dir.path().join("b"), b"x").unwrap();
+        for out in ["b", "new"] {
+            check_output_distinct(&inputs, &Endpoint::output(&dir.path().join(out))).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_uncommitted_output_leaves_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out");
+        std::fs::write(&p, b"old").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+        {
+            let mut o = Output::create(&p).unwrap();
+            o.writer().write_all(b"new").unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        let mut o = Output::create(&p).unwrap();
+        o.writer().write_all(b"new").unwrap();
+        o.commit().unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        let mode = std::fs::metadata(&p).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+    }
 }

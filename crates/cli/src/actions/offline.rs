@@ -9,10 +9,10 @@ use crate::exit::{ActionResult, Failure};
 use crate::progress::Bar;
 use cryptblk_format::hdrio::MemIo;
 use cryptblk_format::luks2::UnlockPurpose;
-use cryptblk_volume::offline;
+use cryptblk_volume::offline::{self, Endpoint, Output};
 use cryptblk_volume::reencrypt::{self, ReencryptState};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// `encrypt <plain-input> <luks-output>`: a new LUKS volume whose data segment holds the input
@@ -29,6 +29,7 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
             "with input from standard input the passphrase must come from --key-file",
         ));
     }
+    check_distinct(&[Some(input), opts.key_file.as_deref()], output)?;
     let pass = volume::read_new_secret(
         opts.key_file.as_deref(),
         "Enter passphrase for the new volume: ",
@@ -59,21 +60,30 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
         let len = f.metadata()?.len();
         (Box::new(f), Some(len))
     };
-    let mut dst = create_output(output)?;
-    dst.write_all(&header.contents()[..data_offset as usize])?;
+    let mut dst = Output::create(output)?;
+    dst.writer()
+        .write_all(&header.contents()[..data_offset as usize])?;
     offline::encrypt_stream(
         cipher.as_ref(),
         sector,
         &mut *src,
-        &mut *dst,
+        dst.writer(),
         total,
         &mut Bar::new(true),
     )?;
-    Ok(())
+    dst.commit()
 }
 
 /// `decrypt <device> <plain-output>`: the decrypted data segment.
 pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
+    check_distinct(
+        &[
+            Some(device),
+            opts.header.as_deref(),
+            opts.key_file.as_deref(),
+        ],
+        output,
+    )?;
     let vol = volume::load(opts, device, false)?;
     if let Some(h) = vol.luks2() {
         if let Some(state) = ReencryptState::of(h)? {
@@ -94,15 +104,16 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         d.seek(SeekFrom::End(0))?
     };
     let len = offline::segment_len(&seg, dev_size);
-    let mut dst = create_output(output)?;
+    let mut dst = Output::create(output)?;
     offline::decrypt_segment(
         cipher.as_ref(),
         &seg,
         &data,
         len,
-        &mut *dst,
+        dst.writer(),
         &mut Bar::new(true),
-    )
+    )?;
+    dst.commit()
 }
 
 /// `decrypt` of a volume whose LUKS2 reencryption was interrupted: both keys from the
@@ -140,27 +151,26 @@ fn decrypt_mid_reencryption(
         let mut d = &data;
         d.seek(SeekFrom::End(0))?
     };
-    let mut dst = create_output(output)?;
+    let mut dst = Output::create(output)?;
     reencrypt::read_plaintext(
         state,
         &keys,
         header_file,
         &data,
         dev_size,
-        &mut *dst,
+        dst.writer(),
         &mut Bar::new(true),
     )?;
-    Ok(())
+    dst.commit()
 }
 
-/// Standard output for `-`, else a new file.
-fn create_output(output: &Path) -> Result<Box<dyn Write>, Failure> {
-    Ok(if output.as_os_str() == "-" {
-        Box::new(std::io::stdout().lock())
-    } else {
-        Box::new(
-            File::create(output)
-                .map_err(|e| Failure::device(format!("cannot create {}: {e}", output.display())))?,
-        )
-    })
+/// Refuses an output that is one of the inputs (any path to the same file, or standard
+/// input or output redirected to it), before anything is read or written.
+fn check_distinct(inputs: &[Option<&Path>], output: &Path) -> ActionResult {
+    let inputs: Vec<_> = inputs
+        .iter()
+        .flatten()
+        .map(|p| Endpoint::input(p))
+        .collect();
+    offline::check_output_distinct(&inputs, &Endpoint::output(output))
 }
