@@ -41,6 +41,7 @@ pub mod device;
 pub mod error;
 pub mod format;
 pub mod integrity;
+pub mod lock;
 pub mod luks;
 pub mod luks2_integrity;
 pub mod offline;

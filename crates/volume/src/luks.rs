@@ -48,7 +48,7 @@ impl Volume {
     /// type other than `want`. With `write`, a damaged LUKS2 copy is rewritten from the good
     /// one first, as cryptsetup's auto-recovery does before any change.
     pub fn load(header: &Path, want: LuksType, write: bool) -> Result<Volume> {
-        let file = open_file(header, write)?;
+        let file = open_header(header, write)?;
         let not_luks = || {
             VolumeError::usage(format!(
                 "Device {} is not a valid LUKS device.",
@@ -321,7 +321,7 @@ pub fn backup_kind(backup: &Path) -> Result<BackupKind> {
 /// backup is checked whole before anything is written.
 pub fn restore_header(header: &Path, backup: &Path) -> Result<()> {
     let backup_file = open_file(backup, false)?;
-    let target = open_file(header, true)?;
+    let target = open_header(header, true)?;
     match backup_kind(backup)? {
         BackupKind::Luks1 => {
             if luks_version(&target) == Some(2) {
@@ -339,6 +339,22 @@ pub fn restore_header(header: &Path, backup: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Opens a header for an action; a writer holds the header lock (see [`crate::lock`]) while
+/// the file is open, so two header writers never interleave. The data lock of an open volume
+/// does not stop it: keyslots change while the volume is served, as with cryptsetup.
+fn open_header(header: &Path, write: bool) -> Result<File> {
+    let file = open_file(header, write)?;
+    if write {
+        crate::lock::lock_header(&file, true).map_err(|e| {
+            VolumeError::device(format!(
+                "cannot lock the header of {}: {e}",
+                header.display()
+            ))
+        })?;
+    }
+    Ok(file)
+}
+
 /// The LUKS version in the header at `header`, if any (for actions that ask before acting).
 pub fn header_version(header: &Path) -> Result<Option<u16>> {
     Ok(luks_version(&open_file(header, false)?))
@@ -347,7 +363,7 @@ pub fn header_version(header: &Path) -> Result<Option<u16>> {
 /// `convert`: LUKS1 <-> LUKS2 in place (`to` is 1 or 2). Not crash-safe in cryptsetup either:
 /// callers ask for confirmation first.
 pub fn convert(header: &Path, to: u16) -> Result<()> {
-    let f = open_file(header, true)?;
+    let f = open_header(header, true)?;
     match (luks_version(&f), to) {
         (Some(v), w) if v == w => Err(VolumeError::usage(format!(
             "Device {} is already LUKS{v}.",
@@ -372,7 +388,7 @@ pub fn convert(header: &Path, to: u16) -> Result<()> {
 /// `repair` (LUKS2): rebuilds both header copies from the valid one and removes an LVM2 label
 /// that makes the device's signature ambiguous.
 pub fn repair(header: &Path) -> Result<()> {
-    let f = open_file(header, true)?;
+    let f = open_header(header, true)?;
     cryptblk_format::luks2::repair_device(&f)?;
     f.sync_all()?;
     Ok(())

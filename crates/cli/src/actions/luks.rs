@@ -149,6 +149,14 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             device.display()
         ),
     )?;
+    // Formatting a device a daemon serves would pull its data out from under it.
+    let _in_use = cryptblk_volume::lock::DataLock::take(device, true).map_err(|e| {
+        if e.code == ExitCode::Busy {
+            Failure::busy(format!("Cannot format device {} in use.", device.display()))
+        } else {
+            e
+        }
+    })?;
     let header = volume::header_path(opts, device);
     if opts.header.is_some() && !header.exists() {
         std::fs::File::create(header)?;

@@ -281,9 +281,12 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                 Err(e) => dm_err(e),
             }
         }
-        Request::Reload { table } => match registry.reload(target, table) {
-            Ok(()) => Response::Done,
-            Err(e) => dm_err(e),
+        Request::Reload { table } => match stack.lock_files_of(table) {
+            Err(f) => Response::error(f.code, f.message),
+            Ok(()) => match registry.reload(target, table) {
+                Ok(()) => Response::Done,
+                Err(e) => dm_err(e),
+            },
         },
         Request::Message { sector, message } => {
             let argv: Vec<&str> = message.iter().map(String::as_str).collect();

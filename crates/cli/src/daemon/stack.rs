@@ -10,7 +10,8 @@ use cryptblk_export::nbd::{NbdConfig, NbdListen};
 use cryptblk_export::ublk::UblkConfig;
 use cryptblk_export::{Export, ExportConfig, ExportDescription};
 use cryptblk_volume::control::Response;
-use std::sync::Arc;
+use cryptblk_volume::lock::DataLocks;
+use std::sync::{Arc, Mutex};
 
 /// Starts the export `spec` asks for on `device`, through the export registry.
 fn start_export(
@@ -70,6 +71,8 @@ pub(super) struct Stack {
     export: Box<dyn Export>,
     /// The lower mappings, in creation order.
     lower: Vec<String>,
+    /// The data locks on every file the tables use, held until the stack is closed.
+    locks: Mutex<DataLocks>,
 }
 
 impl Stack {
@@ -86,13 +89,27 @@ impl Stack {
             read_only: spec.readonly,
             ..FileOptions::default()
         });
+        let mut locks = DataLocks::new();
         {
             let keyless = lower_tables(&spec.info);
-            let tables = keyless.iter().map(|(n, t)| (n.as_str(), t.as_str())).chain(
-                secret_lower
-                    .iter()
-                    .map(|l| (l.name.as_str(), l.table.as_str())),
-            );
+            let tables: Vec<(&str, &str)> = keyless
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.as_str()))
+                .chain(
+                    secret_lower
+                        .iter()
+                        .map(|l| (l.name.as_str(), l.table.as_str())),
+                )
+                .collect();
+            // Every file of every table is locked before any table loads (a loading target
+            // may already write: integrity's journal replay).
+            for table in tables
+                .iter()
+                .map(|(_, t)| *t)
+                .chain(std::iter::once(spec.table.as_str()))
+            {
+                lock_table_files(&mut locks, table, spec.readonly, &lower)?;
+            }
             for (name, table) in tables {
                 registry
                     .create(name, table)
@@ -118,7 +135,15 @@ impl Stack {
             mapping,
             export,
             lower,
+            locks: Mutex::new(locks),
         })
+    }
+
+    /// Locks the files a table about to be loaded into this stack uses (`dm reload`), as
+    /// [`Stack::build`] locked the first tables'.
+    pub(super) fn lock_files_of(&self, table: &str) -> Result<(), Failure> {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        lock_table_files(&mut locks, table, self.spec.readonly, &self.lower)
     }
 
     /// What the daemon was started with.
@@ -214,6 +239,7 @@ impl Stack {
             mapping,
             export,
             lower,
+            locks,
         } = self;
         let flushed = mapping.flush();
         let stopped = export.stop();
@@ -225,10 +251,32 @@ impl Stack {
             }
             let _ = registry.remove(name);
         }
+        drop(registry);
+        // Only now, with every backing flushed and closed, may another writer come in.
+        drop(locks);
         flushed.map_err(|e| Failure::device(format!("flush on close failed: {e}")))?;
         stopped.map_err(|e| Failure::device(e.to_string()))?;
         Ok(())
     }
+}
+
+/// Adds to `locks` every file `table` names (exclusive unless `read_only`); names of the
+/// stack's own mappings (`lower`) and RAM disks are no files. An unparsable table is left to
+/// the load, which reports it.
+fn lock_table_files(
+    locks: &mut DataLocks,
+    table: &str,
+    read_only: bool,
+    lower: &[String],
+) -> Result<(), Failure> {
+    let Ok(spec) = TableSpec::parse(table) else {
+        return Ok(());
+    };
+    locks.add_devices(
+        spec.lines.iter().flat_map(|l| l.target.devices()),
+        !read_only,
+        |name| lower.iter().any(|l| l == name),
+    )
 }
 
 /// True if `table` names device `name` (as `name` or `/dev/mapper/name`).
