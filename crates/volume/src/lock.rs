@@ -213,7 +213,7 @@ mod tests {
             }
         }
         // The header lock is another byte: header actions go on.
-        let f = File::open(&a).unwrap();
+        let f = OpenOptions::new().read(true).write(true).open(&a).unwrap();
         lock_header(&f, true).unwrap();
         drop(held);
         DataLock::take(&a, true).unwrap();

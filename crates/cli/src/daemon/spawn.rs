@@ -34,7 +34,7 @@ struct DaemonSpec {
 pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<Value, Failure> {
     check_stack_names(&spec.name, &lower_names(spec, lower))?;
     let log = client::runtime_dir()?.join(format!("{}.log", spec.name));
-    let log_file = std::fs::File::create(&log)?;
+    let log_file = create_log(&log)?;
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg("__serve")
@@ -78,6 +78,29 @@ pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<Value, Fail
         ExitCode::from_code(code),
         msg.trim().to_string(),
     ))
+}
+
+/// A fresh log file at `log`: the old one removed, the new one created exclusively without
+/// following a symbolic link (mode 0600), so nothing planted under that name is written.
+fn create_log(log: &std::path::Path) -> Result<std::fs::File, Failure> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(log) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(Failure::device(format!(
+                "cannot replace {}: {e}",
+                log.display()
+            )))
+        }
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(log)
+        .map_err(|e| Failure::device(format!("cannot create {}: {e}", log.display())))
 }
 
 /// The daemon's side: the spec and the secret lower tables from stdin, or the exit status

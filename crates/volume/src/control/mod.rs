@@ -16,14 +16,17 @@ pub use protocol::{
 use crate::error::{ErrorClass, Result, VolumeError};
 use protocol::AnswerError;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The directory holding control sockets, logs and metadata of running daemons:
 /// `$CRYPTBLK_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/cryptblk`, else `/run/cryptblk` for root,
-/// else `/tmp/cryptblk-<uid>`. Created (mode 0700) if missing.
+/// else `/tmp/cryptblk-<uid>`. Created (mode 0700) if missing. Whoever controls this
+/// directory can read keys sent to daemons and impersonate them, so it must be the caller's
+/// own (see [`check_private_dir`]); it is refused otherwise, never repaired (its mode is
+/// never changed).
 pub fn runtime_dir() -> Result<PathBuf> {
     let dir = if let Some(d) = std::env::var_os("CRYPTBLK_RUNTIME_DIR") {
         PathBuf::from(d)
@@ -38,21 +41,153 @@ pub fn runtime_dir() -> Result<PathBuf> {
             PathBuf::from(format!("/tmp/cryptblk-{uid}"))
         }
     };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| {
-            VolumeError::usage(format!(
-                "cannot create runtime directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-    let meta = std::fs::metadata(&dir)?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    let dir = std::path::absolute(&dir)?;
+    // Refuse a hostile parent before creating anything in it.
+    check_private_dir(&dir, true)?;
+    if std::fs::symlink_metadata(&dir).is_err() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| {
+                VolumeError::usage(format!(
+                    "cannot create runtime directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
     }
+    check_private_dir(&dir, false)?;
     Ok(dir)
+}
+
+/// The effective uid of this process.
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// Checks that `dir` (absolute) is private to the caller: a real directory (no symbolic
+/// link) owned by the caller and writable by nobody else; and that no other user can replace
+/// it: every ancestor is owned by root or the caller and, when others may write it, sticky
+/// (as `/tmp`); a symbolic link among the ancestors must be root's (as `/var/run`). With
+/// `ancestors_only`, `dir` itself (which may not exist yet) is not checked, nor are missing
+/// ancestors.
+pub fn check_private_dir(dir: &Path, ancestors_only: bool) -> Result<()> {
+    let me = euid();
+    let refuse = |path: &Path, why: String| {
+        let fix = "set CRYPTBLK_RUNTIME_DIR to a directory only you own and can write \
+                   (mode 0700)";
+        VolumeError::usage(if path == dir {
+            format!(
+                "unsafe runtime directory {}: it {why}; {fix}",
+                dir.display()
+            )
+        } else {
+            format!(
+                "unsafe runtime directory {}: {} {why}; {fix}",
+                dir.display(),
+                path.display()
+            )
+        })
+    };
+    let mut path = PathBuf::new();
+    let comps: Vec<_> = dir.components().collect();
+    for (i, comp) in comps.iter().enumerate() {
+        path.push(comp);
+        let last = i + 1 == comps.len();
+        if last && ancestors_only {
+            break;
+        }
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && ancestors_only => break,
+            Err(e) => return Err(refuse(&path, format!("cannot be examined ({e})"))),
+        };
+        let mode = meta.permissions().mode();
+        if meta.file_type().is_symlink() {
+            if last || meta.uid() != 0 {
+                return Err(refuse(
+                    &path,
+                    format!("is a symbolic link (owned by uid {})", meta.uid()),
+                ));
+            }
+            continue;
+        }
+        if last {
+            if !meta.is_dir() {
+                return Err(refuse(&path, "is not a directory".into()));
+            }
+            if meta.uid() != me {
+                return Err(refuse(
+                    &path,
+                    format!("is owned by uid {}, not by you (uid {me})", meta.uid()),
+                ));
+            }
+            if mode & 0o022 != 0 {
+                return Err(refuse(
+                    &path,
+                    format!("is writable by other users (mode {:o})", mode & 0o7777),
+                ));
+            }
+        } else {
+            if meta.uid() != 0 && meta.uid() != me {
+                return Err(refuse(
+                    &path,
+                    format!(
+                        "is owned by uid {}, who could replace what it holds",
+                        meta.uid()
+                    ),
+                ));
+            }
+            if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+                return Err(refuse(
+                    &path,
+                    format!(
+                        "is writable by other users and not sticky (mode {:o})",
+                        mode & 0o7777
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Connects to the control socket at `path` and checks that the process listening runs as
+/// the caller: in a directory someone else reached, a stranger's listener
+/// would otherwise receive the request and any key it carries.
+pub fn connect(path: &Path) -> std::io::Result<UnixStream> {
+    let stream = UnixStream::connect(path)?;
+    let uid = peer_uid(&stream)?;
+    if uid != euid() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("its listener runs as uid {uid}, not as you, so nothing is sent to it"),
+        ));
+    }
+    Ok(stream)
+}
+
+/// The uid of the process at the other end of `stream` (`SO_PEERCRED`).
+fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: ucred is plain data; the kernel fills it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }
 
 /// Checks that a mapping name is usable as a file name and as a dm name.
@@ -88,7 +223,7 @@ pub fn list() -> Result<Vec<String>> {
         let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".ctl")) else {
             continue;
         };
-        if UnixStream::connect(entry.path()).is_ok() {
+        if connect(&entry.path()).is_ok() {
             names.push(name.to_string());
         }
     }
@@ -168,8 +303,19 @@ fn request_at(path: &Path, name: &str, req: &Request) -> Result<Response> {
 
 /// Writes one request line to the socket at `path` and reads one answer line.
 fn exchange(path: &Path, name: &str, line: &str) -> Result<String> {
-    let stream = UnixStream::connect(path)
-        .map_err(|_| VolumeError::device(format!("Device {name} is not active.")))?;
+    let stream = connect(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            VolumeError::new(
+                ErrorClass::NoPermission,
+                format!(
+                    "cannot talk to the daemon of {name} at {}: {e}",
+                    path.display()
+                ),
+            )
+        } else {
+            VolumeError::device(format!("Device {name} is not active."))
+        }
+    })?;
     // Suspend waits for in-flight I/O to drain; give it time but never hang forever.
     stream.set_read_timeout(Some(Duration::from_secs(300)))?;
     let mut writer = stream.try_clone()?;
