@@ -152,6 +152,15 @@ impl Volume {
         }
     }
 
+    /// Bytes at the start of the header device that the header and its keyslot areas use:
+    /// data on the same device must start at or after this.
+    pub fn metadata_size(&self) -> u64 {
+        match self {
+            Volume::Luks1(v) => v.header().required_size(),
+            Volume::Luks2(h, _) => h.metadata_and_keyslots_size(),
+        }
+    }
+
     /// The data segment.
     pub fn segment(&self) -> Result<Segment> {
         match self {

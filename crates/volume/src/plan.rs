@@ -44,6 +44,25 @@ pub struct LuksLocation<'a> {
     pub header: &'a Path,
 }
 
+/// Refuses a data segment that starts inside the header or keyslot areas of the same device:
+/// writes to the volume would destroy them. cryptsetup 2.6 refuses data offset 0 on the header's
+/// device with this message (exit 1) whatever the mode, and other overlaps already as invalid
+/// headers; any overlap that gets here is refused the same way.
+fn check_data_after_header(vol: &Volume, seg: &Segment, at: &LuksLocation<'_>) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
+    let same_device = match (id(at.device), id(at.header)) {
+        (Ok(d), Ok(h)) => d == h,
+        _ => at.device == at.header,
+    };
+    if same_device && seg.offset < vol.metadata_size() {
+        return Err(VolumeError::usage(
+            "Reduced data offset is allowed only for detached LUKS header.",
+        ));
+    }
+    Ok(())
+}
+
 /// The plan that activates unlocked LUKS volume `vol` (key `vk`) as `name` with `flags`.
 pub fn luks(
     vol: &Volume,
@@ -53,6 +72,7 @@ pub fn luks(
     flags: &Activation,
 ) -> Result<ActivationPlan> {
     let seg = vol.segment()?;
+    check_data_after_header(vol, &seg, &at)?;
     if let (Some(_), Some(h)) = (&seg.integrity, vol.luks2()) {
         // As cryptsetup: discards cannot pass through dm-integrity (given or stored).
         if flags.crypt.allow_discards {
