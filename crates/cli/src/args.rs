@@ -558,7 +558,8 @@ impl PerfArgs {
 /// Where a mapping is served.
 #[derive(Args, Debug, Default, Clone)]
 pub struct ExportArgs {
-    /// Serve over NBD on a Unix socket path, or on TCP at host:port (loopback by default).
+    /// Serve over NBD on a Unix socket (unix:PATH, or a path containing '/'), or on TCP at
+    /// HOST:PORT or [IPV6]:PORT.
     #[arg(long, value_name = "SOCKET|HOST:PORT")]
     pub nbd: Option<String>,
     /// Serve as the file <DIR>/disk on a FUSE mount (losetup works on it).

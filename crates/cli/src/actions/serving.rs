@@ -71,11 +71,9 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
     }
     match (&export.nbd, &export.fuse) {
         (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd, --fuse or --ublk")),
-        (Some(n), None) => {
-            if n.parse::<std::net::SocketAddr>().is_ok() {
-                Ok(ExportSpec::NbdTcp(n.clone()))
-            } else {
-                let p = std::path::PathBuf::from(n);
+        (Some(n), None) => match parse_nbd_address(n)? {
+            NbdAddress::Tcp(addr) => Ok(ExportSpec::NbdTcp(addr.to_string())),
+            NbdAddress::Unix(p) => {
                 let abs = if p.is_absolute() {
                     p
                 } else {
@@ -83,7 +81,7 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
                 };
                 Ok(ExportSpec::NbdUnix(abs))
             }
-        }
+        },
         (None, Some(dir)) => {
             let abs = std::fs::canonicalize(dir)
                 .map_err(|e| Failure::usage(format!("FUSE mount point {}: {e}", dir.display())))?;
@@ -93,6 +91,62 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
             "no export given: use --nbd <socket|host:port>, --fuse <dir> or --ublk",
         )),
     }
+}
+
+/// Where `--nbd` listens.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NbdAddress {
+    /// A Unix socket at this path.
+    Unix(std::path::PathBuf),
+    /// TCP at this address (port 0: a free port).
+    Tcp(std::net::SocketAddr),
+}
+
+/// Parses `--nbd`: `unix:PATH`, or a path with a `/` (`./data.sock`, `/run/data.sock`), for a
+/// Unix socket; `HOST:PORT` (an IPv4 address or a host name) or `[IPV6]:PORT`, port 0-65535,
+/// for TCP. Anything else (a bare name or port, a missing host, a port out of range) is
+/// refused (exit 1) rather than taken as a file name in the current directory.
+pub fn parse_nbd_address(text: &str) -> Result<NbdAddress, Failure> {
+    use std::net::ToSocketAddrs;
+    let refuse = |why: &str| {
+        Failure::usage(format!(
+            "invalid --nbd address '{text}' ({why}): use unix:PATH or a path containing '/' \
+             for a Unix socket, HOST:PORT or [IPV6]:PORT for TCP"
+        ))
+    };
+    if let Some(path) = text.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(refuse("no path"));
+        }
+        return Ok(NbdAddress::Unix(path.into()));
+    }
+    if text.contains('/') {
+        return Ok(NbdAddress::Unix(text.into()));
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(refuse("neither a path nor HOST:PORT"));
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| refuse("the port must be a number from 0 to 65535"))?;
+    let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => {
+            let ip: std::net::Ipv6Addr = v6.parse().map_err(|_| refuse("not an IPv6 address"))?;
+            return Ok(NbdAddress::Tcp((ip, port).into()));
+        }
+        None if host.is_empty() => return Err(refuse("no host")),
+        None if host.contains(':') => return Err(refuse("write an IPv6 address as [ADDR]:PORT")),
+        None => host,
+    };
+    if let Ok(ip) = host.parse::<std::net::Ipv4Addr>() {
+        return Ok(NbdAddress::Tcp((ip, port).into()));
+    }
+    let addr = (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| refuse("unknown host"))?;
+    Ok(NbdAddress::Tcp(addr))
 }
 
 /// Reads a table from `--table`, `--table-file` or standard input. Inline tables may not
@@ -402,5 +456,44 @@ mod tests {
         assert!(bad(&["a=/nonexistent"]).contains("cannot read table file"));
         let err = read_lower_tables("top", true, &["a=-".to_string()]).err();
         assert!(err.expect("refused").message.contains("standard input"));
+    }
+}
+
+#[cfg(test)]
+mod nbd_address_tests {
+    use super::*;
+
+    #[test]
+    fn nbd_addresses_follow_the_grammar() {
+        let unix = |p: &str| Some(NbdAddress::Unix(p.into()));
+        assert_eq!(parse_nbd_address("unix:data.sock").ok(), unix("data.sock"));
+        assert_eq!(parse_nbd_address("./d.sock").ok(), unix("./d.sock"));
+        assert_eq!(parse_nbd_address("/run/x:1").ok(), unix("/run/x:1"));
+        let tcp = |a: &str| Some(NbdAddress::Tcp(a.parse().unwrap()));
+        assert_eq!(
+            parse_nbd_address("127.0.0.1:10809").ok(),
+            tcp("127.0.0.1:10809")
+        );
+        assert_eq!(parse_nbd_address("[::1]:0").ok(), tcp("[::1]:0"));
+        assert!(matches!(
+            parse_nbd_address("localhost:10809"),
+            Ok(NbdAddress::Tcp(a)) if a.port() == 10809 && a.ip().is_loopback()
+        ));
+        for bad in [
+            ":10809",
+            "10809",
+            "data.sock",
+            "127.0.0.1:65536",
+            "127.0.0.1:",
+            "::1:10809",
+            "[::1:10809",
+            "[nope]:1",
+            "unix:",
+            "no-such-host.invalid:1",
+        ] {
+            let e = parse_nbd_address(bad).unwrap_err();
+            assert_eq!(e.code, crate::exit::ExitCode::WrongParameters, "{bad}");
+            assert!(e.message.contains(bad), "{}", e.message);
+        }
     }
 }
