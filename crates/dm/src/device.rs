@@ -106,6 +106,13 @@ pub trait BlockDevice: Send + Sync {
         Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
     }
 
+    /// True if [`BlockDevice::discard`] can succeed, as the kernel's non-zero
+    /// `max_discard_sectors`: an export advertises discard only then, so clients never send
+    /// discards that fail.
+    fn supports_discard(&self) -> bool {
+        true
+    }
+
     /// Tells the device that a range's contents are no longer needed. Reads of a discarded
     /// range return unspecified data (zeros where the backing supports it).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -384,6 +384,9 @@ impl BlockDevice for Mapping {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
         t.write_with_tags(off, buf, tags, flags)
     }
+    fn supports_discard(&self) -> bool {
+        self.lock().active.table.supports_discard()
+    }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let g = self.enter();
         g.loaded.table.discard(offset, len)

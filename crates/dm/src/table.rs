@@ -231,6 +231,9 @@ impl BlockDevice for Table {
         }
         result
     }
+    fn supports_discard(&self) -> bool {
+        self.entries.iter().all(|e| e.target.supports_discard())
+    }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len)?;
         self.for_each_piece(offset, len, |t, off, r| t.discard(off, r.len() as u64))

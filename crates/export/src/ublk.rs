@@ -271,6 +271,9 @@ struct DeviceParams {
     logical_shift: u8,
     max_io_bytes: u32,
     read_only: bool,
+    /// Whether discard (and write-zeroes) is advertised: only when the device takes it, or
+    /// every mkfs would see its discards fail.
+    discard: bool,
 }
 
 impl DeviceParams {
@@ -307,6 +310,7 @@ impl DeviceParams {
             logical_shift: logical.trailing_zeros() as u8,
             max_io_bytes: config.max_io_bytes,
             read_only: config.read_only,
+            discard: device.supports_discard() && !config.read_only,
         })
     }
 
@@ -319,7 +323,11 @@ impl DeviceParams {
         let io_shift = self.logical_shift.max(12);
         dev.tgt.dev_size = self.size;
         dev.tgt.params = sys::ublk_params {
-            types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+            types: if self.discard {
+                sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD
+            } else {
+                sys::UBLK_PARAM_TYPE_BASIC
+            },
             basic: sys::ublk_param_basic {
                 attrs,
                 logical_bs_shift: self.logical_shift,
@@ -586,6 +594,35 @@ mod tests {
             ..UblkConfig::default()
         };
         assert!(DeviceParams::new(&ok, &cfg).is_err());
+    }
+
+    #[test]
+    fn discard_is_advertised_only_when_the_table_allows_it() {
+        let key = "00".repeat(64);
+        let registry = cryptblk_dm::Registry::new();
+        for (name, flags, want) in [
+            ("plain", "", false),
+            ("allowing", " 1 allow_discards", true),
+        ] {
+            let table = format!("0 2048 crypt aes-xts-plain64 {key} 0 ram:1M#{name} 0{flags}");
+            let m = registry.create(name, &table).unwrap();
+            let p = DeviceParams::new(m.as_ref(), &UblkConfig::default()).unwrap();
+            assert_eq!(p.discard, want, "{table}");
+            let ro = UblkConfig {
+                read_only: true,
+                ..UblkConfig::default()
+            };
+            assert!(!DeviceParams::new(m.as_ref(), &ro).unwrap().discard);
+        }
+        // A linear mapping passes discards down, so it keeps advertising them.
+        let m = registry
+            .create("lin", "0 2048 linear ram:1M#lin 0")
+            .unwrap();
+        assert!(
+            DeviceParams::new(m.as_ref(), &UblkConfig::default())
+                .unwrap()
+                .discard
+        );
     }
 
     #[test]

@@ -157,13 +157,28 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             e
         }
     })?;
+    // As cryptsetup: an empty device is refused; a LUKS1 header grows a too small file, which
+    // then has no room for data (a warning, not a failure).
+    let device_size = cryptblk_volume::device::device_size(device)?;
+    if opts.header.is_none() && device_size == 0 {
+        return Err(Failure::usage(format!(
+            "Device {} is too small.",
+            device.display()
+        )));
+    }
     let header = volume::header_path(opts, device);
     if opts.header.is_some() && !header.exists() {
         std::fs::File::create(header)?;
     }
     let f = volume::open_file(header, true)?;
     let sector_size = new_sector_size(opts, Some(device))?;
-    let (vk, _) = format_header(opts, &f, pass.as_bytes(), sector_size)?;
+    let (vk, data_offset) = format_header(opts, &f, pass.as_bytes(), sector_size)?;
+    if opts.header.is_none() && device_size <= data_offset {
+        eprintln!(
+            "Device {} is too small for activation, there is no remaining space for data.",
+            device.display()
+        );
+    }
     if opts.integrity.integrity.is_some() {
         let h = Luks2Header::read(&f)?;
         let how = luks2_integrity::DataFormat {

@@ -50,7 +50,8 @@ pub fn key_source(opts: &Opts, positional: Option<&Path>) -> KeySource {
 pub fn limits(opts: &Opts) -> KeyFileLimits {
     KeyFileLimits {
         offset: opts.keyfile_offset.unwrap_or(0),
-        size: opts.keyfile_size.map(|n| n as usize),
+        // As cryptsetup: a size of 0 means no limit (the whole file).
+        size: opts.keyfile_size.filter(|&n| n > 0).map(|n| n as usize),
     }
 }
 

@@ -91,6 +91,9 @@ impl BlockDevice for LinearTarget {
         self.dev
             .write_with_tags(self.base() + offset, buf, tags, flags)
     }
+    fn supports_discard(&self) -> bool {
+        self.dev.supports_discard()
+    }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.len, offset, len)?;
         self.dev.discard(self.base() + offset, len)

@@ -858,6 +858,10 @@ impl BlockDevice for VerityTarget {
         Ok(())
     }
 
+    fn supports_discard(&self) -> bool {
+        false
+    }
+
     fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Err(errno(libc::EROFS))
     }

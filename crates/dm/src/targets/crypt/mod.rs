@@ -683,6 +683,9 @@ impl BlockDevice for CryptTarget {
         let r = self.dev.flush();
         self.account(r)
     }
+    fn supports_discard(&self) -> bool {
+        self.params.flags.allow_discards && self.dev.supports_discard()
+    }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len)?;
         if !self.params.flags.allow_discards {
