@@ -174,7 +174,8 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
     let sector_size = new_sector_size(opts, Some(device))?;
     let (vk, data_offset) = format_header(opts, &f, pass.as_bytes(), sector_size)?;
     if opts.header.is_none() && device_size <= data_offset {
-        eprintln!(
+        // cryptsetup prints this notice on standard output.
+        println!(
             "Device {} is too small for activation, there is no remaining space for data.",
             device.display()
         );
