@@ -156,7 +156,8 @@ impl DataLocks {
     }
 
     /// Locks every file a table names: `devices` are the table's device fields; those
-    /// `is_mapping` says are mappings, and `ram:` disks, are not files.
+    /// `is_mapping` says are mappings, and `ram:` disks, are not files. A device that does
+    /// not exist is left to the table's load, which reports it in its context.
     pub fn add_devices<'a>(
         &mut self,
         devices: impl IntoIterator<Item = &'a str>,
@@ -165,7 +166,7 @@ impl DataLocks {
     ) -> Result<()> {
         for dev in devices {
             let name = dev.strip_prefix("/dev/mapper/").unwrap_or(dev);
-            if dev.starts_with("ram:") || is_mapping(name) {
+            if dev.starts_with("ram:") || is_mapping(name) || std::fs::metadata(dev).is_err() {
                 continue;
             }
             self.add(Path::new(dev), exclusive)?;
@@ -240,8 +241,10 @@ mod tests {
         let mut set = DataLocks::new();
         set.add(&a, false).unwrap();
         set.add(&dir.path().join("hard"), true).unwrap();
-        set.add_devices(["data_dif", "ram:1M"], true, |n| n == "data_dif")
-            .unwrap();
+        set.add_devices(["data_dif", "ram:1M", "/nonexistent/x"], true, |n| {
+            n == "data_dif"
+        })
+        .unwrap();
         assert_eq!(set.len(), 1);
         assert_eq!(
             DataLock::take(&a, false).unwrap_err().code,
