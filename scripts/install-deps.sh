@@ -32,6 +32,9 @@ want zstd zstd
 want cpio cpio
 want depmod kmod
 want dmsetup dmsetup
+# tests/hardening.rs acts as a throw-away ordinary user.
+want useradd passwd
+want runuser util-linux
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)
 [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_pkgs+=(libclang-dev)
 
