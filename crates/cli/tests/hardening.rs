@@ -180,6 +180,20 @@ fn a_served_volume_has_one_writer_whatever_the_path() {
         b"",
     );
     assert_refused(&o, 5, "in use.");
+    // Nor does an offline pipeline replace the served file.
+    let plain = d.join("plain.bin");
+    write_pattern(&plain, 4096, 3);
+    let o = run(
+        cryptblk()
+            .arg("encrypt")
+            .args(FAST)
+            .arg("--key-file")
+            .arg(&key)
+            .arg(&plain)
+            .arg(&img),
+        b"",
+    );
+    assert_refused(&o, 5, "which is in use (already mapped or mounted).");
     assert_eq!(sha256(&img), sum);
 
     // Header-only actions go on while the volume is served, as with cryptsetup.
@@ -220,6 +234,33 @@ fn read_only_opens_share_a_volume() {
         b"",
     );
     assert_refused(&o, 5, "in use");
+}
+
+#[test]
+fn a_served_integrity_device_is_not_formatted_again() {
+    let dir = tempdir();
+    let d = dir.path();
+    let img = d.join("int.img");
+    sparse_file(&img, 16 << 20);
+    let format = || {
+        run(
+            cryptblk()
+                .args(["integrity", "format", "--batch-mode"])
+                .arg(&img),
+            b"",
+        )
+    };
+    let o = format();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _s = integrity_open_nbd(&img, "t-hd-int", &d.join("int.sock"), &[]);
+    let sum = sha256(&img);
+    let o = format();
+    assert_refused(
+        &o,
+        5,
+        &format!("Cannot format device {} in use.", img.display()),
+    );
+    assert_eq!(sha256(&img), sum);
 }
 
 /// Rewrites both LUKS2 header copies of `img` with segment 0 at `offset` (checksums resealed).

@@ -185,6 +185,23 @@ impl DataLocks {
     }
 }
 
+/// Exclusive data locks for an action that is about to write a new format onto `paths`
+/// (each file once): a device in use is refused (exit 5) with cryptsetup's format message. A
+/// path that does not exist yet is left to the action.
+pub fn for_format(paths: &[&Path]) -> Result<DataLocks> {
+    let mut locks = DataLocks::new();
+    for path in paths.iter().filter(|p| p.exists()) {
+        locks.add(path, true).map_err(|e| {
+            if e.code == crate::ErrorClass::Busy {
+                VolumeError::busy(format!("Cannot format device {} in use.", path.display()))
+            } else {
+                e
+            }
+        })?;
+    }
+    Ok(locks)
+}
+
 /// Takes the header lock on an open header `file` (exclusive for a writer, shared for a
 /// reader), waiting while another action holds a conflicting one; it lasts as long as
 /// `file` stays open. The data lock of an open volume does not meet it.

@@ -191,6 +191,8 @@ pub fn check_output_distinct(inputs: &[Endpoint], output: &Endpoint) -> Result<(
 /// output and existing devices (block devices, FIFOs) are written in place.
 pub struct Output {
     target: OutputTarget,
+    /// An existing output's data lock: a file a daemon serves is not replaced under it.
+    _in_use: Option<crate::lock::DataLock>,
 }
 
 enum OutputTarget {
@@ -213,12 +215,19 @@ impl Output {
         if path.as_os_str() == "-" {
             return Ok(Output {
                 target: OutputTarget::Stdout(std::io::stdout()),
+                _in_use: None,
             });
         }
         let existing = match std::fs::metadata(path) {
             Ok(m) => Some(m),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(cannot(e)),
+        };
+        let in_use = match &existing {
+            Some(m) if m.is_file() || m.file_type().is_block_device() => {
+                Some(crate::lock::DataLock::take(path, true)?)
+            }
+            _ => None,
         };
         if let Some(meta) = existing.as_ref().filter(|m| !m.is_file()) {
             if meta.is_dir() {
@@ -233,6 +242,7 @@ impl Output {
                 .map_err(cannot)?;
             return Ok(Output {
                 target: OutputTarget::InPlace(f),
+                _in_use: in_use,
             });
         }
         let path = match existing {
@@ -255,6 +265,7 @@ impl Output {
         }
         Ok(Output {
             target: OutputTarget::Renamed { tmp, path },
+            _in_use: in_use,
         })
     }
 
@@ -327,5 +338,16 @@ mod tests {
         assert_eq!(std::fs::read(&p).unwrap(), b"new");
         let mode = std::fs::metadata(&p).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o640);
+    }
+
+    #[test]
+    fn an_output_a_daemon_serves_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("served");
+        std::fs::write(&p, b"volume").unwrap();
+        let _served = crate::lock::DataLock::take(&p, false).unwrap();
+        let e = Output::create(&p).err().unwrap();
+        assert_eq!(e.code, crate::ErrorClass::Busy);
+        assert_eq!(std::fs::read(&p).unwrap(), b"volume");
     }
 }

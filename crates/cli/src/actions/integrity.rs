@@ -97,6 +97,10 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
             "--integrity-recovery-mode and --integrity-no-journal apply to open, not format.",
         ));
     }
+    // Formatting a device a daemon serves would pull its data out from under it.
+    let mut formatted = vec![device];
+    formatted.extend(o.data_device.as_deref());
+    let _in_use = cryptblk_volume::lock::for_format(&formatted)?;
     // With a data device, the positional device holds only the metadata.
     let devices = lib::Devices::open(device, o.data_device.as_deref())?;
     volume::confirm(

@@ -150,13 +150,7 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         ),
     )?;
     // Formatting a device a daemon serves would pull its data out from under it.
-    let _in_use = cryptblk_volume::lock::DataLock::take(device, true).map_err(|e| {
-        if e.code == ExitCode::Busy {
-            Failure::busy(format!("Cannot format device {} in use.", device.display()))
-        } else {
-            e
-        }
-    })?;
+    let _in_use = cryptblk_volume::lock::for_format(&[device])?;
     // As cryptsetup: an empty device is refused; a LUKS1 header grows a too small file, which
     // then has no room for data (a warning, not a failure).
     let device_size = cryptblk_volume::device::device_size(device)?;

@@ -69,6 +69,8 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
 
 /// `verity format`: prints what veritysetup prints, the root hash last.
 fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> ActionResult {
+    // The hash tree is written: not under a daemon that serves it.
+    let _in_use = cryptblk_volume::lock::for_format(&[hash_device])?;
     let data_blocks = match t.data_blocks {
         Some(n) => n,
         None => lib::default_data_blocks(data, hash_device, t.hash_offset, t.data_block_size)?,
