@@ -515,10 +515,13 @@ fn small_items_match_cryptsetup() {
 struct TestUser {
     name: String,
     uid: u32,
+    /// The binary under test where this user can run it (the build tree may sit in a
+    /// directory only root can enter).
+    exe: PathBuf,
 }
 
 impl TestUser {
-    fn create() -> Option<TestUser> {
+    fn create(scratch: &Path) -> Option<TestUser> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipping: acting as another user needs root (useradd, runuser)");
@@ -530,9 +533,15 @@ impl TestUser {
             b"",
         );
         let id = run_ok(Command::new("id").args(["-u", &name]), b"");
+        let exe = scratch.join("cryptblk");
+        let built = Path::new(env!("CARGO_BIN_EXE_cryptblk"));
+        if std::fs::hard_link(built, &exe).is_err() {
+            std::fs::copy(built, &exe).unwrap();
+        }
         Some(TestUser {
             uid: id.trim().parse().unwrap(),
             name,
+            exe,
         })
     }
 
@@ -543,7 +552,7 @@ impl TestUser {
         for (k, v) in env {
             c.arg(format!("{k}={}", v.display()));
         }
-        c.arg(env!("CARGO_BIN_EXE_cryptblk"));
+        c.arg(&self.exe);
         c.env_remove("CRYPTBLK_RUNTIME_DIR");
         c
     }
@@ -570,12 +579,13 @@ fn chown(p: &Path, uid: u32) {
 
 #[test]
 fn a_runtime_directory_someone_else_controls_is_refused() {
-    let Some(user) = TestUser::create() else {
-        return;
-    };
     let base = Scratch(std::env::temp_dir().join(format!("cbhard-{}", std::process::id())));
     std::fs::create_dir(&base.0).unwrap();
+    std::fs::set_permissions(&base.0, std::fs::Permissions::from_mode(0o755)).unwrap();
     let d = &base.0;
+    let Some(user) = TestUser::create(d) else {
+        return;
+    };
     let key = key_file(d);
     let img = luks2_image(d, "vol.img", &key, 24);
 
@@ -652,7 +662,6 @@ fn a_runtime_directory_someone_else_controls_is_refused() {
     std::fs::create_dir(&private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     chown(&private, user.uid);
-    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     let ctl = private.join("v.ctl");
     let listener = std::os::unix::net::UnixListener::bind(&ctl).unwrap();
     std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o777)).unwrap();
