@@ -292,12 +292,12 @@ mod tests {
             *text,
             format!(
                 "0 2048 crypt aes-xts-plain64 {} 0 ram0 0 2 no_read_workqueue no_write_workqueue",
-                key.to_hex()
+                key.to_hex().as_str()
             )
         );
         let masked = inline.masked_table("ram0", 1 << 20).unwrap();
         assert!(masked.contains(&"0".repeat(128)));
-        assert!(!masked.contains(&key.to_hex()));
+        assert!(!masked.contains(key.to_hex().as_str()));
     }
 
     #[test]

@@ -113,7 +113,7 @@ fn run_tool(cmd: &mut Command, what: &str) -> Result<(), BenchError> {
 pub fn make_image(dir: &Path, size: u64) -> Result<PeerImage, BenchError> {
     let passphrase_file = dir.join("peer-passphrase");
     let path = dir.join("peer-luks1.img");
-    let pass = SecretBytes::from_vec(SecretBytes::random(24).to_hex().into_bytes());
+    let pass = SecretBytes::from_slice(SecretBytes::random(24).to_hex().as_bytes());
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()

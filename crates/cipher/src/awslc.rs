@@ -30,6 +30,8 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
     if !supports(spec, key.len()) {
         return Err(CipherError::NoImplementation(format!("aws-lc for {spec}")));
     }
+    // The contexts below hold key schedules: they must come from locked memory.
+    crate::lock_backend_memory();
     match spec.chain_mode() {
         ChainMode::Xts => Ok(Box::new(XtsEngine::new(key)?)),
         _ => Ok(Box::new(CbcEngine::new(key)?)),

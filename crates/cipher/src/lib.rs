@@ -21,6 +21,7 @@ mod measure;
 pub mod raw;
 mod registry;
 mod rustcrypto;
+mod locked;
 pub mod secret;
 mod serpent_fast;
 pub mod spec;
@@ -30,7 +31,8 @@ pub use measure::{measure, Throughput};
 pub use registry::{
     default_implementation, implementations, open_cipher, open_cipher_spec, ImplementationInfo,
 };
-pub use secret::SecretBytes;
+pub use locked::lock_backend_memory;
+pub use secret::{SecretBytes, SecretText};
 pub use spec::{BlockCipherName, ChainMode, CipherSpec, IvMode, SectorOptions};
 
 /// Errors from cipher setup and sector processing.
