@@ -16,22 +16,22 @@ mod block;
 mod dmcipher;
 pub mod hash;
 mod iv;
+mod locked;
 mod lrw;
 mod measure;
 pub mod raw;
 mod registry;
 mod rustcrypto;
-mod locked;
 pub mod secret;
 mod serpent_fast;
 pub mod spec;
 mod twofish_fast;
 
+pub use locked::lock_backend_memory;
 pub use measure::{measure, Throughput};
 pub use registry::{
     default_implementation, implementations, open_cipher, open_cipher_spec, ImplementationInfo,
 };
-pub use locked::lock_backend_memory;
 pub use secret::{SecretBytes, SecretText};
 pub use spec::{BlockCipherName, ChainMode, CipherSpec, IvMode, SectorOptions};
 

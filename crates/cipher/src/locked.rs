@@ -131,7 +131,10 @@ impl SecretText {
     }
 
     fn reserve(&mut self, extra: usize) {
-        let need = self.len.checked_add(extra).expect("secret text size overflows");
+        let need = self
+            .len
+            .checked_add(extra)
+            .expect("secret text size overflows");
         let cap = self.region.as_ref().map_or(0, LockedRegion::capacity);
         if need <= cap || need == 0 {
             return;
@@ -284,7 +287,9 @@ unsafe extern "C" fn awslc_malloc(
     // and whether it is locked, which free needs to undo both.
     unsafe {
         base.cast::<usize>().write(region.map_len);
-        base.add(8).cast::<usize>().write(usize::from(region.locked));
+        base.add(8)
+            .cast::<usize>()
+            .write(usize::from(region.locked));
         base.add(HEADER).cast()
     }
 }
@@ -305,7 +310,11 @@ unsafe fn region_of(p: *mut libc::c_void) -> LockedRegion {
     }
 }
 
-unsafe extern "C" fn awslc_free(p: *mut libc::c_void, _file: *const libc::c_char, _line: libc::c_int) {
+unsafe extern "C" fn awslc_free(
+    p: *mut libc::c_void,
+    _file: *const libc::c_char,
+    _line: libc::c_int,
+) {
     if !p.is_null() {
         // SAFETY: AWS-LC frees only what its malloc (ours) returned; dropping wipes and unmaps.
         drop(unsafe { region_of(p) });

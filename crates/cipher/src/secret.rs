@@ -19,8 +19,7 @@ pub struct SecretBytes {
 impl SecretBytes {
     /// A zero-filled secret of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
-        let region = (len > 0)
-            .then(|| LockedRegion::new(len).expect("out of memory for a secret"));
+        let region = (len > 0).then(|| LockedRegion::new(len).expect("out of memory for a secret"));
         SecretBytes { region, len }
     }
 

@@ -151,7 +151,10 @@ pub fn protect_key_memory() -> std::io::Result<()> {
     // SAFETY: plain system calls on a value that lives across them.
     if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(std::io::Error::new(e.kind(), format!("cannot disable core dumps: {e}")));
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("cannot disable core dumps: {e}"),
+        ));
     }
     // SAFETY: PR_SET_DUMPABLE takes one integer argument; the rest are ignored.
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
