@@ -99,6 +99,60 @@ impl Drop for LockedRegion {
     }
 }
 
+/// A value (a key schedule, a keyed cipher) kept in a [`LockedRegion`] of its own: locked,
+/// out of core dumps, and wiped after the value is dropped. The value is moved in, so
+/// whatever built it on the stack should be as short-lived as a stack frame.
+pub(crate) struct LockedBox<T> {
+    region: LockedRegion,
+    _owns: std::marker::PhantomData<T>,
+}
+
+// SAFETY: a LockedBox owns its T exactly like a Box does.
+unsafe impl<T: Send> Send for LockedBox<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for LockedBox<T> {}
+
+impl<T> LockedBox<T> {
+    /// Moves `value` into locked memory.
+    pub(crate) fn new(value: T) -> Self {
+        assert!(
+            std::mem::align_of::<T>() <= page_size(),
+            "page-aligned memory holds any value"
+        );
+        let region =
+            LockedRegion::new(std::mem::size_of::<T>()).expect("out of memory for a key schedule");
+        // SAFETY: the region is page-aligned (enough for T, checked above), large enough,
+        // and uninitialised as far as T is concerned.
+        unsafe { region.ptr.as_ptr().cast::<T>().write(value) };
+        LockedBox {
+            region,
+            _owns: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T> std::ops::Deref for LockedBox<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: new() wrote a T there, alive until drop.
+        unsafe { &*self.region.ptr.as_ptr().cast::<T>() }
+    }
+}
+
+impl<T> std::ops::DerefMut for LockedBox<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as deref, exclusive through &mut self.
+        unsafe { &mut *self.region.ptr.as_ptr().cast::<T>() }
+    }
+}
+
+impl<T> Drop for LockedBox<T> {
+    fn drop(&mut self) {
+        // SAFETY: the T written by new() is dropped once; the region then wipes the bytes.
+        unsafe { std::ptr::drop_in_place(self.region.ptr.as_ptr().cast::<T>()) };
+    }
+}
+
 /// Text that holds key material (a key's hex, a table line or control answer carrying it):
 /// kept in a [`LockedRegion`], wiped on drop. Growing moves it to a larger region and wipes
 /// the old one, so no copy stays behind.
