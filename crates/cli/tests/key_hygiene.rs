@@ -345,6 +345,7 @@ fn control_socket_refuses_an_endless_line_without_buffering_it() {
         assert!(answer.contains("longer than"), "{answer}");
     }
     let after = peak_rss_kb(pid);
+    eprintln!("sent {sent} bytes; daemon peak RSS {before} kB -> {after} kB");
     assert!(
         after < before + 20 * 1024,
         "peak RSS grew from {before} kB to {after} kB"
