@@ -39,7 +39,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let disk = RamDisk::new(size).expect("RAM disk");
-    disk.write_at(0, data, WriteFlags::default()).expect("image fits");
+    // Writes are whole sectors: the image is zero-padded to one.
+    let mut image = data.to_vec();
+    image.resize(image.len().next_multiple_of(512), 0);
+    disk.write_at(0, &image, WriteFlags::default()).expect("image fits");
     let dev: Arc<dyn BlockDevice> = Arc::new(disk);
     // The geometry comes from the superblock itself, so the parsers and the journal get
     // past the checks that a mismatched table line would fail.
