@@ -305,12 +305,12 @@ mod tests {
             format!(
                 "0 2048 crypt aes-xts-plain64 {} 0 ram0 0 3 no_read_workqueue no_write_workqueue \
                  sector_size:4096",
-                key.to_hex()
+                key.to_hex().as_str()
             )
         );
         let masked = inline.masked_table("ram0", 1 << 20).unwrap();
         assert!(masked.contains(&"0".repeat(128)));
-        assert!(!masked.contains(&key.to_hex()));
+        assert!(!masked.contains(key.to_hex().as_str()));
     }
 
     #[test]

@@ -124,7 +124,7 @@ const PEER_PBKDF2_ITERATIONS: &str = "1000";
 pub fn make_image(dir: &Path, size: u64) -> Result<PeerImage, BenchError> {
     let passphrase_file = dir.join("peer-passphrase");
     let path = dir.join("peer-luks1.img");
-    let pass = SecretBytes::from_vec(SecretBytes::random(24).to_hex().into_bytes());
+    let pass = SecretBytes::from_slice(SecretBytes::random(24).to_hex().as_bytes());
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()

@@ -57,6 +57,8 @@ fn bench_spec(
 /// What a naive binding does: a fresh EVP context and key schedule for every sector.
 fn bench_rekey_baseline(c: &mut Criterion) {
     use aws_lc_sys as sys;
+    // The crate routes AWS-LC's allocations to locked memory; the switch must come first.
+    cryptblk_cipher::lock_backend_memory();
     let mut g = c.benchmark_group("aes-256-xts-4096");
     g.throughput(Throughput::Bytes(BUF as u64));
     let k = key(64);

@@ -9,12 +9,12 @@
 //! are read-only and shared by all threads.
 
 use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
+use crate::locked::LockedBox;
 use crate::spec::{BlockCipherName, ChainMode, CipherSpec};
 use crate::CipherError;
 use aws_lc_sys as sys;
 use std::ptr;
 use std::sync::Mutex;
-use zeroize::Zeroize;
 
 /// True when `spec` with a `key_len`-byte key is something this implementation runs.
 pub(crate) fn supports(spec: &CipherSpec, key_len: usize) -> bool {
@@ -30,6 +30,8 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
     if !supports(spec, key.len()) {
         return Err(CipherError::NoImplementation(format!("aws-lc for {spec}")));
     }
+    // The contexts below hold key schedules: they must come from locked memory.
+    crate::lock_backend_memory();
     match spec.chain_mode() {
         ChainMode::Xts => Ok(Box::new(XtsEngine::new(key)?)),
         _ => Ok(Box::new(CbcEngine::new(key)?)),
@@ -174,12 +176,13 @@ impl ModeEngine for XtsEngine {
     }
 }
 
-/// A zeroized-on-drop AES key schedule.
-struct AesKey(Box<sys::AES_KEY>);
+/// An AES key schedule in locked memory, wiped on drop.
+struct AesKey(LockedBox<sys::AES_KEY>);
 
 impl AesKey {
     fn new(key: &[u8], encrypt: bool) -> Result<Self, CipherError> {
-        let mut k = Box::new(sys::AES_KEY {
+        // Expanded in place: no copy of the schedule outside locked memory.
+        let mut k = LockedBox::new(sys::AES_KEY {
             rd_key: [0; 60],
             rounds: 0,
         });
@@ -196,12 +199,6 @@ impl AesKey {
             return Err(backend_error("AES key setup"));
         }
         Ok(Self(k))
-    }
-}
-
-impl Drop for AesKey {
-    fn drop(&mut self) {
-        self.0.rd_key.zeroize();
     }
 }
 

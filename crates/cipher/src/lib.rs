@@ -16,6 +16,7 @@ mod block;
 mod dmcipher;
 pub mod hash;
 mod iv;
+mod locked;
 mod lrw;
 mod measure;
 pub mod raw;
@@ -26,11 +27,12 @@ mod serpent_fast;
 pub mod spec;
 mod twofish_fast;
 
+pub use locked::lock_backend_memory;
 pub use measure::{measure, Throughput};
 pub use registry::{
     default_implementation, implementations, open_cipher, open_cipher_spec, ImplementationInfo,
 };
-pub use secret::SecretBytes;
+pub use secret::{SecretBytes, SecretText};
 pub use spec::{BlockCipherName, ChainMode, CipherSpec, IvMode, SectorOptions};
 
 /// Errors from cipher setup and sector processing.

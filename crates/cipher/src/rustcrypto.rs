@@ -4,6 +4,7 @@
 use crate::block::Block16;
 use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
 use crate::iv::IV_LEN;
+use crate::locked::LockedBox;
 use crate::lrw::LrwEngine;
 use crate::spec::{BlockCipherName, ChainMode, CipherSpec};
 use crate::CipherError;
@@ -152,6 +153,23 @@ impl<C: Block16> ModeEngine for EcbEngine<C> {
     }
 }
 
+/// An engine whose key schedules live in locked memory, wiped when it is dropped.
+fn locked<E: ModeEngine + 'static>(engine: E) -> Box<dyn ModeEngine> {
+    Box::new(LockedBox::new(engine))
+}
+
+impl<E: ModeEngine> ModeEngine for LockedBox<E> {
+    fn crypt(
+        &self,
+        dir: Direction,
+        sectors: Sectors<'_>,
+        unit: usize,
+        ivs: &IvRun<'_>,
+    ) -> Result<(), CipherError> {
+        (**self).crypt(dir, sectors, unit, ivs)
+    }
+}
+
 fn build<C: Block16>(chain: ChainMode, key: &[u8]) -> Result<Box<dyn ModeEngine>, CipherError> {
     build_with_xts::<C>(chain, key, false)
 }
@@ -166,7 +184,7 @@ fn build_with_xts<C: Block16>(
     Ok(match chain {
         ChainMode::Xts if parallel_xts => {
             let (k1, k2) = key.split_at(key.len() / 2);
-            Box::new(ParallelXtsEngine {
+            locked(ParallelXtsEngine {
                 data: new_cipher::<C>(k1)?,
                 tweak: new_cipher::<C>(k2)?,
             })
@@ -174,17 +192,17 @@ fn build_with_xts<C: Block16>(
         ChainMode::Xts => {
             // Kernel xts: first half keys the data cipher, second half the tweak cipher.
             let (k1, k2) = key.split_at(key.len() / 2);
-            Box::new(XtsEngine(Xts128::new(
+            locked(XtsEngine(Xts128::new(
                 new_cipher::<C>(k1)?,
                 new_cipher::<C>(k2)?,
             )))
         }
-        ChainMode::Cbc => Box::new(CbcEngine(new_cipher::<C>(key)?)),
-        ChainMode::Ecb => Box::new(EcbEngine(new_cipher::<C>(key)?)),
+        ChainMode::Cbc => locked(CbcEngine(new_cipher::<C>(key)?)),
+        ChainMode::Ecb => locked(EcbEngine(new_cipher::<C>(key)?)),
         ChainMode::Lrw => {
             // Kernel lrw: the last 16 bytes are the tweak multiplier, the rest the cipher key.
             let (k1, k2) = key.split_at(key.len() - 16);
-            Box::new(LrwEngine::new(new_cipher::<C>(k1)?, k2))
+            locked(LrwEngine::new(new_cipher::<C>(k1)?, k2))
         }
     })
 }

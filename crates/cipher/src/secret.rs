@@ -1,30 +1,32 @@
 //! Key material that never outlives its use: zeroized on drop and locked out of swap.
 
+use crate::locked::LockedRegion;
+pub use crate::locked::SecretText;
 use zeroize::Zeroize;
 
-/// A heap buffer for keys and passphrases.
+/// A buffer for keys and passphrases.
 ///
-/// Invariants: the bytes are `mlock`ed for the buffer's whole life (best effort: a failing
-/// `mlock`, e.g. under a tight `RLIMIT_MEMLOCK`, is not an error) and overwritten with zeros
-/// before the memory is released. The buffer never reallocates, so no copy is left behind.
-/// `Debug` never prints the contents.
+/// Invariants: the bytes live in a page-aligned mapping of their own that is `mlock`ed for
+/// the buffer's whole life (best effort: a failing `mlock`, e.g. under a tight
+/// `RLIMIT_MEMLOCK`, is not an error), left out of core dumps, and overwritten with zeros
+/// before it is unmapped. The buffer never reallocates, so no copy is left behind. `Debug`
+/// never prints the contents.
 pub struct SecretBytes {
-    buf: Box<[u8]>,
-    locked: bool,
+    region: Option<LockedRegion>,
+    len: usize,
 }
 
 impl SecretBytes {
     /// A zero-filled secret of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
-        let buf = vec![0u8; len].into_boxed_slice();
-        let locked = lock(&buf);
-        SecretBytes { buf, locked }
+        let region = (len > 0).then(|| LockedRegion::new(len).expect("out of memory for a secret"));
+        SecretBytes { region, len }
     }
 
     /// Copies `bytes` into a new locked secret. The caller stays responsible for its own copy.
     pub fn from_slice(bytes: &[u8]) -> Self {
         let mut s = Self::zeroed(bytes.len());
-        s.buf.copy_from_slice(bytes);
+        s.as_mut_bytes().copy_from_slice(bytes);
         s
     }
 
@@ -38,39 +40,49 @@ impl SecretBytes {
     /// `len` bytes from the operating system's CSPRNG.
     pub fn random(len: usize) -> Self {
         let mut s = Self::zeroed(len);
-        getrandom::getrandom(&mut s.buf).expect("the OS random source failed");
+        getrandom::getrandom(s.as_mut_bytes()).expect("the OS random source failed");
         s
     }
 
     /// The secret bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf
+        match &self.region {
+            Some(r) => &r.bytes()[..self.len],
+            None => &[],
+        }
     }
 
     /// The secret bytes, writable.
     pub fn as_mut_bytes(&mut self) -> &mut [u8] {
-        &mut self.buf
+        match &mut self.region {
+            Some(r) => &mut r.bytes_mut()[..self.len],
+            None => &mut [],
+        }
     }
 
     /// Number of bytes.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.len
     }
 
     /// True when the secret holds no bytes.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len == 0
     }
 
-    /// Lower-case hex, for `--dump-volume-key` style output only.
-    pub fn to_hex(&self) -> String {
-        // One allocation of the final size: a growing String would leave freed partial
-        // copies of the key on the heap.
+    /// Whether the bytes are locked in memory (false when `mlock` was refused).
+    pub fn is_locked(&self) -> bool {
+        self.region.as_ref().is_some_and(LockedRegion::is_locked)
+    }
+
+    /// Lower-case hex, for `--dump-volume-key` style output and table lines with keys: in
+    /// locked memory of its own, wiped on drop.
+    pub fn to_hex(&self) -> SecretText {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = String::with_capacity(self.buf.len() * 2);
-        for b in self.buf.iter() {
-            out.push(DIGITS[usize::from(b >> 4)] as char);
-            out.push(DIGITS[usize::from(b & 0xf)] as char);
+        let mut out = SecretText::with_capacity(self.len * 2);
+        for b in self.as_bytes() {
+            out.push(char::from(DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(DIGITS[usize::from(b & 0xf)]));
         }
         out
     }
@@ -78,14 +90,14 @@ impl SecretBytes {
 
 impl Clone for SecretBytes {
     fn clone(&self) -> Self {
-        Self::from_slice(&self.buf)
+        Self::from_slice(self.as_bytes())
     }
 }
 
 impl PartialEq for SecretBytes {
     /// Constant-time comparison: key digests are compared through this.
     fn eq(&self, other: &Self) -> bool {
-        ct_eq(&self.buf, &other.buf)
+        ct_eq(self.as_bytes(), other.as_bytes())
     }
 }
 
@@ -93,17 +105,7 @@ impl Eq for SecretBytes {}
 
 impl std::fmt::Debug for SecretBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SecretBytes({} bytes)", self.buf.len())
-    }
-}
-
-impl Drop for SecretBytes {
-    fn drop(&mut self) {
-        self.buf.zeroize();
-        if self.locked {
-            // SAFETY: the pointer and length describe memory this value owns.
-            unsafe { libc::munlock(self.buf.as_ptr().cast(), self.buf.len()) };
-        }
+        write!(f, "SecretBytes({} bytes)", self.len)
     }
 }
 
@@ -115,14 +117,6 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     // Keep the optimiser from short-circuiting the fold.
     std::hint::black_box(diff) == 0
-}
-
-fn lock(buf: &[u8]) -> bool {
-    if buf.is_empty() {
-        return false;
-    }
-    // SAFETY: mlock only reads the address range, which this buffer owns.
-    unsafe { libc::mlock(buf.as_ptr().cast(), buf.len()) == 0 }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //! let m = reg.create("secret", &table.to_text(true)).unwrap();
 //! let mut buf = vec![0u8; 4096];
 //! m.read_at(0, &mut buf).unwrap();
-//! println!("{}", m.table(false));
+//! println!("{}", m.table(false).as_str());
 //! ```
 
 pub mod backing;

@@ -8,6 +8,7 @@
 //! targets take part through their [`Target`] hooks (suspend and resume in the kernel's
 //! order, `message` routed by sector), never by downcasting.
 
+use cryptblk_cipher::SecretText;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -278,13 +279,14 @@ impl Mapping {
         })
     }
 
-    /// The live table as `dmsetup table [--showkeys]` prints it.
-    pub fn table(&self, show_keys: bool) -> String {
+    /// The live table as `dmsetup table [--showkeys]` prints it (locked text, wiped on drop:
+    /// with `show_keys` it holds keys).
+    pub fn table(&self, show_keys: bool) -> SecretText {
         self.lock().active.table.format(show_keys)
     }
 
     /// The staged table, if any, as `dmsetup table --inactive` prints it.
-    pub fn staged_table(&self, show_keys: bool) -> Option<String> {
+    pub fn staged_table(&self, show_keys: bool) -> Option<SecretText> {
         self.lock()
             .staged
             .as_ref()

@@ -4,7 +4,8 @@
 use std::io;
 use std::sync::Arc;
 
-use zeroize::Zeroize;
+use cryptblk_cipher::SecretText;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
@@ -128,22 +129,25 @@ impl Table {
         &self.entries
     }
 
-    /// The table as `dmsetup table` prints it (one line per target, `\n`-terminated).
-    pub fn format(&self, show_keys: bool) -> String {
+    /// The table as `dmsetup table` prints it (one line per target, `\n`-terminated); with
+    /// `show_keys` it holds keys, so it is locked text, wiped on drop.
+    pub fn format(&self, show_keys: bool) -> SecretText {
         self.status_lines(StatusType::Table { show_keys })
     }
 
     /// The table's status as `dmsetup status` prints it.
     pub fn status(&self) -> String {
-        self.status_lines(StatusType::Info)
+        self.status_lines(StatusType::Info).as_str().to_owned()
     }
 
     /// One `<start> <len> <type> <params>` line per target, the params from
     /// [`Target::status`] of `kind` (the kernel's `retrieve_status`).
-    pub fn status_lines(&self, kind: StatusType) -> String {
-        let mut out = String::new();
+    /// The text may hold keys (`StatusType::Table { show_keys: true }`): it is built in
+    /// locked memory and every piece that held a key is wiped.
+    pub fn status_lines(&self, kind: StatusType) -> SecretText {
+        let mut out = SecretText::new();
         for e in &self.entries {
-            let params = e.target.status(kind);
+            let params = Zeroizing::new(e.target.status(kind));
             out.push_str(&format!("{} {} {}", e.start, e.len, e.target.target_type()));
             if !params.is_empty() {
                 out.push(' ');

@@ -159,7 +159,7 @@ fn tables_pass_tags_through_linear_and_mappings() {
     assert!(
         c.table(true).contains(" 1 integrity:28:aead"),
         "{}",
-        c.table(true)
+        c.table(true).as_str()
     );
     let mut data = vec![0u8; 64 << 10];
     common::Rng::new(7).fill(&mut data);

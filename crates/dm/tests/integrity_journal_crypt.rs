@@ -448,8 +448,8 @@ fn write_images_for_kernel() {
 
 #[test]
 fn table_options_parse_and_print() {
-    let crypt = crypt_key().to_hex();
-    let mac = mac_key().to_hex();
+    let crypt = crypt_key().to_hex().as_str().to_owned();
+    let mac = mac_key().to_hex().as_str().to_owned();
     let line = format!(
         "/dev/x 0 4 J 3 internal_hash:crc32c journal_crypt:ctr(aes):{crypt} \
          journal_mac:hmac(sha256):{mac}"

@@ -449,7 +449,7 @@ fn table_lines_through_the_registry() {
     let m = reg
         .create("it", &format!("0 8 integrity {path} 0 - J 4 block_size:4096 fix_padding fix_hmac internal_hash:sha256"))
         .unwrap();
-    let table = m.table(false);
+    let table = m.table(false).as_str().to_owned();
     assert!(
         table.contains("integrity")
             && table.contains("internal_hash:sha256")

@@ -171,7 +171,7 @@ fn crypt_key_wipe_and_set_as_the_kernel() {
         assert!(
             m.table(true).contains(&"0".repeat(128)),
             "{}",
-            m.table(true)
+            m.table(true).as_str()
         );
         m.with_table(|t| {
             let mut b = vec![0u8; 512];

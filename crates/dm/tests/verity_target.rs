@@ -250,7 +250,7 @@ fn table_line_maps_through_the_registry() {
     let mut buf = vec![0u8; 1 << 20];
     m.read_at(0, &mut buf).unwrap();
     assert_eq!(buf, v.contents);
-    let shown = m.table(false);
+    let shown = m.table(false).as_str().to_owned();
     assert!(
         shown.contains(&format!("sha256 {} 0102 1 ignore_zero_blocks", v.root)),
         "{shown}"

@@ -323,7 +323,7 @@ mod tests {
     use super::*;
 
     fn hex(s: &SecretBytes) -> String {
-        s.to_hex()
+        s.to_hex().as_str().to_owned()
     }
 
     #[test]

@@ -252,12 +252,12 @@ mod tests {
         assert_eq!(
             (
                 v.cipher_spec.as_str(),
-                v.volume_key.to_hex(),
+                v.volume_key.to_hex().as_str(),
                 v.iv_offset_sectors,
                 v.offset_sectors,
                 v.sector_size
             ),
-            ("aes-cbc-essiv:sha256", "11".repeat(32), 3, 8, 512)
+            ("aes-cbc-essiv:sha256", "11".repeat(32).as_str(), 3, 8, 512)
         );
         let too_big = PlainParams {
             size_sectors: Some(4096),

@@ -358,12 +358,19 @@ impl VerityGeometry {
 
     /// Total hash blocks in the tree (what `veritysetup` prints as "Hash blocks").
     pub fn hash_blocks(&self) -> u64 {
-        self.level_blocks.iter().sum()
+        // Saturating: a superblock may claim up to 2^64 data blocks.
+        self.level_blocks
+            .iter()
+            .fold(0u64, |sum, &b| sum.saturating_add(b))
     }
 
     /// Bytes the hash device needs: up to the end of the last tree block.
     pub fn hash_device_end(&self) -> u64 {
-        (self.hash_start_block + self.hash_blocks()) * self.hash_block_size as u64
+        // Saturating, so an absurd geometry reads as "larger than any device" instead of
+        // wrapping to a small size (found by the verity_superblock fuzz target).
+        self.hash_start_block
+            .saturating_add(self.hash_blocks())
+            .saturating_mul(u64::from(self.hash_block_size))
     }
 }
 

@@ -117,7 +117,7 @@ fn conversion_matches_cryptsetup() {
     let h = Luks2Header::read(&f).unwrap();
     for (pw, slot) in [(PW, 0), (&b"another"[..], 3)] {
         let u = h.unlock(&f, pw, None, UnlockPurpose::Activate).unwrap();
-        assert_eq!((u.slot, u.key.to_hex()), (slot, vk.clone()));
+        assert_eq!((u.slot, u.key.to_hex().as_str()), (slot, vk.as_str()));
     }
     let (rc, _, err) = cryptsetup(
         &[

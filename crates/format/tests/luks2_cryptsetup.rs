@@ -426,7 +426,10 @@ fn cryptblk_volumes_open_in_cryptsetup() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    assert!(hex.contains(&ukey.to_hex()), "unbound key not in: {out}");
+    assert!(
+        hex.contains(ukey.to_hex().as_str()),
+        "unbound key not in: {out}"
+    );
     assert_eq!(h.dump_unbound_key(s(&img), uslot, &ukey), out);
 
     // Change and remove, then the old secrets must fail in cryptsetup too.

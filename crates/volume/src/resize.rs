@@ -119,7 +119,7 @@ pub fn resize(name: &str, req: &ResizeRequest) -> Result<Resized> {
             "Volume {name} is suspended; resume it first."
         )));
     }
-    let table = zeroize::Zeroizing::new(control::table(name, true)?);
+    let table = control::table(name, true)?;
     let mut spec = TableSpec::parse(&table)
         .map_err(|e| VolumeError::device(format!("{name}: live table: {e}")))?;
     drop(table);

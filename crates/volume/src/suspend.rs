@@ -117,7 +117,7 @@ pub fn resume(st: &Status, vol: &Volume, passphrase: &[u8], slot: Option<usize>)
 /// volume `st` and resumes it.
 pub fn resume_with_key(st: &Status, key: &[u8]) -> Result<()> {
     let name = st.name.as_str();
-    let hex = zeroize::Zeroizing::new(cryptblk_cipher::SecretBytes::from_slice(key).to_hex());
+    let hex = cryptblk_cipher::SecretBytes::from_slice(key).to_hex();
     for sector in crypt_lines(st) {
         message(name, sector, &["key", "set", hex.as_str()]).map_err(|e| {
             VolumeError::new(

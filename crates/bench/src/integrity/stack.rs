@@ -354,7 +354,7 @@ mod tests {
         let head = "0 14240 integrity ram:8M#x 0 - J 2 fix_padding internal_hash:hmac(sha256):";
         assert_eq!(
             *line_text(14240, line.clone(), true),
-            format!("{head}{}", key.to_hex())
+            format!("{head}{}", key.to_hex().as_str())
         );
         assert_eq!(
             *line_text(14240, line, false),

@@ -87,6 +87,8 @@ impl AwsLcAead {
     }
 
     fn new(aead: *const sys::EVP_AEAD, key: &[u8], kind: Kind) -> Option<Self> {
+        // The context holds the key schedule: it must come from locked memory.
+        crate::lock_backend_memory();
         // The context is created with the full 16-byte tag; shorter tags are the prefix of
         // the full one for both algorithms, so truncation happens here, not in AWS-LC.
         // SAFETY: key points to key.len() readable bytes; a null result is handled.

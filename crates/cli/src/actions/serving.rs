@@ -287,8 +287,12 @@ pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
         DmAction::Remove { name } => close(name),
         DmAction::Table { name, showkeys } => {
             // The daemon holds the key; showing it needs the table with keys.
-            let table = Zeroizing::new(control::table(name, *showkeys)?);
-            print!("{}", ensure_newline(&table));
+            let table = control::table(name, *showkeys)?;
+            // Printed as is: a copy with the newline added would be a key left unwiped.
+            print!("{}", table.as_str());
+            if !table.is_empty() && !table.ends_with('\n') {
+                println!();
+            }
             Ok(())
         }
         DmAction::Reload { name, table } => {

@@ -4,10 +4,11 @@
 
 use super::stack::Stack;
 use crate::exit::{ExitCode, Failure};
+use cryptblk_cipher::SecretText;
 use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
 use cryptblk_volume::control::{self as client, Pipeline, Request, Response, Status};
 use serde_json::json;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -150,59 +151,88 @@ fn accept_next(
     }
 }
 
+/// Longest request line the daemon reads. The largest real request, a `reload` of a table
+/// with many lines, is a few kilobytes; anything longer is refused before it is buffered, so
+/// a client cannot make the daemon grow without bound.
+pub(super) const MAX_REQUEST_LINE: usize = 1 << 20;
+
+/// Why no request line could be read.
+enum LineError {
+    /// The connection failed or closed before a line ended.
+    Io,
+    /// The line reached [`MAX_REQUEST_LINE`] bytes without ending.
+    TooLong,
+    /// The line is not UTF-8.
+    NotText,
+}
+
+/// Reads one `\n`-terminated line of at most [`MAX_REQUEST_LINE`] bytes (the newline is
+/// kept). A reload line holds the table's keys, so the line goes straight into locked text;
+/// the read buffer is wiped.
+fn read_request_line(mut stream: &UnixStream) -> Result<SecretText, LineError> {
+    let mut line = SecretText::new();
+    let mut buf = Zeroizing::new([0u8; 4096]);
+    // Up to 3 bytes of a character split across two reads.
+    let mut carry = Zeroizing::new(Vec::with_capacity(4));
+    loop {
+        let n = match stream.read(&mut buf[..]) {
+            Ok(0) => return Err(LineError::Io),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(LineError::Io),
+        };
+        let mut chunk = &buf[..n];
+        // Only this connection's one line is read: a client sends nothing after it.
+        let end = chunk.iter().position(|&b| b == b'\n');
+        if let Some(i) = end {
+            chunk = &chunk[..=i];
+        }
+        if line.len() + carry.len() + chunk.len() > MAX_REQUEST_LINE {
+            return Err(LineError::TooLong);
+        }
+        let mut bytes = Zeroizing::new(Vec::with_capacity(carry.len() + chunk.len()));
+        bytes.extend_from_slice(&carry);
+        bytes.extend_from_slice(chunk);
+        carry.clear();
+        match std::str::from_utf8(&bytes) {
+            Ok(s) => line.push_str(s),
+            Err(e) if e.error_len().is_none() && end.is_none() => {
+                let valid = e.valid_up_to();
+                line.push_str(
+                    std::str::from_utf8(&bytes[..valid]).map_err(|_| LineError::NotText)?,
+                );
+                carry.extend_from_slice(&bytes[valid..]);
+            }
+            Err(_) => return Err(LineError::NotText),
+        }
+        if end.is_some() {
+            return Ok(line);
+        }
+    }
+}
+
 /// One request per connection, for mapping `target` (the top or a lower one): read a line,
 /// answer a line.
 fn handle_client(stream: UnixStream, stack: &Stack, stopping: &AtomicBool, target: &str) {
-    let Some(line) = read_request_line(&stream) else {
-        return;
+    let answer = match read_request_line(&stream) {
+        Ok(line) => match Request::decode(&line) {
+            Ok(req) => answer(&req, stack, stopping, target),
+            Err(refusal) => refusal,
+        },
+        Err(LineError::Io) => return,
+        Err(LineError::TooLong) => Response::error(
+            ExitCode::WrongParameters,
+            format!("malformed request: longer than {MAX_REQUEST_LINE} bytes"),
+        ),
+        Err(LineError::NotText) => Response::error(
+            ExitCode::WrongParameters,
+            "malformed request: not UTF-8 text",
+        ),
     };
-    let answer = match Request::decode(&line) {
-        Ok(req) => answer(&req, stack, stopping, target),
-        Err(refusal) => refusal,
-    };
-    let mut w = stream;
+    let mut w = &stream;
     let _ = w.write_all(answer.encode().as_bytes());
-}
-
-/// Largest request line read: a reload of a table with many keyed lines fits many times.
-const MAX_REQUEST: usize = 1 << 20;
-
-/// Reads one request line straight into one buffer that is wiped on drop. A reload or
-/// `key set` line holds a key: a buffered reader or a growing string would leave copies of
-/// it in freed memory, which a later `luksSuspend` could not wipe. The buffer grows (by
-/// moving into a wiped larger one) only for lines longer than 64 KiB.
-fn read_request_line(mut stream: &UnixStream) -> Option<Zeroizing<String>> {
-    use std::io::Read;
-    let mut buf = Zeroizing::new(vec![0u8; 64 << 10]);
-    let mut used = 0;
-    loop {
-        if used == buf.len() {
-            if buf.len() >= MAX_REQUEST {
-                return None;
-            }
-            let mut bigger = Zeroizing::new(vec![0u8; buf.len() * 2]);
-            bigger[..used].copy_from_slice(&buf[..used]);
-            buf = bigger;
-        }
-        match stream.read(&mut buf[used..]) {
-            Ok(0) => break,
-            Ok(n) => {
-                used += n;
-                if buf[used - n..used].contains(&b'\n') {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    }
-    let end = buf[..used]
-        .iter()
-        .position(|&b| b == b'\n')
-        .map_or(used, |i| i + 1);
-    let mut line = Zeroizing::new(String::with_capacity(end));
-    line.push_str(std::str::from_utf8(&buf[..end]).ok()?);
-    Some(line)
+    // Whatever the client still sends is dropped with the connection.
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> Response {
@@ -223,7 +253,7 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
     match req {
         Request::Status => {
             let info = mapping.info();
-            let table = mapping.table(false);
+            let table = mapping.table(false).as_str().to_owned();
             // A lower mapping is not exported; it says which mapping serves it.
             let (facts, export) = if is_top {
                 (spec.info.clone(), stack.export_info())

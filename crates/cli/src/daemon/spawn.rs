@@ -106,16 +106,37 @@ fn create_log(log: &std::path::Path) -> Result<std::fs::File, Failure> {
 /// The daemon's side: the spec and the secret lower tables from stdin, or the exit status
 /// to end with (after telling the parent why, when it can be told).
 pub(super) fn read_handover() -> Result<(ServeSpec, Vec<LowerTable>), i32> {
-    let mut text = Zeroizing::new(String::new());
-    if std::io::stdin().read_to_string(&mut text).is_err() {
+    let Ok(text) = read_wiped(std::io::stdin()) else {
         return Err(1);
-    }
-    match serde_json::from_str::<DaemonSpec>(&text) {
+    };
+    match serde_json::from_slice::<DaemonSpec>(&text) {
         Ok(DaemonSpec { spec, lower }) => Ok((spec, lower)),
         Err(e) => {
             println!("ERROR 1 malformed serve spec: {e}");
             Err(1)
         }
+    }
+}
+
+/// Everything `r` gives, in a buffer that never leaves an unwiped copy behind: the spec holds
+/// the key, and a growing `Vec` would free its smaller copies as they are.
+fn read_wiped(mut r: impl Read) -> std::io::Result<Zeroizing<Vec<u8>>> {
+    let mut out = Zeroizing::new(Vec::with_capacity(64 << 10));
+    let mut buf = Zeroizing::new([0u8; 8192]);
+    loop {
+        let n = match r.read(&mut buf[..]) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if out.len() + n > out.capacity() {
+            let mut bigger = Zeroizing::new(Vec::with_capacity((out.len() + n) * 2));
+            bigger.extend_from_slice(&out);
+            // Dropping the old buffer wipes it.
+            out = bigger;
+        }
+        out.extend_from_slice(&buf[..n]);
     }
 }
 

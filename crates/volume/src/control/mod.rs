@@ -14,6 +14,7 @@ pub use protocol::{
 };
 
 use crate::error::{ErrorClass, Result, VolumeError};
+use cryptblk_cipher::SecretText;
 use protocol::AnswerError;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -250,8 +251,8 @@ pub fn status(name: &str) -> Result<Status> {
     }
 }
 
-/// [`request`] for [`Request::Table`], returning the live table.
-pub fn table(name: &str, showkeys: bool) -> Result<String> {
+/// [`request`] for [`Request::Table`], returning the live table (locked text, wiped on drop).
+pub fn table(name: &str, showkeys: bool) -> Result<SecretText> {
     match request(name, &Request::Table { showkeys })? {
         Response::Table(t) => Ok(t),
         other => Err(unexpected(name, &other)),
@@ -415,7 +416,10 @@ mod tests {
     #[test]
     fn refusals_come_back_as_errors_of_their_class() {
         let (_dir, path, _seen) = fake_daemon(1, |_| {
-            Response::error(ErrorClass::Busy, "Device x is still in use (by y).").encode()
+            Response::error(ErrorClass::Busy, "Device x is still in use (by y).")
+                .encode()
+                .as_str()
+                .to_owned()
         });
         let e = request_at(&path, "x", &Request::Close).unwrap_err();
         assert_eq!(e.code, ErrorClass::Busy);

@@ -10,10 +10,12 @@
 //! `{"v":1,"ok":false,"code":<exit class>,"error":"<message>"}`.
 
 use crate::error::{ErrorClass, VolumeError};
+use cryptblk_cipher::SecretText;
 pub use cryptblk_export::ExportDescription;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
+use zeroize::Zeroize;
 
 /// The control protocol this build speaks. Raise it whenever a request or an answer changes
 /// meaning or shape; daemons and clients of different versions refuse each other.
@@ -244,8 +246,9 @@ pub enum Response {
     Done,
     /// The report asked for by [`Request::Status`].
     Status(Box<Status>),
-    /// A table: the live one for [`Request::Table`], the new one after [`Request::Refresh`].
-    Table(String),
+    /// A table: the live one for [`Request::Table`], the new one after [`Request::Refresh`]
+    /// (locked text, wiped on drop: it may hold keys).
+    Table(SecretText),
     /// The target's reply to [`Request::Message`], if it gave one.
     Message(Option<String>),
     /// The request was refused.
@@ -305,12 +308,13 @@ impl Response {
     }
 
     /// The answer as one line on the wire (newline included), tagged with
-    /// [`PROTOCOL_VERSION`].
-    pub fn encode(&self) -> String {
+    /// [`PROTOCOL_VERSION`]. A table answer may hold keys, so the line is built in locked
+    /// memory and wiped on drop.
+    pub fn encode(&self) -> SecretText {
         let (ok, body) = match self {
             Response::Done => (true, WireBody::Done {}),
             Response::Status(s) => (true, WireBody::Status(s)),
-            Response::Table(t) => (true, WireBody::Table { table: t }),
+            Response::Table(t) => (true, WireBody::Table { table: t.as_str() }),
             Response::Message(r) => (
                 true,
                 WireBody::Message {
@@ -330,7 +334,8 @@ impl Response {
             ok,
             body,
         };
-        let mut line = serde_json::to_string(&wire).expect("answers serialise");
+        let mut line = SecretText::new();
+        serde_json::to_writer(&mut line, &wire).expect("answers serialise");
         line.push('\n');
         line
     }
@@ -364,8 +369,10 @@ impl Response {
                 struct TableAnswer {
                     table: String,
                 }
-                let t: TableAnswer = serde_json::from_value(value).map_err(malformed)?;
-                Response::Table(t.table)
+                let mut t: TableAnswer = serde_json::from_value(value).map_err(malformed)?;
+                let table = SecretText::from_str_copy(&t.table);
+                t.table.zeroize();
+                Response::Table(table)
             }
             Request::Message { .. } => {
                 #[derive(Deserialize)]
@@ -510,8 +517,13 @@ mod tests {
         ];
         for (req, answer) in cases {
             let line = answer.encode();
-            assert!(line.starts_with("{\"v\":1,\"ok\":"), "{line}");
-            assert_eq!(Response::decode(&line, &req).unwrap(), answer, "{line}");
+            assert!(line.starts_with("{\"v\":1,\"ok\":"), "{}", line.as_str());
+            assert_eq!(
+                Response::decode(&line, &req).unwrap(),
+                answer,
+                "{}",
+                line.as_str()
+            );
         }
         assert_eq!(
             Response::error(ErrorClass::Busy, "busy").encode(),

@@ -81,7 +81,8 @@ impl CryptKey {
     pub fn to_text(&self, show_keys: bool) -> Zeroizing<String> {
         Zeroizing::new(match self {
             CryptKey::Hex(k) if k.is_empty() => "-".to_string(),
-            CryptKey::Hex(k) if show_keys => k.to_hex(),
+            // One copy of the final size, wiped with the table text it goes into.
+            CryptKey::Hex(k) if show_keys => k.to_hex().as_str().to_owned(),
             // dmsetup without --showkeys prints zeros of the key's length.
             CryptKey::Hex(k) => "0".repeat(k.len() * 2),
             CryptKey::None => "-".to_string(),

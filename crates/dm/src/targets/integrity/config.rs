@@ -188,7 +188,7 @@ impl IntegrityAlgorithm {
         if let Some(k) = &self.key {
             s.push(':');
             if show_keys {
-                s.push_str(&Zeroizing::new(k.to_hex()));
+                s.push_str(&k.to_hex());
             } else {
                 s.push_str(&"0".repeat(k.len() * 2));
             }
