@@ -2,7 +2,7 @@
 //! start-a-daemon path that `open` also uses.
 
 use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
-use crate::daemon::{self, ExportSpec, LowerTable, ServeSpec};
+use crate::daemon::{self, ExportSpec, LowerTable, NbdLimits, ServeSpec};
 use crate::exit::{ActionResult, Failure};
 use cryptblk_volume::control::{self, ExportDescription, Request};
 use serde_json::{json, Value};
@@ -73,7 +73,7 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
         (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd, --fuse or --ublk")),
         (Some(n), None) => {
             if n.parse::<std::net::SocketAddr>().is_ok() {
-                Ok(ExportSpec::NbdTcp(n.clone()))
+                Ok(ExportSpec::NbdTcp(n.clone(), nbd_limits(export)))
             } else {
                 let p = std::path::PathBuf::from(n);
                 let abs = if p.is_absolute() {
@@ -81,7 +81,7 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
                 } else {
                     std::env::current_dir()?.join(p)
                 };
-                Ok(ExportSpec::NbdUnix(abs))
+                Ok(ExportSpec::NbdUnix(abs, nbd_limits(export)))
             }
         }
         (None, Some(dir)) => {
@@ -92,6 +92,20 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
         (None, None) => Err(Failure::usage(
             "no export given: use --nbd <socket|host:port>, --fuse <dir> or --ublk",
         )),
+    }
+}
+
+/// The NBD server's bounds from the command line, defaulting to the server's own.
+fn nbd_limits(export: &ExportArgs) -> NbdLimits {
+    use cryptblk_export::nbd::{DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CLIENTS};
+    NbdLimits {
+        max_clients: export
+            .max_clients
+            .map_or(DEFAULT_MAX_CLIENTS, |n| n as usize),
+        handshake_timeout: export
+            .handshake_timeout
+            .unwrap_or(DEFAULT_HANDSHAKE_TIMEOUT.as_secs()),
+        idle_timeout: export.idle_timeout.unwrap_or(0),
     }
 }
 
