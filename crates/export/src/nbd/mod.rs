@@ -101,6 +101,9 @@ pub const DEFAULT_WORKERS: usize = 16;
 /// Default [`NbdConfig::max_in_flight`]: requests of one connection executing at once.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 
+/// Shortest interval between two checks of the connections' deadlines.
+const EXPIRE_EVERY: Duration = Duration::from_millis(50);
+
 /// The event loop's key for the listening socket (connection keys count up from 0;
 /// `polling` reserves `usize::MAX` for its own wake-ups).
 const LISTENER_KEY: usize = usize::MAX - 1;
@@ -539,10 +542,17 @@ fn event_loop(listener: &Listener, shared: &Arc<Shared>) -> std::io::Result<()> 
     };
     let mut events = Events::new();
     let mut next_key = 0usize;
+    // Deadlines are checked at most every EXPIRE_EVERY, not on every event: under load the
+    // loop wakes per batch of requests, and a check visits every connection.
+    let mut next_check = Instant::now();
     while !shared.stopping.load(Ordering::SeqCst) {
-        let timeout = expire(shared);
+        let now = Instant::now();
+        if now >= next_check {
+            next_check = now + expire(shared).max(EXPIRE_EVERY);
+        }
         events.clear();
-        match shared.poller.wait(&mut events, timeout) {
+        let timeout = next_check.saturating_duration_since(now);
+        match shared.poller.wait(&mut events, Some(timeout)) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
@@ -579,7 +589,7 @@ fn event_loop(listener: &Listener, shared: &Arc<Shared>) -> std::io::Result<()> 
 
 /// Closes the connections whose handshake or idle time is over; returns how long the event
 /// loop may sleep until the next such deadline.
-fn expire(shared: &Shared) -> Option<Duration> {
+fn expire(shared: &Shared) -> Duration {
     let now = Instant::now();
     let mut next: Option<Instant> = None;
     let mut expired = Vec::new();
@@ -608,7 +618,7 @@ fn expire(shared: &Shared) -> Option<Duration> {
     // Busy connections are bounded by their reads' own deadlines; waking up every second
     // keeps the check of connections that become idle again timely enough.
     let cap = Duration::from_secs(1);
-    Some(next.map_or(cap, |n| n.saturating_duration_since(now).min(cap)))
+    next.map_or(cap, |n| n.saturating_duration_since(now).min(cap))
 }
 
 /// Accepts every pending client: over the cap it is closed at once, else greeted and
