@@ -25,6 +25,11 @@ use super::{lock, Shared};
 /// arrive within this time: a client stalling mid-request holds a pool worker.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A connection stops taking requests while those in flight hold this much data (write
+/// payloads read ahead, read buffers), so a client pipelining large requests cannot make
+/// the server buffer `max_in_flight` times the maximum block size.
+const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// A fixed set of worker threads taking jobs in submission order.
@@ -105,6 +110,8 @@ pub(crate) struct ConnState {
     reading_done: bool,
     pub(crate) closed: bool,
     in_flight: usize,
+    /// Data held by the requests in flight (see `MAX_IN_FLIGHT_BYTES`).
+    in_flight_bytes: u64,
     next_seq: u64,
     /// Sequence numbers of writes (WRITE, WRITE_ZEROES, TRIM) still executing.
     pending_writes: BTreeSet<u64>,
@@ -153,6 +160,7 @@ impl Conn {
                 reading_done: false,
                 closed: false,
                 in_flight: 0,
+                in_flight_bytes: 0,
                 next_seq: 0,
                 pending_writes: BTreeSet::new(),
                 handshake_deadline: Some(deadline),
@@ -248,8 +256,10 @@ impl Conn {
                     return self.finish_reading(shared);
                 }
             };
+            let bytes = incoming.buffer_len();
             let seq = {
                 let mut state = lock(&self.state);
+                state.in_flight_bytes += bytes;
                 let seq = state.next_seq;
                 state.next_seq += 1;
                 if incoming.is_write() {
@@ -263,14 +273,16 @@ impl Conn {
             let conn = Arc::clone(self);
             let job_shared = Arc::clone(shared);
             shared.pool.submit(Box::new(move || {
-                conn.execute(&job_shared, session, incoming, seq)
+                conn.execute(&job_shared, session, incoming, seq, bytes)
             }));
             if then_close {
                 return self.finish_reading(shared);
             }
             {
                 let mut state = lock(&self.state);
-                if state.in_flight >= shared.config.max_in_flight.max(1) && !state.reading_done {
+                let full = state.in_flight >= shared.config.max_in_flight.max(1)
+                    || state.in_flight_bytes >= MAX_IN_FLIGHT_BYTES;
+                if full && !state.reading_done {
                     // The completion that brings it under the cap re-arms it.
                     state.throttled = true;
                     state.busy = false;
@@ -315,7 +327,7 @@ impl Conn {
     }
 
     /// Executes one request and sends its reply (a pool job).
-    fn execute(&self, shared: &Shared, session: Session, incoming: Incoming, seq: u64) {
+    fn execute(&self, shared: &Shared, session: Session, incoming: Incoming, seq: u64, bytes: u64) {
         if incoming.is_flush() {
             // NBD's flush covers every write completed before it was received; waiting for
             // all writes received before it (possibly still executing) covers at least that.
@@ -338,6 +350,7 @@ impl Conn {
         drop(reply);
         let mut state = lock(&self.state);
         state.in_flight -= 1;
+        state.in_flight_bytes -= bytes;
         state.pending_writes.remove(&seq);
         state.last_active = Instant::now();
         self.completed.notify_all();
@@ -345,7 +358,9 @@ impl Conn {
             drop(state);
             return self.close(shared);
         }
-        if state.throttled && !state.reading_done {
+        let full = state.in_flight >= shared.config.max_in_flight.max(1)
+            || state.in_flight_bytes >= MAX_IN_FLIGHT_BYTES;
+        if state.throttled && !full && !state.reading_done {
             state.throttled = false;
             drop(state);
             self.rearm(shared);

@@ -78,6 +78,15 @@ impl Incoming {
         self.refused.is_none() && matches!(self.req.kind, CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM)
     }
 
+    /// Bytes of memory the request holds until it has replied (a write's payload, a read's
+    /// data).
+    pub(crate) fn buffer_len(&self) -> u64 {
+        match self.req.kind {
+            CMD_READ => u64::from(self.req.length),
+            _ => self.payload.len() as u64,
+        }
+    }
+
     /// Whether the request is a FLUSH.
     pub(crate) fn is_flush(&self) -> bool {
         self.req.kind == CMD_FLUSH
