@@ -25,6 +25,10 @@ use super::{lock, Shared};
 /// arrive within this time: a client stalling mid-request holds a pool worker.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A reply that cannot be written for this long (the client stopped reading) fails and
+/// closes the connection, so such a client cannot pin pool workers.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A connection stops taking requests while those in flight hold this much data (write
 /// payloads read ahead, read buffers), so a client pipelining large requests cannot make
 /// the server buffer `max_in_flight` times the maximum block size.
@@ -224,6 +228,11 @@ impl Conn {
             match handshake.step(&mut timed, shared) {
                 Ok(None) => lock(&self.state).handshake = Some(handshake),
                 Ok(Some(Negotiated::Transmission(session))) => {
+                    // Replies are written without the handshake's deadline from now on.
+                    if let Err(e) = self.stream.set_write_timeout(Some(REPLY_TIMEOUT)) {
+                        log::info!("NBD connection {}: {e}", self.key);
+                        return self.close(shared);
+                    }
                     let mut state = lock(&self.state);
                     state.session = Some(session);
                     state.handshake_deadline = None;

@@ -21,8 +21,10 @@
 //! connection flushes the same device.
 //!
 //! Bounds: a client must finish option haggling within [`NbdConfig::handshake_timeout`]
-//! (10 s, qemu-nbd's default) or is dropped; once a request starts arriving the rest of it
-//! must follow within a minute; an optional [`NbdConfig::idle_timeout`] closes transmission
+//! (10 s, qemu-nbd's default) or is dropped (its replies count too: a client that does not
+//! read them is dropped as well); once a request starts arriving the rest of it must follow
+//! within a minute, and a reply that the client does not take within a minute closes the
+//! connection, so no client holds a worker for long; an optional [`NbdConfig::idle_timeout`] closes transmission
 //! connections without requests (off by default: the kernel's NBD client legitimately sits
 //! idle for hours on an unused device); connections beyond [`NbdConfig::max_clients`] are
 //! closed right after accept, with a log line.

@@ -42,6 +42,14 @@ impl Stream {
         }
     }
 
+    /// Bounds every blocking write (`None`: no bound); a write that times out fails.
+    pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(timeout),
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
+        }
+    }
+
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Unix(s) => s.set_read_timeout(timeout),
@@ -99,8 +107,8 @@ impl Write for &Stream {
     }
 }
 
-/// The socket seen through a deadline: every read waits at most until `deadline`, then
-/// fails with `TimedOut`. This is what bounds a client that starts a message and stalls
+/// The socket seen through a deadline: every read and write waits at most until
+/// `deadline`, then fails with `TimedOut`. This is what bounds a client that starts a message and stalls
 /// (it holds a pool worker, so it must not hold it for long).
 pub(crate) struct Timed<'a> {
     pub(crate) stream: &'a Stream,
@@ -109,32 +117,46 @@ pub(crate) struct Timed<'a> {
 
 impl Read for Timed<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "client did not send its message in time",
-            ));
-        }
-        self.stream.set_read_timeout(Some(left))?;
+        self.stream.set_read_timeout(Some(self.remaining()?))?;
         match self.stream.read(buf) {
             // SO_RCVTIMEO expiring shows as EAGAIN.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "client did not send its message in time",
-            )),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(timed_out()),
             other => other,
         }
     }
 }
 
+impl Timed<'_> {
+    fn remaining(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        Ok(left)
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "client did not take part in time")
+}
+
+/// Writes are bounded by the deadline as well: a client that does not read its replies
+/// must not hold a worker either.
 impl Write for Timed<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.stream.write(buf)
+        self.stream.set_write_timeout(Some(self.remaining()?))?;
+        match self.stream.write(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(timed_out()),
+            other => other,
+        }
     }
 
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        self.stream.write_vectored(bufs)
+        self.stream.set_write_timeout(Some(self.remaining()?))?;
+        match self.stream.write_vectored(bufs) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(timed_out()),
+            other => other,
+        }
     }
 
     fn flush(&mut self) -> io::Result<()> {
