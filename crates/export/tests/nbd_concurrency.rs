@@ -354,3 +354,41 @@ fn an_idle_timeout_closes_quiet_connections() {
     assert!(matches!(end, Ok(0)), "idle connection closed: {end:?}");
     server.stop().unwrap();
 }
+
+#[test]
+fn a_client_not_reading_its_option_replies_is_dropped_after_the_handshake_timeout() {
+    let disk = MemDisk::new(1 << 20, 512);
+    let dir = TempDir::new("noread");
+    let server = serve(
+        disk,
+        config(&dir).with_handshake_timeout(Duration::from_secs(1)),
+    );
+    let mut s = UnixStream::connect(dir.join("nbd.sock")).unwrap();
+    assert!(greeted(&mut s));
+    s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    // NBD_OPT_LIST over and over, never reading the replies: the server's writes block
+    // once the socket buffers are full.
+    let mut list = IHAVEOPT.to_be_bytes().to_vec();
+    list.extend_from_slice(&OPT_LIST.to_be_bytes());
+    list.extend_from_slice(&0u32.to_be_bytes());
+    let writer = std::thread::spawn(move || {
+        let batch = list.repeat(1024);
+        for _ in 0..4096 {
+            if s.write_all(&batch).is_err() {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(
+        writer.join().unwrap(),
+        "the server closed the connection instead of buffering replies forever"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.connection_count() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.connection_count(), 0);
+    server.stop().unwrap();
+}
