@@ -562,6 +562,20 @@ pub struct ExportArgs {
     /// HOST:PORT or [IPV6]:PORT.
     #[arg(long, value_name = "SOCKET|HOST:PORT")]
     pub nbd: Option<String>,
+    /// NBD: clients served at once; more are refused right after they connect (default 512,
+    /// which keeps the daemon's descriptors under the usual limit of 1024).
+    #[arg(long, value_name = "N", requires = "nbd",
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_clients: Option<u32>,
+    /// NBD: drop a client that has not finished negotiating within SECS seconds (default 10,
+    /// as qemu-nbd).
+    #[arg(long, value_name = "SECS", requires = "nbd",
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub handshake_timeout: Option<u64>,
+    /// NBD: close a connection after SECS seconds without requests (default 0: never, since
+    /// the kernel's NBD client can be idle for hours on an unused device).
+    #[arg(long, value_name = "SECS", requires = "nbd")]
+    pub idle_timeout: Option<u64>,
     /// Serve as the file <DIR>/disk on a FUSE mount (losetup works on it).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,

@@ -2,7 +2,7 @@
 //! start-a-daemon path that `open` also uses.
 
 use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
-use crate::daemon::{self, ExportSpec, LowerTable, ServeSpec};
+use crate::daemon::{self, ExportSpec, LowerTable, NbdLimits, ServeSpec};
 use crate::exit::{ActionResult, Failure};
 use cryptblk_volume::control::{self, ExportDescription, Request};
 use serde_json::{json, Value};
@@ -72,14 +72,14 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
     match (&export.nbd, &export.fuse) {
         (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd, --fuse or --ublk")),
         (Some(n), None) => match parse_nbd_address(n)? {
-            NbdAddress::Tcp(addr) => Ok(ExportSpec::NbdTcp(addr.to_string())),
+            NbdAddress::Tcp(addr) => Ok(ExportSpec::NbdTcp(addr.to_string(), nbd_limits(export))),
             NbdAddress::Unix(p) => {
                 let abs = if p.is_absolute() {
                     p
                 } else {
                     std::env::current_dir()?.join(p)
                 };
-                Ok(ExportSpec::NbdUnix(abs))
+                Ok(ExportSpec::NbdUnix(abs, nbd_limits(export)))
             }
         },
         (None, Some(dir)) => {
@@ -147,6 +147,20 @@ pub fn parse_nbd_address(text: &str) -> Result<NbdAddress, Failure> {
         .and_then(|mut a| a.next())
         .ok_or_else(|| refuse("unknown host"))?;
     Ok(NbdAddress::Tcp(addr))
+}
+
+/// The NBD server's bounds from the command line, defaulting to the server's own.
+fn nbd_limits(export: &ExportArgs) -> NbdLimits {
+    use cryptblk_export::nbd::{DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CLIENTS};
+    NbdLimits {
+        max_clients: export
+            .max_clients
+            .map_or(DEFAULT_MAX_CLIENTS, |n| n as usize),
+        handshake_timeout: export
+            .handshake_timeout
+            .unwrap_or(DEFAULT_HANDSHAKE_TIMEOUT.as_secs()),
+        idle_timeout: export.idle_timeout.unwrap_or(0),
+    }
 }
 
 /// Reads a table from `--table`, `--table-file` or standard input. Inline tables may not

@@ -32,9 +32,9 @@ use std::path::PathBuf;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum ExportSpec {
     /// NBD on a Unix socket at this path.
-    NbdUnix(PathBuf),
+    NbdUnix(PathBuf, NbdLimits),
     /// NBD on TCP at this address (loopback unless the user names another).
-    NbdTcp(String),
+    NbdTcp(String, NbdLimits),
     /// A FUSE mount at this directory holding one file, `disk`.
     Fuse(PathBuf),
     /// The kernel block device /dev/ublkbN; `queues` None means one per CPU.
@@ -46,6 +46,27 @@ pub enum ExportSpec {
     },
     /// No export: only the control socket (useful for stacking and tests).
     None,
+}
+
+/// The NBD server's bounds (`--max-clients`, `--handshake-timeout`, `--idle-timeout`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NbdLimits {
+    /// Clients served at once.
+    pub max_clients: usize,
+    /// Seconds a client may take to finish negotiating.
+    pub handshake_timeout: u64,
+    /// Seconds without requests before a connection is closed; 0 never.
+    pub idle_timeout: u64,
+}
+
+impl NbdLimits {
+    /// These limits applied to an NBD server configuration.
+    pub fn apply(&self, cfg: &mut cryptblk_export::nbd::NbdConfig) {
+        cfg.max_clients = self.max_clients;
+        cfg.handshake_timeout = std::time::Duration::from_secs(self.handshake_timeout);
+        cfg.idle_timeout =
+            (self.idle_timeout > 0).then(|| std::time::Duration::from_secs(self.idle_timeout));
+    }
 }
 
 /// Everything the daemon needs. Contains key material: only ever sent through a pipe.

@@ -19,8 +19,9 @@ fn start_export(
     device: Arc<dyn BlockDevice>,
 ) -> Result<Box<dyn Export>, Failure> {
     let (config, what) = match &spec.export {
-        ExportSpec::NbdUnix(path) => {
+        ExportSpec::NbdUnix(path, limits) => {
             let mut cfg = NbdConfig::unix(path);
+            limits.apply(&mut cfg);
             cfg.read_only = spec.readonly;
             cfg.description = format!("cryptblk {}", spec.name);
             (
@@ -28,11 +29,12 @@ fn start_export(
                 "cannot start NBD server".to_string(),
             )
         }
-        ExportSpec::NbdTcp(addr) => {
+        ExportSpec::NbdTcp(addr, limits) => {
             let sock = addr.parse().map_err(|_| {
                 Failure::usage(format!("invalid NBD address '{addr}' (want host:port)"))
             })?;
             let mut cfg = NbdConfig::new(NbdListen::Tcp(sock));
+            limits.apply(&mut cfg);
             cfg.read_only = spec.readonly;
             (
                 ExportConfig::Nbd(cfg),

@@ -4,7 +4,8 @@ use std::io::{self, Read, Write};
 use std::sync::atomic::Ordering;
 
 use super::proto::*;
-use super::wire::{read_u32, read_u64, skip, Stream};
+use super::transmission::Session;
+use super::wire::{read_u32, read_u64, skip};
 use super::Shared;
 
 /// Option data beyond this is not buffered (the protocol caps strings at 4096 bytes).
@@ -12,13 +13,8 @@ const MAX_OPTION_DATA: u32 = 64 << 10;
 
 /// How the handshake ended.
 pub(crate) enum Negotiated {
-    /// Enter transmission; `strict` is true when the client agreed to the block sizes,
-    /// `block_status` when it selected the `base:allocation` metadata context.
-    Transmission {
-        structured: bool,
-        strict: bool,
-        block_status: bool,
-    },
+    /// Enter transmission with what the client negotiated.
+    Transmission(Session),
     /// The client aborted or the connection must close.
     Close,
 }
@@ -51,25 +47,57 @@ fn export_known(shared: &Shared, name: &[u8]) -> bool {
     name.is_empty() || name == shared.config.export_name.as_bytes()
 }
 
-pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Negotiated> {
-    let mut hello = Vec::with_capacity(18);
-    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    stream.write_all(&hello)?;
-    let client_flags = read_u32(stream)?;
-    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
-        // The protocol requires dropping clients that set flags we did not offer.
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("client sent unknown handshake flags {client_flags:#x}"),
-        ));
+/// The server's side of the handshake, one client message at a time, so that a connection
+/// waiting for its client's next option holds no thread (the event loop re-arms it between
+/// steps). Generic over the stream so it can be driven from memory as well as a socket.
+pub(crate) struct Handshake {
+    /// The client's flags have arrived (the first client message).
+    flags_read: bool,
+    no_zeroes: bool,
+    structured: bool,
+    /// Whether the last NBD_OPT_SET_META_CONTEXT selected base:allocation.
+    meta_selected: bool,
+}
+
+impl Handshake {
+    /// Sends the server's greeting and returns the state awaiting the client's flags.
+    pub(crate) fn start(stream: &mut impl Write) -> io::Result<Handshake> {
+        let mut hello = Vec::with_capacity(18);
+        hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        stream.write_all(&hello)?;
+        Ok(Handshake {
+            flags_read: false,
+            no_zeroes: false,
+            structured: false,
+            meta_selected: false,
+        })
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
-    let mut structured = false;
-    // Whether the last NBD_OPT_SET_META_CONTEXT selected base:allocation.
-    let mut meta_selected = false;
-    loop {
+
+    /// Reads and answers one client message (its flags, then one option per call).
+    /// `None`: the handshake goes on; `Some`: it ended.
+    pub(crate) fn step<S: Read + Write>(
+        &mut self,
+        stream: &mut S,
+        shared: &Shared,
+    ) -> io::Result<Option<Negotiated>> {
+        if !self.flags_read {
+            let client_flags = read_u32(stream)?;
+            if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+                // The protocol requires dropping clients that set flags we did not offer.
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("client sent unknown handshake flags {client_flags:#x}"),
+                ));
+            }
+            self.no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+            self.flags_read = true;
+            return Ok(None);
+        }
+        let no_zeroes = self.no_zeroes;
+        let structured = &mut self.structured;
+        let meta_selected = &mut self.meta_selected;
         let magic = read_u64(stream)?;
         if magic != IHAVEOPT {
             return Err(io::Error::new(
@@ -82,22 +110,22 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
         if len > MAX_OPTION_DATA {
             skip(stream, u64::from(len))?;
             send_option_reply(stream, option, REP_ERR_TOO_BIG, b"option data too large")?;
-            continue;
+            return Ok(None);
         }
         let mut data = vec![0u8; len as usize];
         stream.read_exact(&mut data)?;
         if shared.stopping.load(Ordering::SeqCst) && option != OPT_ABORT {
             if option == OPT_EXPORT_NAME {
-                return Ok(Negotiated::Close);
+                return Ok(Some(Negotiated::Close));
             }
             send_option_reply(stream, option, REP_ERR_SHUTDOWN, b"server is shutting down")?;
-            continue;
+            return Ok(None);
         }
         match option {
             OPT_EXPORT_NAME => {
                 if !export_known(shared, &data) {
                     // This option cannot fail politely: the protocol mandates a disconnect.
-                    return Ok(Negotiated::Close);
+                    return Ok(Some(Negotiated::Close));
                 }
                 let mut reply = Vec::with_capacity(134);
                 reply.extend_from_slice(&shared.io.size().to_be_bytes());
@@ -106,15 +134,15 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
                     reply.extend_from_slice(&[0u8; 124]);
                 }
                 stream.write_all(&reply)?;
-                return Ok(Negotiated::Transmission {
-                    structured,
+                return Ok(Some(Negotiated::Transmission(Session {
+                    structured: *structured,
                     strict: false,
-                    block_status: meta_selected,
-                });
+                    block_status: *meta_selected,
+                })));
             }
             OPT_ABORT => {
                 let _ = send_option_reply(stream, option, REP_ACK, &[]);
-                return Ok(Negotiated::Close);
+                return Ok(Some(Negotiated::Close));
             }
             OPT_LIST => {
                 if !data.is_empty() {
@@ -124,7 +152,7 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
                         REP_ERR_INVALID,
                         b"NBD_OPT_LIST takes no data",
                     )?;
-                    continue;
+                    return Ok(None);
                 }
                 let name = shared.config.export_name.as_bytes();
                 let mut server = Vec::new();
@@ -137,11 +165,11 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
             OPT_INFO | OPT_GO => {
                 if let Some(strict) = info_or_go(stream, shared, option, &data)? {
                     if option == OPT_GO {
-                        return Ok(Negotiated::Transmission {
-                            structured,
+                        return Ok(Some(Negotiated::Transmission(Session {
+                            structured: *structured,
                             strict,
-                            block_status: meta_selected,
-                        });
+                            block_status: *meta_selected,
+                        })));
                     }
                 }
             }
@@ -153,25 +181,25 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
                         REP_ERR_INVALID,
                         b"NBD_OPT_STRUCTURED_REPLY takes no data",
                     )?;
-                    continue;
+                    return Ok(None);
                 }
-                structured = true;
+                *structured = true;
                 send_option_reply(stream, option, REP_ACK, &[])?;
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 let set = option == OPT_SET_META_CONTEXT;
                 if set {
                     // Every SET replaces the selection, even when it fails.
-                    meta_selected = false;
+                    *meta_selected = false;
                 }
-                if !structured {
+                if !*structured {
                     send_option_reply(
                         stream,
                         option,
                         REP_ERR_INVALID,
                         b"metadata contexts need structured replies first",
                     )?;
-                    continue;
+                    return Ok(None);
                 }
                 let Some((name, queries)) = parse_meta_context(&data) else {
                     send_option_reply(
@@ -180,11 +208,11 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
                         REP_ERR_INVALID,
                         b"malformed metadata context request",
                     )?;
-                    continue;
+                    return Ok(None);
                 };
                 if !export_known(shared, name) {
                     send_option_reply(stream, option, REP_ERR_UNKNOWN, b"no such export")?;
-                    continue;
+                    return Ok(None);
                 }
                 // LIST with no query lists everything; `base:` is a wildcard for LIST only.
                 let matches = queries
@@ -195,7 +223,7 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
                     let mut ctx = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
                     ctx.extend_from_slice(BASE_ALLOCATION.as_bytes());
                     send_option_reply(stream, option, REP_META_CONTEXT, &ctx)?;
-                    meta_selected |= set;
+                    *meta_selected |= set;
                 }
                 send_option_reply(stream, option, REP_ACK, &[])?;
             }
@@ -203,6 +231,8 @@ pub(crate) fn handshake(stream: &mut Stream, shared: &Shared) -> io::Result<Nego
                 send_option_reply(stream, option, REP_ERR_UNSUP, b"option not supported")?;
             }
         }
+        // Every option that does not end the handshake has been answered.
+        Ok(None)
     }
 }
 
@@ -232,14 +262,14 @@ fn parse_meta_context(data: &[u8]) -> Option<(&[u8], Vec<&[u8]>)> {
 }
 
 /// Answers `NBD_OPT_INFO`/`NBD_OPT_GO`. Returns `Some(block_size_requested)` on success.
-fn info_or_go(
-    stream: &mut Stream,
+fn info_or_go<S: Write>(
+    stream: &mut S,
     shared: &Shared,
     option: u32,
     data: &[u8],
 ) -> io::Result<Option<bool>> {
     let invalid =
-        |stream: &mut Stream, msg: &[u8]| send_option_reply(stream, option, REP_ERR_INVALID, msg);
+        |stream: &mut S, msg: &[u8]| send_option_reply(stream, option, REP_ERR_INVALID, msg);
     if data.len() < 6 {
         invalid(stream, b"option data too short")?;
         return Ok(None);

@@ -7,10 +7,27 @@
 //! on. The protocol is small enough that an own, fully tested implementation is simpler
 //! than adapting one.
 //!
-//! Threading ("inline model"): one thread per connection; the requests of a connection
-//! are executed one after the other on its thread, so parallelism comes from several
-//! connections (`NBD_FLAG_CAN_MULTI_CONN` is advertised: there is no server-side cache and
-//! every connection flushes the same device).
+//! Threading: one event-loop thread watches the listener and every connection; a fixed
+//! pool of worker threads ([`NbdConfig::workers`]) does the work. A connection is handed to
+//! the pool only when its client has sent something (a handshake message or requests), so
+//! an idle connection costs a file descriptor, not a thread. Requests of one connection are
+//! read in order and executed concurrently, up to [`NbdConfig::max_in_flight`] at once;
+//! replies go out as requests complete, each written whole under the connection's writer
+//! lock (the protocol lets replies arrive out of order; clients match them by handle). A
+//! FLUSH is answered only after every write received before it on the connection has
+//! completed, then the device is flushed. `NBD_CMD_DISC`, and a client closing its side,
+//! end reading; the requests in flight still reply before the connection closes.
+//! `NBD_FLAG_CAN_MULTI_CONN` is advertised: there is no server-side cache, and every
+//! connection flushes the same device.
+//!
+//! Bounds: a client must finish option haggling within [`NbdConfig::handshake_timeout`]
+//! (10 s, qemu-nbd's default) or is dropped (its replies count too: a client that does not
+//! read them is dropped as well); once a request starts arriving the rest of it must follow
+//! within a minute, and a reply that the client does not take within a minute closes the
+//! connection, so no client holds a worker for long; an optional [`NbdConfig::idle_timeout`] closes transmission
+//! connections without requests (off by default: the kernel's NBD client legitimately sits
+//! idle for hours on an unused device); connections beyond [`NbdConfig::max_clients`] are
+//! closed right after accept, with a log line.
 //!
 //! Request validation follows the protocol document's "Error values" section: requests
 //! reaching past the end get `NBD_ENOSPC` for writes and write-zeroes and `NBD_EINVAL` for
@@ -30,20 +47,24 @@
 
 mod conn;
 mod handshake;
+mod harness;
 pub(crate) mod proto;
 mod transmission;
 mod wire;
 
+use std::collections::HashMap;
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use polling::{Event, Events, Poller};
 
 use cryptblk_dm::device::BlockDevice;
 
@@ -51,6 +72,10 @@ use crate::aligned::AlignedIo;
 use crate::error::ExportError;
 use crate::export::{check_resize, Export, StartExport};
 use crate::ExportDescription;
+pub use harness::NbdHarness;
+
+use conn::{Conn, Pool};
+use handshake::Handshake;
 use wire::Stream;
 
 /// Default maximum request size advertised in `NBD_INFO_BLOCK_SIZE` (32 MiB).
@@ -60,6 +85,30 @@ pub const DEFAULT_PREFERRED_BLOCK_SIZE: u32 = 4096;
 
 /// How long [`NbdServer::stop`] lets connections finish their current request.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Default [`NbdConfig::handshake_timeout`]: qemu-nbd's (10 s).
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default [`NbdConfig::max_clients`]. qemu-nbd serves one client unless `--shared` says
+/// more (0 there meaning no limit) and nbdkit sets no limit (its `limit` filter adds one);
+/// cryptblk's clients are often many (multi-conn, several VMs), so the default is generous
+/// but keeps the server's descriptors (one per client) well below the usual soft
+/// `RLIMIT_NOFILE` of 1024.
+pub const DEFAULT_MAX_CLIENTS: usize = 512;
+
+/// Default [`NbdConfig::workers`]: enough to keep `DEFAULT_MAX_IN_FLIGHT` requests of one
+/// connection executing at once, few enough that the thread count stays small.
+pub const DEFAULT_WORKERS: usize = 16;
+
+/// Default [`NbdConfig::max_in_flight`]: requests of one connection executing at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+
+/// Shortest interval between two checks of the connections' deadlines.
+const EXPIRE_EVERY: Duration = Duration::from_millis(50);
+
+/// The event loop's key for the listening socket (connection keys count up from 0;
+/// `polling` reserves `usize::MAX` for its own wake-ups).
+const LISTENER_KEY: usize = usize::MAX - 1;
 
 /// Where an [`NbdServer`] listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +154,20 @@ pub struct NbdConfig {
     pub preferred_block_size: u32,
     /// Largest READ/WRITE/CACHE accepted and advertised (a multiple of the logical block size).
     pub max_block_size: u32,
+    /// A client that has not finished option haggling this long after connecting is
+    /// dropped (default [`DEFAULT_HANDSHAKE_TIMEOUT`]).
+    pub handshake_timeout: Duration,
+    /// Close a connection in the transmission phase after this long without a request
+    /// (none in flight). Off by default: the kernel's NBD client is legitimately idle for
+    /// hours.
+    pub idle_timeout: Option<Duration>,
+    /// Connections served at once; more are closed right after accept
+    /// (default [`DEFAULT_MAX_CLIENTS`]).
+    pub max_clients: usize,
+    /// Worker threads shared by all connections (default [`DEFAULT_WORKERS`]).
+    pub workers: usize,
+    /// Requests of one connection executing at once (default [`DEFAULT_MAX_IN_FLIGHT`]).
+    pub max_in_flight: usize,
 }
 
 impl NbdConfig {
@@ -118,7 +181,42 @@ impl NbdConfig {
             read_only: false,
             preferred_block_size: DEFAULT_PREFERRED_BLOCK_SIZE,
             max_block_size: DEFAULT_MAX_BLOCK_SIZE,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            idle_timeout: None,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            workers: DEFAULT_WORKERS,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
+    }
+
+    /// Sets [`NbdConfig::handshake_timeout`].
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets [`NbdConfig::idle_timeout`] (`None`: never).
+    pub fn with_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Sets [`NbdConfig::max_clients`].
+    pub fn with_max_clients(mut self, max_clients: usize) -> Self {
+        self.max_clients = max_clients;
+        self
+    }
+
+    /// Sets [`NbdConfig::workers`].
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Sets [`NbdConfig::max_in_flight`].
+    pub fn with_max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = max_in_flight;
+        self
     }
 
     /// Defaults for a Unix socket at `path`.
@@ -139,20 +237,17 @@ pub struct NbdDescription {
     pub uri: String,
 }
 
-/// State shared by the accept thread and the connection threads.
+/// State shared by the event loop and the workers.
 pub(crate) struct Shared {
     pub(crate) io: AlignedIo,
     pub(crate) config: NbdConfig,
     pub(crate) stopping: AtomicBool,
     /// Block sizes actually advertised: (minimum, preferred, maximum).
     pub(crate) block_sizes: (u32, u32, u32),
-    conns: Mutex<Vec<Connection>>,
-    next_id: AtomicU64,
-}
-
-struct Connection {
-    stream: Option<Stream>,
-    thread: Option<JoinHandle<()>>,
+    /// Open connections by event-loop key.
+    pub(crate) conns: Mutex<HashMap<usize, Arc<Conn>>>,
+    pub(crate) poller: Poller,
+    pub(crate) pool: Pool,
 }
 
 enum Listener {
@@ -160,11 +255,27 @@ enum Listener {
     Tcp(TcpListener),
 }
 
+impl Listener {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Listener::Unix(l) => l.as_fd(),
+            Listener::Tcp(l) => l.as_fd(),
+        }
+    }
+
+    fn set_nonblocking(&self) -> std::io::Result<()> {
+        match self {
+            Listener::Unix(l) => l.set_nonblocking(true),
+            Listener::Tcp(l) => l.set_nonblocking(true),
+        }
+    }
+}
+
 /// A running NBD server. Dropping it stops it like [`NbdServer::stop`], ignoring errors.
 pub struct NbdServer {
     shared: Arc<Shared>,
     address: NbdListen,
-    accept_thread: Option<JoinHandle<()>>,
+    loop_thread: Option<JoinHandle<()>>,
 }
 
 /// A cloneable, thread-safe trigger that asks an [`NbdServer`] to stop (e.g. from a
@@ -178,6 +289,7 @@ impl NbdStopper {
     /// Requests the server to stop accepting and to close its connections.
     pub fn stop(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.shared.poller.notify();
     }
 }
 
@@ -190,24 +302,46 @@ impl NbdServer {
     ) -> Result<NbdServer, ExportError> {
         let io = AlignedIo::new(device);
         let block_sizes = validate_block_sizes(&config, io.block_size(), io.size())?;
+        if config.max_clients == 0 || config.workers == 0 || config.max_in_flight == 0 {
+            return Err(ExportError::Config(
+                "NBD max clients, workers and requests in flight must be at least 1".to_string(),
+            ));
+        }
         let (listener, address) = bind(&config.listen)?;
+        let poller =
+            Poller::new().map_err(|e| ExportError::io("creating the NBD event loop", e))?;
+        let pool = Pool::new(config.workers)
+            .map_err(|e| ExportError::io("spawning the NBD worker threads", e))?;
         let shared = Arc::new(Shared {
             io,
             config,
             stopping: AtomicBool::new(false),
             block_sizes,
-            conns: Mutex::new(Vec::new()),
-            next_id: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+            poller,
+            pool,
         });
-        let accept_shared = Arc::clone(&shared);
-        let accept_thread = std::thread::Builder::new()
-            .name("nbd-accept".to_string())
-            .spawn(move || accept_loop(listener, accept_shared))
-            .map_err(|e| ExportError::io("spawning the NBD accept thread", e))?;
+        let loop_shared = Arc::clone(&shared);
+        let loop_thread = std::thread::Builder::new()
+            .name("nbd-events".to_string())
+            .spawn(move || {
+                if let Err(e) = event_loop(&listener, &loop_shared) {
+                    log::error!("NBD event loop failed: {e}");
+                    loop_shared.stopping.store(true, Ordering::SeqCst);
+                }
+                let _ = loop_shared.poller.delete(listener.fd());
+            });
+        let loop_thread = match loop_thread {
+            Ok(thread) => thread,
+            Err(e) => {
+                shared.pool.join();
+                return Err(ExportError::io("spawning the NBD event loop thread", e));
+            }
+        };
         Ok(NbdServer {
             shared,
             address,
-            accept_thread: Some(accept_thread),
+            loop_thread: Some(loop_thread),
         })
     }
 
@@ -223,9 +357,7 @@ impl NbdServer {
 
     /// Number of client connections currently open.
     pub fn connection_count(&self) -> usize {
-        let mut conns = lock(&self.shared.conns);
-        reap_finished(&mut conns);
-        conns.len()
+        lock(&self.shared.conns).len()
     }
 
     /// A handle that can request the stop from another thread.
@@ -243,45 +375,36 @@ impl NbdServer {
         self.shutdown()
     }
 
-    /// Stops gracefully: no new connections, each connection finishes the request it is
-    /// executing and is then closed, the device is flushed and a Unix socket file removed.
+    /// Stops gracefully: no new connections, requests in flight finish and reply (within a
+    /// grace period), connections are closed, the device is flushed and a Unix socket file
+    /// removed.
     pub fn stop(mut self) -> Result<(), ExportError> {
         self.shutdown()
     }
 
     fn shutdown(&mut self) -> Result<(), ExportError> {
         self.shared.stopping.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.accept_thread.take() {
+        let _ = self.shared.poller.notify();
+        if let Some(thread) = self.loop_thread.take() {
             let _ = thread.join();
         }
-        // Stop reading from every client: a connection thread blocked on the next request
-        // sees end-of-file; one executing a request finishes and replies first.
-        let conns: Vec<Connection> = std::mem::take(&mut *lock(&self.shared.conns));
+        // Stop reading from every client: a worker blocked on the next request sees
+        // end-of-file; requests in flight finish and reply, then their connection closes.
+        let conns: Vec<Arc<Conn>> = lock(&self.shared.conns).values().cloned().collect();
         for conn in &conns {
-            if let Some(stream) = &conn.stream {
-                stream.shutdown_read();
-            }
+            conn.stop_reading(&self.shared);
         }
-        // A client that stopped reading could block its thread in a reply forever: after
-        // a grace period its socket is shut down completely, which fails that write.
-        let deadline = std::time::Instant::now() + STOP_GRACE;
-        while std::time::Instant::now() < deadline
-            && conns
-                .iter()
-                .any(|c| c.thread.as_ref().is_some_and(|t| !t.is_finished()))
-        {
+        // A client that stopped reading could block a worker in a reply forever: after a
+        // grace period its socket is shut down completely, which fails that write.
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline && !lock(&self.shared.conns).is_empty() {
             std::thread::sleep(Duration::from_millis(10));
         }
-        for mut conn in conns {
-            if let Some(thread) = conn.thread.take() {
-                if !thread.is_finished() {
-                    if let Some(stream) = &conn.stream {
-                        stream.shutdown_both();
-                    }
-                }
-                let _ = thread.join();
-            }
+        let rest: Vec<Arc<Conn>> = lock(&self.shared.conns).values().cloned().collect();
+        for conn in rest {
+            conn.close(&self.shared);
         }
+        self.shared.pool.join();
         let flushed = self
             .shared
             .io
@@ -319,26 +442,14 @@ impl Export for NbdServer {
 
 impl Drop for NbdServer {
     fn drop(&mut self) {
-        if self.accept_thread.is_some() {
+        if self.loop_thread.is_some() {
             let _ = self.shutdown();
         }
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn reap_finished(conns: &mut Vec<Connection>) {
-    conns.retain_mut(|c| match &c.thread {
-        Some(t) if t.is_finished() => {
-            if let Some(t) = c.thread.take() {
-                let _ = t.join();
-            }
-            false
-        }
-        _ => true,
-    });
 }
 
 fn validate_block_sizes(
@@ -420,60 +531,159 @@ fn remove_stale_socket(path: &Path) -> Result<(), ExportError> {
         .map_err(|e| ExportError::io(format!("removing stale socket {}", path.display()), e))
 }
 
-fn accept_loop(listener: Listener, shared: Arc<Shared>) {
-    let fd = match &listener {
-        Listener::Unix(l) => l.as_raw_fd(),
-        Listener::Tcp(l) => l.as_raw_fd(),
+/// Watches the listener and every connection; hands readable connections to the pool,
+/// accepts new clients and closes connections whose handshake or idle time ran out.
+fn event_loop(listener: &Listener, shared: &Arc<Shared>) -> std::io::Result<()> {
+    listener.set_nonblocking()?;
+    // SAFETY: the listener outlives its registration: it is deleted from the poller before
+    // this thread drops it (see NbdServer::start).
+    unsafe {
+        shared
+            .poller
+            .add(listener.fd().as_raw_fd(), Event::readable(LISTENER_KEY))?
     };
+    let mut events = Events::new();
+    let mut next_key = 0usize;
+    // Deadlines are checked at most every EXPIRE_EVERY, not on every event: under load the
+    // loop wakes per batch of requests, and a check visits every connection.
+    let mut next_check = Instant::now();
     while !shared.stopping.load(Ordering::SeqCst) {
-        // Poll with a timeout so a stop request is noticed without a wake-up connection.
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: pfd is a valid pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
-        if ready <= 0 {
-            continue;
+        let now = Instant::now();
+        if now >= next_check {
+            next_check = now + expire(shared).max(EXPIRE_EVERY);
         }
-        let stream = match &listener {
-            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
-            Listener::Tcp(l) => l.accept().map(|(s, _)| {
+        events.clear();
+        let timeout = next_check.saturating_duration_since(now);
+        match shared.poller.wait(&mut events, Some(timeout)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        for event in events.iter() {
+            if event.key == LISTENER_KEY {
+                accept_all(listener, shared, &mut next_key);
+                shared
+                    .poller
+                    .modify(listener.fd(), Event::readable(LISTENER_KEY))?;
+                continue;
+            }
+            let Some(conn) = lock(&shared.conns).get(&event.key).cloned() else {
+                continue;
+            };
+            {
+                let mut state = lock(&conn.state);
+                if state.closed || state.busy {
+                    continue;
+                }
+                state.busy = true;
+            }
+            let job_shared = Arc::clone(shared);
+            shared
+                .pool
+                .submit(Box::new(move || conn.on_readable(&job_shared)));
+        }
+    }
+    Ok(())
+}
+
+/// Closes the connections whose handshake or idle time is over; returns how long the event
+/// loop may sleep until the next such deadline.
+fn expire(shared: &Shared) -> Duration {
+    let now = Instant::now();
+    let mut next: Option<Instant> = None;
+    let mut expired = Vec::new();
+    for conn in lock(&shared.conns).values() {
+        let state = lock(&conn.state);
+        if let Some(deadline) = state.deadline(shared.config.idle_timeout) {
+            if deadline <= now {
+                expired.push((Arc::clone(conn), state.in_handshake()));
+            } else {
+                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+            }
+        }
+    }
+    for (conn, in_handshake) in expired {
+        if in_handshake {
+            log::info!(
+                "NBD connection {}: no complete handshake within {:?}, closed",
+                conn.key,
+                shared.config.handshake_timeout
+            );
+        } else {
+            log::info!("NBD connection {}: idle, closed", conn.key);
+        }
+        conn.close(shared);
+    }
+    // Busy connections are bounded by their reads' own deadlines; waking up every second
+    // keeps the check of connections that become idle again timely enough.
+    let cap = Duration::from_secs(1);
+    next.map_or(cap, |n| n.saturating_duration_since(now).min(cap))
+}
+
+/// Accepts every pending client: over the cap it is closed at once, else greeted and
+/// watched.
+fn accept_all(listener: &Listener, shared: &Arc<Shared>, next_key: &mut usize) {
+    loop {
+        let accepted = match listener {
+            Listener::Unix(l) => l
+                .accept()
+                .map(|(s, _)| (Stream::Unix(s), "unix socket".to_string())),
+            Listener::Tcp(l) => l.accept().map(|(s, peer)| {
                 let _ = s.set_nodelay(true);
-                Stream::Tcp(s)
+                (Stream::Tcp(s), peer.to_string())
             }),
         };
-        let stream = match stream {
-            Ok(s) => s,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
+                // E.g. EMFILE: try again on the next event rather than spinning here.
                 log::warn!("NBD accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
+                return;
+            }
+        };
+        let count = lock(&shared.conns).len();
+        if count >= shared.config.max_clients {
+            log::warn!(
+                "NBD: refused a client from {peer}: {count} clients connected, the maximum \
+                 (--max-clients {})",
+                shared.config.max_clients
+            );
+            stream.shutdown_both();
+            continue;
+        }
+        // Accepted sockets may inherit O_NONBLOCK from the listener on some systems; the
+        // workers read with blocking calls bounded by timeouts.
+        if let Err(e) = stream.set_blocking() {
+            log::warn!("NBD: cannot set up a client socket: {e}");
+            continue;
+        }
+        // The greeting is 18 bytes into an empty socket buffer: it cannot block.
+        let handshake = match Handshake::start(&mut &stream) {
+            Ok(h) => h,
+            Err(e) => {
+                log::info!("NBD client from {peer} gone before the greeting: {e}");
                 continue;
             }
         };
-        spawn_connection(&shared, stream);
-    }
-}
-
-fn spawn_connection(shared: &Arc<Shared>, stream: Stream) {
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let control = stream.try_clone().ok();
-    let conn_shared = Arc::clone(shared);
-    let thread = std::thread::Builder::new()
-        .name(format!("nbd-conn-{id}"))
-        .spawn(move || {
-            if let Err(e) = conn::serve(stream, &conn_shared) {
-                log::info!("NBD connection {id} closed: {e}");
-            }
-        });
-    let mut conns = lock(&shared.conns);
-    reap_finished(&mut conns);
-    match thread {
-        Ok(thread) => conns.push(Connection {
-            stream: control,
-            thread: Some(thread),
-        }),
-        Err(e) => log::warn!("cannot spawn a thread for NBD connection {id}: {e}"),
+        let key = *next_key;
+        *next_key += 1;
+        let deadline = Instant::now() + shared.config.handshake_timeout;
+        let conn = Arc::new(Conn::new(key, stream, handshake, deadline));
+        lock(&shared.conns).insert(key, Arc::clone(&conn));
+        // SAFETY: the socket stays open until the connection is closed, which deletes it
+        // from the poller first (Conn::close), or the poller is dropped with the server.
+        if let Err(e) = unsafe {
+            shared
+                .poller
+                .add(conn.stream.as_fd().as_raw_fd(), Event::readable(key))
+        } {
+            log::warn!("NBD: cannot watch a client socket: {e}");
+            conn.close(shared);
+        }
     }
 }

@@ -1,11 +1,17 @@
 //! The transmission phase: requests, validation, device I/O and replies.
+//!
+//! Split in three steps so that requests can run concurrently: [`Session::receive`] reads
+//! one request (with a write's payload) from the stream, in order; [`Session::process`]
+//! executes it against the device and produces the reply (any thread, any order);
+//! [`Session::send`] writes that reply, whole, to the stream (the caller serialises
+//! replies so that one reply's header and payload are never interleaved with another's).
 
 use std::io::{self, Read, Write};
 
 use cryptblk_dm::device::WriteFlags;
 
 use super::proto::*;
-use super::wire::{skip, Stream};
+use super::wire::skip;
 use super::Shared;
 
 /// Payloads of rejected writes up to this size are read and dropped to keep the
@@ -13,6 +19,17 @@ use super::Shared;
 const MAX_SKIPPED_PAYLOAD: u64 = 128 << 20;
 /// Reads are executed in steps of this size so a failure can be reported with its offset.
 const READ_STEP: usize = 4 << 20;
+
+/// What a client negotiated for the transmission phase.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Session {
+    /// Structured replies were negotiated.
+    pub(crate) structured: bool,
+    /// The client agreed to the advertised block sizes (asked for `NBD_INFO_BLOCK_SIZE`).
+    pub(crate) strict: bool,
+    /// The client selected the `base:allocation` metadata context.
+    pub(crate) block_status: bool,
+}
 
 /// A request header of the transmission phase.
 struct Request {
@@ -25,7 +42,7 @@ struct Request {
 
 /// A failed request: the protocol error value, a message for humans and, when known, the
 /// offset where the failure happened.
-struct Failure {
+pub(crate) struct Failure {
     error: u32,
     message: String,
     offset: Option<u64>,
@@ -45,72 +62,231 @@ impl Failure {
     }
 }
 
-pub(crate) struct Transmission<'a> {
-    stream: Stream,
-    shared: &'a Shared,
-    structured: bool,
-    strict: bool,
-    block_status: bool,
-    buf: Vec<u8>,
+/// One request read from the stream, ready to be processed.
+pub(crate) struct Incoming {
+    req: Request,
+    /// A write's payload.
+    payload: Vec<u8>,
+    /// Set when the request was refused while its payload was read (a write that is not
+    /// allowed or out of range); processing then only replies with it.
+    refused: Option<Failure>,
 }
 
-impl<'a> Transmission<'a> {
-    pub(crate) fn new(
-        stream: Stream,
-        shared: &'a Shared,
-        structured: bool,
-        strict: bool,
-        block_status: bool,
-    ) -> Self {
-        Transmission {
-            stream,
-            shared,
-            structured,
-            strict,
-            block_status,
-            buf: Vec::new(),
+impl Incoming {
+    /// Whether the request changes the device: a FLUSH received after it must wait for it.
+    pub(crate) fn is_write(&self) -> bool {
+        self.refused.is_none() && matches!(self.req.kind, CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM)
+    }
+
+    /// Bytes of memory the request holds until it has replied (a write's payload, a read's
+    /// data).
+    pub(crate) fn buffer_len(&self) -> u64 {
+        match self.req.kind {
+            CMD_READ => u64::from(self.req.length),
+            _ => self.payload.len() as u64,
         }
     }
 
-    pub(crate) fn run(&mut self) -> io::Result<()> {
-        loop {
-            let mut header = [0u8; 28];
-            match self.stream.read_exact(&mut header) {
-                Ok(()) => {}
-                // A client going away between requests is a normal end.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+    /// Whether the request is a FLUSH.
+    pub(crate) fn is_flush(&self) -> bool {
+        self.req.kind == CMD_FLUSH
+    }
+}
+
+/// What [`Session::receive`] read.
+pub(crate) enum Received {
+    /// A request to process; with `then_close` the stream is out of sync after it (a refused
+    /// write whose payload is too large to skip): reply to it, then read no more.
+    Request {
+        incoming: Incoming,
+        then_close: bool,
+    },
+    /// `NBD_CMD_DISC`: reply to what is in flight, then close.
+    Disconnect,
+    /// The client closed its side between requests (a normal end).
+    Eof,
+}
+
+/// A reply ready to be sent.
+pub(crate) struct Outgoing {
+    handle: u64,
+    body: Body,
+}
+
+enum Body {
+    Status(Result<(), Failure>),
+    /// A read: `buf[..good]` was read successfully; `failure` stopped it if set.
+    Read {
+        offset: u64,
+        buf: Vec<u8>,
+        good: usize,
+        failure: Option<Failure>,
+    },
+    /// One `base:allocation` extent of this length.
+    BlockStatus(u32),
+}
+
+impl Session {
+    /// Reads the next request, and a write's payload, from `stream`.
+    pub(crate) fn receive(&self, shared: &Shared, stream: &mut impl Read) -> io::Result<Received> {
+        let mut header = [0u8; 28];
+        let got = loop {
+            match stream.read(&mut header) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
-            let magic = u32::from_be_bytes(header[0..4].try_into().unwrap_or_default());
-            if magic != REQUEST_MAGIC {
-                // Without a valid header the stream cannot be resynchronised.
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("bad request magic {magic:#x}"),
-                ));
+        };
+        // A client going away between requests is a normal end.
+        if got == 0 {
+            return Ok(Received::Eof);
+        }
+        stream.read_exact(&mut header[got..])?;
+        let magic = u32::from_be_bytes(header[0..4].try_into().unwrap_or_default());
+        if magic != REQUEST_MAGIC {
+            // Without a valid header the stream cannot be resynchronised.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad request magic {magic:#x}"),
+            ));
+        }
+        let req = Request {
+            flags: u16::from_be_bytes([header[4], header[5]]),
+            kind: u16::from_be_bytes([header[6], header[7]]),
+            handle: u64::from_be_bytes(header[8..16].try_into().unwrap_or_default()),
+            offset: u64::from_be_bytes(header[16..24].try_into().unwrap_or_default()),
+            length: u32::from_be_bytes(header[24..28].try_into().unwrap_or_default()),
+        };
+        if req.kind == CMD_DISC {
+            return Ok(Received::Disconnect);
+        }
+        if req.kind != CMD_WRITE {
+            return Ok(Received::Request {
+                incoming: Incoming {
+                    req,
+                    payload: Vec::new(),
+                    refused: None,
+                },
+                then_close: false,
+            });
+        }
+        let len = u64::from(req.length);
+        let verdict = self
+            .check_writable(shared)
+            .and_then(|()| self.validate(shared, &req, CMD_FLAG_FUA, ENOSPC, true));
+        if let Err(failure) = verdict {
+            // Keep the stream in sync by consuming the payload, unless it is absurdly large.
+            let then_close = len > MAX_SKIPPED_PAYLOAD;
+            if !then_close {
+                skip(stream, len)?;
             }
-            let req = Request {
-                flags: u16::from_be_bytes([header[4], header[5]]),
-                kind: u16::from_be_bytes([header[6], header[7]]),
-                handle: u64::from_be_bytes(header[8..16].try_into().unwrap_or_default()),
-                offset: u64::from_be_bytes(header[16..24].try_into().unwrap_or_default()),
-                length: u32::from_be_bytes(header[24..28].try_into().unwrap_or_default()),
-            };
-            if req.kind == CMD_DISC {
-                return Ok(());
+            return Ok(Received::Request {
+                incoming: Incoming {
+                    req,
+                    payload: Vec::new(),
+                    refused: Some(failure),
+                },
+                then_close,
+            });
+        }
+        // A client vanishing mid-payload aborts here, before anything reaches the device.
+        let mut payload = vec![0u8; req.length as usize];
+        stream.read_exact(&mut payload)?;
+        Ok(Received::Request {
+            incoming: Incoming {
+                req,
+                payload,
+                refused: None,
+            },
+            then_close: false,
+        })
+    }
+
+    /// Executes a request against the device and returns its reply.
+    pub(crate) fn process(&self, shared: &Shared, incoming: Incoming) -> Outgoing {
+        let Incoming {
+            req,
+            mut payload,
+            refused,
+        } = incoming;
+        let body = if let Some(failure) = refused {
+            Body::Status(Err(failure))
+        } else {
+            match req.kind {
+                CMD_READ => self.read(shared, &req),
+                CMD_WRITE => Body::Status(
+                    shared
+                        .io
+                        .write_at_scratch(req.offset, &mut payload, fua(&req))
+                        .map_err(|e| Failure::device(e, "write")),
+                ),
+                CMD_BLOCK_STATUS if self.block_status => self.block_status(shared, &req),
+                _ => Body::Status(self.execute(shared, &req)),
             }
-            self.handle(&req)?;
+        };
+        Outgoing {
+            handle: req.handle,
+            body,
         }
     }
 
-    fn handle(&mut self, req: &Request) -> io::Result<()> {
-        match req.kind {
-            CMD_READ => self.read(req),
-            CMD_WRITE => self.write(req),
-            CMD_BLOCK_STATUS if self.block_status => self.block_status(req),
-            _ => {
-                let result = self.execute(req);
-                self.reply_status(req.handle, result)
+    /// Writes a reply (all its chunks) to `w`.
+    pub(crate) fn send(&self, out: &Outgoing, w: &mut impl Write) -> io::Result<()> {
+        let handle = out.handle;
+        match &out.body {
+            Body::Status(result) => self.reply_status(w, handle, result),
+            Body::BlockStatus(length) => {
+                let mut payload = Vec::with_capacity(12);
+                payload.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+                payload.extend_from_slice(&length.to_be_bytes());
+                payload.extend_from_slice(&0u32.to_be_bytes());
+                write_chunk(
+                    w,
+                    handle,
+                    REPLY_FLAG_DONE,
+                    REPLY_TYPE_BLOCK_STATUS,
+                    &payload,
+                    &[],
+                )
+            }
+            Body::Read {
+                offset,
+                buf,
+                good,
+                failure,
+            } => {
+                if !self.structured {
+                    return match failure {
+                        Some(f) => write_simple(w, handle, f.error, &[]),
+                        None => write_simple(w, handle, 0, buf),
+                    };
+                }
+                match failure {
+                    None if buf.is_empty() => {
+                        write_chunk(w, handle, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[], &[])
+                    }
+                    None => write_chunk(
+                        w,
+                        handle,
+                        REPLY_FLAG_DONE,
+                        REPLY_TYPE_OFFSET_DATA,
+                        &offset.to_be_bytes(),
+                        buf,
+                    ),
+                    Some(f) => {
+                        if *good > 0 {
+                            write_chunk(
+                                w,
+                                handle,
+                                0,
+                                REPLY_TYPE_OFFSET_DATA,
+                                &offset.to_be_bytes(),
+                                &buf[..*good],
+                            )?;
+                        }
+                        error_chunk(w, handle, f)
+                    }
+                }
             }
         }
     }
@@ -118,32 +294,25 @@ impl<'a> Transmission<'a> {
     /// Checks flags and range of a request; `beyond_end` is the error for out-of-range.
     fn validate(
         &self,
+        shared: &Shared,
         req: &Request,
         allowed_flags: u16,
         beyond_end: u32,
         check_max: bool,
     ) -> Result<(), Failure> {
-        if req.flags & !allowed_flags != 0 {
-            return Err(Failure::new(
-                EINVAL,
-                format!(
-                    "command flags {:#x} not valid for command {}",
-                    req.flags, req.kind
-                ),
-            ));
-        }
+        validate_flags(req, allowed_flags)?;
         let len = u64::from(req.length);
-        if check_max && req.length > self.shared.block_sizes.2 {
+        if check_max && req.length > shared.block_sizes.2 {
             return Err(Failure::new(
                 EINVAL,
                 format!(
                     "length {len} exceeds the maximum block size {}",
-                    self.shared.block_sizes.2
+                    shared.block_sizes.2
                 ),
             ));
         }
         match req.offset.checked_add(len) {
-            Some(end) if end <= self.shared.io.size() => {}
+            Some(end) if end <= shared.io.size() => {}
             _ => {
                 return Err(Failure::new(
                     beyond_end,
@@ -154,63 +323,57 @@ impl<'a> Transmission<'a> {
                 ))
             }
         }
-        if self.strict && !self.shared.io.is_aligned(req.offset, len) {
+        if self.strict && !shared.io.is_aligned(req.offset, len) {
             return Err(Failure::new(
                 EINVAL,
                 format!(
                     "request {}+{len} is not aligned to the agreed minimum block size {}",
                     req.offset,
-                    self.shared.io.block_size()
+                    shared.io.block_size()
                 ),
             ));
         }
         Ok(())
     }
 
-    fn check_writable(&self) -> Result<(), Failure> {
-        if self.shared.config.read_only {
+    fn check_writable(&self, shared: &Shared) -> Result<(), Failure> {
+        if shared.config.read_only {
             return Err(Failure::new(EPERM, "export is read-only"));
         }
         Ok(())
     }
 
-    fn fua(&self, req: &Request) -> WriteFlags {
-        WriteFlags {
-            fua: req.flags & CMD_FLAG_FUA != 0,
-        }
-    }
-
     /// Commands without payload in either direction.
-    fn execute(&mut self, req: &Request) -> Result<(), Failure> {
-        let io = &self.shared.io;
+    fn execute(&self, shared: &Shared, req: &Request) -> Result<(), Failure> {
+        let io = &shared.io;
         let len = u64::from(req.length);
         match req.kind {
             CMD_FLUSH => {
-                self.validate_flags(req, CMD_FLAG_FUA)?;
+                validate_flags(req, CMD_FLAG_FUA)?;
                 io.flush().map_err(|e| Failure::device(e, "flush"))
             }
             CMD_TRIM => {
-                self.check_writable()?;
-                self.validate(req, CMD_FLAG_FUA, EINVAL, false)?;
+                self.check_writable(shared)?;
+                self.validate(shared, req, CMD_FLAG_FUA, EINVAL, false)?;
                 io.discard(req.offset, len)
                     .map_err(|e| Failure::device(e, "trim"))?;
-                if self.fua(req).fua {
+                if fua(req).fua {
                     io.flush()
                         .map_err(|e| Failure::device(e, "flush after trim"))?;
                 }
                 Ok(())
             }
             CMD_WRITE_ZEROES => {
-                self.check_writable()?;
-                self.validate(req, CMD_FLAG_FUA | CMD_FLAG_NO_HOLE, ENOSPC, false)?;
+                self.check_writable(shared)?;
+                self.validate(shared, req, CMD_FLAG_FUA | CMD_FLAG_NO_HOLE, ENOSPC, false)?;
                 // Zeroes are always written out (the device provisions them), so NO_HOLE
                 // needs no special handling.
-                io.write_zeroes(req.offset, len, self.fua(req))
+                io.write_zeroes(req.offset, len, fua(req))
                     .map_err(|e| Failure::device(e, "write zeroes"))
             }
             CMD_CACHE => {
                 // There is no server-side cache to populate; a validated request succeeds.
-                self.validate(req, CMD_FLAG_FUA, EINVAL, true)
+                self.validate(shared, req, CMD_FLAG_FUA, EINVAL, true)
             }
             CMD_BLOCK_STATUS => Err(Failure::new(
                 EINVAL,
@@ -220,61 +383,19 @@ impl<'a> Transmission<'a> {
         }
     }
 
-    fn validate_flags(&self, req: &Request, allowed: u16) -> Result<(), Failure> {
-        if req.flags & !allowed != 0 {
-            return Err(Failure::new(
-                EINVAL,
-                format!(
-                    "command flags {:#x} not valid for command {}",
-                    req.flags, req.kind
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    fn write(&mut self, req: &Request) -> io::Result<()> {
-        let len = u64::from(req.length);
-        let verdict = self
-            .check_writable()
-            .and_then(|()| self.validate(req, CMD_FLAG_FUA, ENOSPC, true));
-        if let Err(failure) = verdict {
-            // Keep the stream in sync by consuming the payload, unless it is absurdly large.
-            if len > MAX_SKIPPED_PAYLOAD {
-                self.reply_status(req.handle, Err(failure))?;
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("write payload of {len} bytes is too large to skip"),
-                ));
-            }
-            skip(&mut self.stream, len)?;
-            return self.reply_status(req.handle, Err(failure));
-        }
-        self.buf.resize(req.length as usize, 0);
-        // A client vanishing mid-payload aborts here, before anything reaches the device.
-        self.stream.read_exact(&mut self.buf)?;
-        let flags = self.fua(req);
-        let result = self
-            .shared
-            .io
-            .write_at_scratch(req.offset, &mut self.buf, flags)
-            .map_err(|e| Failure::device(e, "write"));
-        self.reply_status(req.handle, result)
-    }
-
-    fn read(&mut self, req: &Request) -> io::Result<()> {
-        if let Err(failure) = self.validate(req, CMD_FLAG_FUA, EINVAL, true) {
-            return self.reply_status(req.handle, Err(failure));
+    fn read(&self, shared: &Shared, req: &Request) -> Body {
+        if let Err(failure) = self.validate(shared, req, CMD_FLAG_FUA, EINVAL, true) {
+            return Body::Status(Err(failure));
         }
         let len = req.length as usize;
-        self.buf.resize(len, 0);
+        let mut buf = vec![0u8; len];
         // Read step by step; remember the first failure and how much data precedes it.
         let mut good = 0usize;
         let mut failure = None;
         while good < len {
             let step = (len - good).min(READ_STEP);
             let at = req.offset + good as u64;
-            match self.shared.io.read_at(at, &mut self.buf[good..good + step]) {
+            match shared.io.read_at(at, &mut buf[good..good + step]) {
                 Ok(()) => good += step,
                 Err(e) => {
                     let mut f = Failure::device(e, "read");
@@ -284,50 +405,19 @@ impl<'a> Transmission<'a> {
                 }
             }
         }
-        if !self.structured {
-            return match failure {
-                Some(f) => self.simple_reply(req.handle, f.error, &[]),
-                None => {
-                    let Transmission { stream, buf, .. } = self;
-                    write_simple(stream, req.handle, 0, &buf[..len])
-                }
-            };
-        }
-        match failure {
-            None if len == 0 => self.chunk(req.handle, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[], &[]),
-            None => {
-                let Transmission { stream, buf, .. } = self;
-                write_chunk(
-                    stream,
-                    req.handle,
-                    REPLY_FLAG_DONE,
-                    REPLY_TYPE_OFFSET_DATA,
-                    &req.offset.to_be_bytes(),
-                    &buf[..len],
-                )
-            }
-            Some(f) => {
-                if good > 0 {
-                    let Transmission { stream, buf, .. } = self;
-                    write_chunk(
-                        stream,
-                        req.handle,
-                        0,
-                        REPLY_TYPE_OFFSET_DATA,
-                        &req.offset.to_be_bytes(),
-                        &buf[..good],
-                    )?;
-                }
-                self.error_chunk(req.handle, &f)
-            }
+        Body::Read {
+            offset: req.offset,
+            buf,
+            good,
+            failure,
         }
     }
 
     /// `base:allocation` status: every byte of a device is allocated and its contents are
     /// not known to be zero, so the whole range is one extent with status 0 (which the
     /// protocol says is always safe to report).
-    fn block_status(&mut self, req: &Request) -> io::Result<()> {
-        let checked = self.validate(req, CMD_FLAG_FUA | CMD_FLAG_REQ_ONE, EINVAL, false);
+    fn block_status(&self, shared: &Shared, req: &Request) -> Body {
+        let checked = self.validate(shared, req, CMD_FLAG_FUA | CMD_FLAG_REQ_ONE, EINVAL, false);
         let checked = checked.and_then(|()| {
             if req.length == 0 {
                 Err(Failure::new(EINVAL, "block status of an empty range"))
@@ -335,64 +425,63 @@ impl<'a> Transmission<'a> {
                 Ok(())
             }
         });
-        if let Err(f) = checked {
-            return self.reply_status(req.handle, Err(f));
+        match checked {
+            Ok(()) => Body::BlockStatus(req.length),
+            Err(f) => Body::Status(Err(f)),
         }
-        let mut payload = Vec::with_capacity(12);
-        payload.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
-        payload.extend_from_slice(&req.length.to_be_bytes());
-        payload.extend_from_slice(&0u32.to_be_bytes());
-        self.chunk(
-            req.handle,
-            REPLY_FLAG_DONE,
-            REPLY_TYPE_BLOCK_STATUS,
-            &payload,
-            &[],
-        )
     }
 
-    fn reply_status(&mut self, handle: u64, result: Result<(), Failure>) -> io::Result<()> {
+    fn reply_status(
+        &self,
+        w: &mut impl Write,
+        handle: u64,
+        result: &Result<(), Failure>,
+    ) -> io::Result<()> {
         match (result, self.structured) {
-            (Ok(()), false) => self.simple_reply(handle, 0, &[]),
-            (Ok(()), true) => self.chunk(handle, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[], &[]),
+            (Ok(()), false) => write_simple(w, handle, 0, &[]),
+            (Ok(()), true) => write_chunk(w, handle, REPLY_FLAG_DONE, REPLY_TYPE_NONE, &[], &[]),
             (Err(f), false) => {
                 log::debug!("NBD request failed: {}", f.message);
-                self.simple_reply(handle, f.error, &[])
+                write_simple(w, handle, f.error, &[])
             }
-            (Err(f), true) => self.error_chunk(handle, &f),
+            (Err(f), true) => error_chunk(w, handle, f),
         }
     }
+}
 
-    fn simple_reply(&mut self, handle: u64, error: u32, data: &[u8]) -> io::Result<()> {
-        write_simple(&mut self.stream, handle, error, data)
+fn fua(req: &Request) -> WriteFlags {
+    WriteFlags {
+        fua: req.flags & CMD_FLAG_FUA != 0,
     }
+}
 
-    fn chunk(
-        &mut self,
-        handle: u64,
-        flags: u16,
-        kind: u16,
-        prefix: &[u8],
-        data: &[u8],
-    ) -> io::Result<()> {
-        write_chunk(&mut self.stream, handle, flags, kind, prefix, data)
+fn validate_flags(req: &Request, allowed: u16) -> Result<(), Failure> {
+    if req.flags & !allowed != 0 {
+        return Err(Failure::new(
+            EINVAL,
+            format!(
+                "command flags {:#x} not valid for command {}",
+                req.flags, req.kind
+            ),
+        ));
     }
+    Ok(())
+}
 
-    fn error_chunk(&mut self, handle: u64, f: &Failure) -> io::Result<()> {
-        let message = &f.message.as_bytes()[..f.message.len().min(4096)];
-        let mut payload = Vec::with_capacity(14 + message.len());
-        payload.extend_from_slice(&f.error.to_be_bytes());
-        payload.extend_from_slice(&(message.len() as u16).to_be_bytes());
-        payload.extend_from_slice(message);
-        let kind = match f.offset {
-            Some(offset) => {
-                payload.extend_from_slice(&offset.to_be_bytes());
-                REPLY_TYPE_ERROR_OFFSET
-            }
-            None => REPLY_TYPE_ERROR,
-        };
-        self.chunk(handle, REPLY_FLAG_DONE, kind, &payload, &[])
-    }
+fn error_chunk(w: &mut impl Write, handle: u64, f: &Failure) -> io::Result<()> {
+    let message = &f.message.as_bytes()[..f.message.len().min(4096)];
+    let mut payload = Vec::with_capacity(14 + message.len());
+    payload.extend_from_slice(&f.error.to_be_bytes());
+    payload.extend_from_slice(&(message.len() as u16).to_be_bytes());
+    payload.extend_from_slice(message);
+    let kind = match f.offset {
+        Some(offset) => {
+            payload.extend_from_slice(&offset.to_be_bytes());
+            REPLY_TYPE_ERROR_OFFSET
+        }
+        None => REPLY_TYPE_ERROR,
+    };
+    write_chunk(w, handle, REPLY_FLAG_DONE, kind, &payload, &[])
 }
 
 fn write_simple(w: &mut impl Write, handle: u64, error: u32, data: &[u8]) -> io::Result<()> {

@@ -1,6 +1,8 @@
 //! Shared helpers of the export tests: an in-memory device, temp dirs, tool checks.
 #![allow(dead_code)]
 
+pub mod nbd_client;
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
