@@ -144,3 +144,119 @@ fn client_refuses_a_daemon_from_before_versions() {
     }
     assert!(!ctl.exists());
 }
+
+/// A client that connects to a daemon's control socket and then sends nothing does not hold
+/// the daemon's other clients off for good: it is dropped after the daemon's client timeout
+/// and `status` is answered. (Before the timeout existed, `status` waited forever; the test
+/// gives it a minute and fails rather than hang.)
+#[test]
+fn a_silent_control_client_does_not_block_the_others() {
+    let dir = tempdir();
+    let sock = dir.path().join("nbd.sock");
+    run_ok(
+        cryptblk()
+            .args([
+                "dm",
+                "create",
+                "t-proto-silent",
+                "--table",
+                "0 8 zero",
+                "--nbd",
+            ])
+            .arg(&sock),
+        b"",
+    );
+    let ctl = runtime_dir().join("t-proto-silent.ctl");
+    let silent = UnixStream::connect(&ctl).unwrap();
+    let mut status = cryptblk()
+        .args(["status", "--json", "t-proto-silent"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let finished = loop {
+        if let Some(st) = status.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = status.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = status.wait_with_output().unwrap();
+    drop(silent);
+    run_ok(cryptblk().args(["close", "t-proto-silent"]), b"");
+    let finished = finished.expect("status never answered while a silent client was connected");
+    assert!(finished.success());
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["ok"], true, "{st}");
+}
+
+/// A daemon answers only its owner: run as an ordinary user, it refuses root's request (root
+/// can reach any socket) with exit class 2 and does not act on it.
+#[test]
+fn the_daemon_answers_only_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || tool("setpriv").is_none() {
+        eprintln!("skipped: needs root and setpriv to run a daemon as another user");
+        return;
+    }
+    let dir = tempdir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let rt = dir.path().join("rt");
+    std::fs::create_dir(&rt).unwrap();
+    std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&rt, Some(65534), Some(65534)).unwrap();
+    let as_nobody = || {
+        let mut c = std::process::Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            env!("CARGO_BIN_EXE_cryptblk"),
+        ])
+        .env("CRYPTBLK_RUNTIME_DIR", &rt);
+        c
+    };
+    let sock = rt.join("nbd.sock");
+    run_ok(
+        as_nobody()
+            .args([
+                "dm",
+                "create",
+                "t-proto-owner",
+                "--table",
+                "0 8 zero",
+                "--nbd",
+            ])
+            .arg(&sock),
+        b"",
+    );
+    let ctl = rt.join("t-proto-owner.ctl");
+    // The refusal comes before the request is read, so the write may find the connection
+    // already closed; what matters is the answer and that nothing was done.
+    let mut s = UnixStream::connect(&ctl).unwrap();
+    let _ = s.write_all(b"{\"v\":1,\"request\":{\"cmd\":\"close\"}}\n");
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let still: serde_json::Value = serde_json::from_str(&run_ok(
+        as_nobody().args(["status", "--json", "t-proto-owner"]),
+        b"",
+    ))
+    .unwrap();
+    run_ok(as_nobody().args(["close", "t-proto-owner"]), b"");
+    assert_eq!(answer["ok"], false, "{answer}");
+    assert_eq!(answer["code"], 2, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("answers only uid 65534, not 0"),
+        "{answer}"
+    );
+    assert_eq!(still["ok"], true, "root's close was not acted on: {still}");
+}

@@ -156,6 +156,9 @@ fn accept_next(
 /// a client cannot make the daemon grow without bound.
 pub(super) const MAX_REQUEST_LINE: usize = 1 << 20;
 
+/// How long a control client may take to send its request or to read the answer.
+const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Why no request line could be read.
 enum LineError {
     /// The connection failed or closed before a line ended.
@@ -214,6 +217,29 @@ fn read_request_line(mut stream: &UnixStream) -> Result<SecretText, LineError> {
 /// One request per connection, for mapping `target` (the top or a lower one): read a line,
 /// answer a line.
 fn handle_client(stream: UnixStream, stack: &Stack, stopping: &AtomicBool, target: &str) {
+    // Requests are answered one at a time, so a client that connects and then sends or reads
+    // nothing must not hold every other client off: it gets this long for each.
+    let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
+    // The runtime directory is the owner's alone, but root (or a descriptor passed on) can
+    // still reach the socket: only the owner's processes are answered, and before their
+    // request is read.
+    match client::peer_uid(&stream) {
+        Ok(uid) if uid == client::euid() => {}
+        Ok(uid) => {
+            let refusal = Response::error(
+                ExitCode::NoPermission,
+                format!(
+                    "this volume's daemon answers only uid {}, not {uid}",
+                    client::euid()
+                ),
+            );
+            let mut w = &stream;
+            let _ = w.write_all(refusal.encode().as_bytes());
+            return;
+        }
+        Err(_) => return,
+    }
     let answer = match read_request_line(&stream) {
         Ok(line) => match Request::decode(&line) {
             Ok(req) => answer(&req, stack, stopping, target),

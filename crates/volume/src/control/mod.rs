@@ -62,7 +62,9 @@ pub fn runtime_dir() -> Result<PathBuf> {
 }
 
 /// The effective uid of this process.
-fn euid() -> u32 {
+/// This process's effective uid: the owner of its runtime directory and of the daemons it
+/// starts.
+pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
 }
@@ -170,7 +172,7 @@ pub fn connect(path: &Path) -> std::io::Result<UnixStream> {
 }
 
 /// The uid of the process at the other end of `stream` (`SO_PEERCRED`).
-fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     use std::os::fd::AsRawFd;
     // SAFETY: ucred is plain data; the kernel fills it.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
