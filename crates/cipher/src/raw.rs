@@ -8,8 +8,11 @@ use std::os::raw::c_uint;
 
 use zeroize::Zeroize;
 
-/// An expanded AES key of AWS-LC, wiped on drop.
-pub struct RawAes(aws_lc_sys::AES_KEY);
+use crate::locked::LockedBox;
+
+/// An expanded AES key of AWS-LC, in locked memory of its own (out of swap and core dumps)
+/// and wiped on drop, like every other key schedule of this crate.
+pub struct RawAes(LockedBox<aws_lc_sys::AES_KEY>);
 
 impl RawAes {
     /// Expands `key` (16, 24 or 32 bytes) for encryption or, with `encrypt` false, CBC
@@ -21,15 +24,19 @@ impl RawAes {
                 key.len()
             ));
         }
-        // SAFETY: AES_KEY is plain data; the set-key functions fill it from `key`, whose
-        // length in bits they are given.
-        let mut k: aws_lc_sys::AES_KEY = unsafe { std::mem::zeroed() };
+        // Expanded in place: no copy of the schedule outside locked memory.
+        let mut k = LockedBox::new(aws_lc_sys::AES_KEY {
+            rd_key: [0; 60],
+            rounds: 0,
+        });
         let bits = (key.len() * 8) as c_uint;
+        // SAFETY: the set-key functions fill the AES_KEY from `key`, whose length in bits
+        // they are given.
         let r = unsafe {
             if encrypt {
-                aws_lc_sys::AES_set_encrypt_key(key.as_ptr(), bits, &mut k)
+                aws_lc_sys::AES_set_encrypt_key(key.as_ptr(), bits, &mut *k)
             } else {
-                aws_lc_sys::AES_set_decrypt_key(key.as_ptr(), bits, &mut k)
+                aws_lc_sys::AES_set_decrypt_key(key.as_ptr(), bits, &mut *k)
             }
         };
         if r != 0 {
@@ -48,7 +55,7 @@ impl RawAes {
                 buf.as_ptr(),
                 buf.as_mut_ptr(),
                 buf.len(),
-                &self.0,
+                &*self.0,
                 ivec.as_mut_ptr(),
                 encrypt as i32,
             )
@@ -66,19 +73,13 @@ impl RawAes {
                 buf.as_ptr(),
                 buf.as_mut_ptr(),
                 buf.len(),
-                &self.0,
+                &*self.0,
                 ivec.as_mut_ptr(),
                 ecount.as_mut_ptr(),
                 &mut num,
             )
         }
         ecount.zeroize();
-    }
-}
-
-impl Drop for RawAes {
-    fn drop(&mut self) {
-        self.0.rd_key.zeroize();
     }
 }
 
