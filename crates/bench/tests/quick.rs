@@ -216,7 +216,7 @@ fn live_flip_switches_pipelines_under_load() {
     assert!(
         live.table_after
             .trim_end()
-            .ends_with("2 no_read_workqueue no_write_workqueue"),
+            .ends_with("3 no_read_workqueue no_write_workqueue sector_size:4096"),
         "{}",
         live.table_after
     );
