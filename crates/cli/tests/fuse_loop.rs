@@ -4,77 +4,19 @@
 
 mod common;
 use common::*;
-use std::path::Path;
-use std::process::Command;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn sh(cmd: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
-    let mut c = Command::new(cmd);
-    for a in args {
-        c.arg(a);
-    }
-    run_ok(&mut c, b"")
-}
-
-struct Cleanup<'a> {
-    mnt: &'a Path,
-    fs: &'a Path,
-}
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.fs).status();
-        // Detach whatever loop device still points into our mount.
-        if let Ok(out) = Command::new("losetup")
-            .args(["-j"])
-            .arg(self.mnt.join("disk"))
-            .output()
-        {
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                if let Some(dev) = line.split(':').next() {
-                    let _ = Command::new("losetup").args(["-d", dev]).status();
-                }
-            }
-        }
-        let _ = run(cryptblk().args(["close", "t-fuse"]), b"");
-    }
-}
 
 #[test]
 fn ext4_on_a_loop_device_over_the_fuse_export() {
-    if !is_root() {
-        if std::env::var("CRYPTBLK_SKIP_ROOT").as_deref() == Ok("1") {
-            eprintln!("skipping: needs root for losetup/mount (CRYPTBLK_SKIP_ROOT=1)");
-            return;
-        }
-        panic!("this test needs root for losetup and mount (set CRYPTBLK_SKIP_ROOT=1 to skip)");
-    }
-    for t in [
-        "losetup",
-        "mkfs.ext4",
-        "fsck.ext4",
-        "mount",
-        "umount",
-        "fusermount3",
-    ] {
-        if tool(t).is_none() {
-            return;
-        }
+    if !can_loop_mount(&[]) {
+        return;
     }
     let dir = tempdir();
     let key = dir.path().join("key");
     std::fs::write(&key, b"fuse test key").unwrap();
     let img = dir.path().join("vol.img");
     sparse_file(&img, 64 << 20);
-    let mnt = dir.path().join("mnt");
-    let fs = dir.path().join("fs");
-    std::fs::create_dir_all(&mnt).unwrap();
-    std::fs::create_dir_all(&fs).unwrap();
-    let _cleanup = Cleanup { mnt: &mnt, fs: &fs };
+    let fl = FuseLoop::new(dir.path(), "t-fuse");
+    let fs = &fl.fs;
     run_ok(
         cryptblk()
             .args([
@@ -92,36 +34,25 @@ fn ext4_on_a_loop_device_over_the_fuse_export() {
             .arg(&img),
         b"",
     );
-    let open = || {
-        run_ok(
-            cryptblk()
-                .args(["open", "--key-file"])
-                .arg(&key)
-                .arg(&img)
-                .arg("t-fuse")
-                .arg("--fuse")
-                .arg(&mnt),
-            b"",
-        )
-    };
-    let disk = mnt.join("disk");
+    let open = || fl.open(&img, &key);
+    let disk = fl.disk();
 
     open();
     let lo = sh("losetup", &[&"-f", &"--show", &"--direct-io=on", &disk])
         .trim()
         .to_string();
     sh("mkfs.ext4", &[&"-q", &lo]);
-    sh("mount", &[&lo, &fs]);
+    sh("mount", &[&lo, fs]);
     std::fs::write(fs.join("hello.txt"), b"hello through cryptblk\n").unwrap();
     let payload = write_pattern(&fs.join("payload.bin"), 5 << 20, 9);
-    sh("umount", &[&fs]);
+    sh("umount", &[fs]);
     sh("losetup", &[&"-d", &lo]);
     run_ok(cryptblk().args(["close", "t-fuse"]), b"");
 
     open();
     let lo = sh("losetup", &[&"-f", &"--show", &disk]).trim().to_string();
     sh("fsck.ext4", &[&"-fn", &lo]);
-    sh("mount", &[&lo, &fs]);
+    sh("mount", &[&lo, fs]);
     assert_eq!(
         std::fs::read(fs.join("hello.txt")).unwrap(),
         b"hello through cryptblk\n"
@@ -130,7 +61,7 @@ fn ext4_on_a_loop_device_over_the_fuse_export() {
         std::fs::read(fs.join("payload.bin")).unwrap() == payload,
         "file content changed"
     );
-    sh("umount", &[&fs]);
+    sh("umount", &[fs]);
     sh("losetup", &[&"-d", &lo]);
     run_ok(cryptblk().args(["close", "t-fuse"]), b"");
 

@@ -10,14 +10,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
-/// The sha256 of a file, by coreutils.
-fn sha256(p: &Path) -> String {
-    let out = run_ok(Command::new("sha256sum").arg(p), b"");
-    out.split_whitespace().next().unwrap().to_string()
-}
-
 /// Asserts that `out` failed with exit `code` and one stderr line containing `text`.
 fn assert_refused(out: &Output, code: i32, text: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -29,23 +21,12 @@ fn assert_refused(out: &Output, code: i32, text: &str) {
 /// A LUKS2 image of `mib` MiB formatted by cryptblk with key file `key`.
 fn luks2_image(dir: &Path, name: &str, key: &Path, mib: u64) -> PathBuf {
     let img = dir.join(name);
-    sparse_file(&img, mib << 20);
-    run_ok(
-        cryptblk()
-            .args(["luksFormat", "-q", "--type", "luks2"])
-            .args(FAST)
-            .arg("--key-file")
-            .arg(key)
-            .arg(&img),
-        b"",
-    );
+    cryptblk_luks2(&img, key, mib << 20);
     img
 }
 
 fn key_file(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    std::fs::write(&key, b"hardening key").unwrap();
-    key
+    write_file(dir, "key", b"hardening key")
 }
 
 #[test]
@@ -299,22 +280,7 @@ fn data_over_the_header_is_refused_as_cryptsetup_does() {
     );
     set_luks2_segment_offset(&l2, "0");
     let l1 = d.join("l1.img");
-    sparse_file(&l1, 20 << 20);
-    run_ok(
-        cryptsetup()
-            .unwrap()
-            .args([
-                "luksFormat",
-                "--type",
-                "luks1",
-                "--pbkdf-force-iterations",
-                "1000",
-            ])
-            .arg("--key-file")
-            .arg(&key)
-            .arg(&l1),
-        b"",
-    );
+    cryptsetup_luks1(&l1, &key, 20 << 20).unwrap();
     // LUKS1 payload offset (sectors, big-endian) at byte 104 of the header.
     let mut b = std::fs::read(&l1).unwrap();
     b[104..108].fill(0);
@@ -441,21 +407,7 @@ fn small_items_match_cryptsetup() {
         let theirs = d.join(format!("cs{size}.img"));
         sparse_file(&mine, size);
         sparse_file(&theirs, size);
-        let c = run(
-            cryptsetup()
-                .unwrap()
-                .args([
-                    "luksFormat",
-                    "--type",
-                    "luks1",
-                    "--pbkdf-force-iterations",
-                    "1000",
-                ])
-                .arg("--key-file")
-                .arg(&key)
-                .arg(&theirs),
-            b"",
-        );
+        let c = run(luks1_format(&mut cryptsetup().unwrap(), &theirs, &key), b"");
         let m = run(
             cryptblk()
                 .args([
@@ -522,8 +474,7 @@ struct TestUser {
 
 impl TestUser {
     fn create(scratch: &Path) -> Option<TestUser> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !is_root() {
             eprintln!("skipping: acting as another user needs root (useradd, runuser)");
             return None;
         }
@@ -573,10 +524,6 @@ impl Drop for Scratch {
     }
 }
 
-fn chown(p: &Path, uid: u32) {
-    std::os::unix::fs::chown(p, Some(uid), None).unwrap();
-}
-
 #[test]
 fn a_runtime_directory_someone_else_controls_is_refused() {
     let base = Scratch(std::env::temp_dir().join(format!("cbhard-{}", std::process::id())));
@@ -593,7 +540,7 @@ fn a_runtime_directory_someone_else_controls_is_refused() {
     // a root file: refused, naming the directory; the root file is untouched.
     let planted = d.join("planted");
     std::fs::create_dir(&planted).unwrap();
-    chown(&planted, user.uid);
+    chown(&planted, user.uid, None);
     let victim = d.join("victim");
     std::fs::write(&victim, b"root's file").unwrap();
     std::os::unix::fs::symlink(&victim, planted.join("t-hd-rt.log")).unwrap();
@@ -661,7 +608,7 @@ fn a_runtime_directory_someone_else_controls_is_refused() {
     let private = d.join("private");
     std::fs::create_dir(&private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
-    chown(&private, user.uid);
+    chown(&private, user.uid, None);
     let ctl = private.join("v.ctl");
     let listener = std::os::unix::net::UnixListener::bind(&ctl).unwrap();
     std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -6,6 +6,7 @@
 //! unbounded request line.
 
 mod common;
+use common::memory::find_in_memory;
 use common::*;
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -31,86 +32,8 @@ fn as_nobody(rt: &Path) -> Command {
     c
 }
 
-fn chown(p: &Path) {
-    std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
-}
-
-/// One mapping of the daemon: address range, and whether the kernel keeps it locked
-/// (`lo` in smaps' `VmFlags`).
-struct Vma {
-    start: u64,
-    end: u64,
-    locked: bool,
-    name: String,
-}
-
-fn vmas(pid: u32) -> Vec<Vma> {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
-    let mut out: Vec<Vma> = Vec::new();
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-') {
-            if let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                let readable = line
-                    .split_whitespace()
-                    .nth(1)
-                    .is_some_and(|p| p.starts_with('r'));
-                let name = line.split_whitespace().nth(5).unwrap_or("").to_string();
-                if readable {
-                    out.push(Vma {
-                        start,
-                        end,
-                        locked: false,
-                        name,
-                    });
-                } else {
-                    // Keep the list aligned with smaps entries; unreadable ranges are
-                    // never scanned.
-                    out.push(Vma {
-                        start,
-                        end: start,
-                        locked: false,
-                        name,
-                    });
-                }
-                continue;
-            }
-        }
-        if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if let Some(v) = out.last_mut() {
-                v.locked = flags.split_whitespace().any(|f| f == "lo");
-            }
-        }
-    }
-    out
-}
-
-/// Where `needle` occurs in the daemon's readable memory: (address, in a locked mapping,
-/// mapping name).
-fn find_in_memory(pid: u32, needle: &[u8]) -> Vec<(u64, bool, String)> {
-    use std::os::unix::fs::FileExt;
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut hits = Vec::new();
-    for v in vmas(pid) {
-        if v.end <= v.start || v.name == "[vvar]" || v.name == "[vsyscall]" {
-            continue;
-        }
-        let mut buf = vec![0u8; (v.end - v.start) as usize];
-        let Ok(n) = mem.read_at(&mut buf, v.start) else {
-            continue;
-        };
-        buf.truncate(n);
-        let mut at = 0;
-        while let Some(i) = find(&buf[at..], needle) {
-            hits.push((v.start + (at + i) as u64, v.locked, v.name.clone()));
-            at += i + 1;
-        }
-    }
-    hits
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+fn chown_nobody(p: &Path) {
+    chown(p, NOBODY, Some(NOBODY));
 }
 
 /// Every form of `key` worth looking for: the binary key, each XTS half, and the hex of the
@@ -148,8 +71,7 @@ fn status_field(pid: u32, field: &str) -> String {
 
 #[test]
 fn served_key_is_locked_unreadable_and_gone_after_wipe() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || tool("setpriv").is_none() || tool("qemu-io").is_none() {
+    if !is_root() || tool("setpriv").is_none() || tool("qemu-io").is_none() {
         eprintln!("skipped: needs root (to read another user's memory), setpriv and qemu-io");
         return;
     }
@@ -158,10 +80,10 @@ fn served_key_is_locked_unreadable_and_gone_after_wipe() {
     let rt = dir.path().join("rt");
     std::fs::create_dir(&rt).unwrap();
     std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
-    chown(&rt);
+    chown_nobody(&rt);
     let img = dir.path().join("backing.img");
     sparse_file(&img, 8 << 20);
-    chown(&img);
+    chown_nobody(&img);
     // A key no other test or library uses, with distinct halves (XTS refuses equal ones).
     let key: Vec<u8> = (0..64u32).map(|i| (i * 37 + 11) as u8 ^ 0x5c).collect();
     let key_hex: String = key.iter().map(|x| format!("{x:02x}")).collect();
@@ -181,7 +103,7 @@ fn served_key_is_locked_unreadable_and_gone_after_wipe() {
         .arg(&table)
         .arg("--nbd")
         .arg(&sock);
-    chown(dir.path());
+    chown_nobody(dir.path());
     run_ok(&mut create, b"");
     let rt_for_close = rt.clone();
     let _close = scopeguard(move || {
@@ -320,9 +242,7 @@ fn control_socket_refuses_an_endless_line_without_buffering_it() {
         b"",
     );
     let _served = Served::volume("t-longline");
-    let status = run_ok(cryptblk().args(["status", "--json", "t-longline"]), b"");
-    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
-    let pid = v["pid"].as_u64().unwrap() as u32;
+    let pid = status("t-longline")["pid"].as_u64().unwrap() as u32;
     let before = peak_rss_kb(pid);
 
     // 200 MiB without a newline; the daemon stops reading at 1 MiB and answers.

@@ -9,12 +9,6 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 
-fn write(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, contents).unwrap();
-    p
-}
-
 /// cryptsetup's luksDump keyslot section without the random salts.
 fn keyslots(img: &Path) -> String {
     let mut c = cryptsetup().unwrap();
@@ -37,22 +31,17 @@ fn keyslots(img: &Path) -> String {
         .join("\n")
 }
 
-fn code(out: &std::process::Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
-
 /// A LUKS2 image by cryptsetup with A in keyslot 0 (PBKDF2-sha512, preferred, CBC area) and
 /// B in keyslot 1.
 fn image(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
     let mut c = cryptsetup()?;
     let img = dir.join("vol.img");
     sparse_file(&img, 24 << 20);
-    let a = write(dir, "a", b"passphrase A");
-    let b = write(dir, "b", b"passphrase B");
-    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let a = write_file(dir, "a", b"passphrase A");
+    let b = write_file(dir, "b", b"passphrase B");
     run_ok(
         c.args(["luksFormat", "--type", "luks2", "--hash", "sha512"])
-            .args(fast)
+            .args(FAST)
             .args([
                 "--keyslot-cipher",
                 "aes-cbc-essiv:sha256",
@@ -75,7 +64,7 @@ fn image(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
         cryptsetup()
             .unwrap()
             .arg("luksAddKey")
-            .args(fast)
+            .args(FAST)
             .arg("--key-file")
             .arg(&a)
             .arg(&img)
@@ -194,25 +183,9 @@ fn refusals_exit_as_cryptsetup() {
     let Some((img, a, _)) = image(dir.path()) else {
         return;
     };
-    let bad = write(dir.path(), "bad", b"wrong");
+    let bad = write_file(dir.path(), "bad", b"wrong");
     let luks1 = dir.path().join("luks1.img");
-    sparse_file(&luks1, 8 << 20);
-    run_ok(
-        cryptsetup()
-            .unwrap()
-            .args([
-                "luksFormat",
-                "--type",
-                "luks1",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--key-file",
-            ])
-            .arg(&a)
-            .arg(&luks1),
-        b"",
-    );
-    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    cryptsetup_luks1(&luks1, &a, 8 << 20).unwrap();
     let cases: [(&Path, &Path, &[&str], i32, &str); 3] = [
         (&luks1, &a, &[], 1, "is not a valid LUKS2 device."),
         (&img, &bad, &[], 2, "No key available with this passphrase."),
@@ -224,14 +197,14 @@ fn refusals_exit_as_cryptsetup() {
             cryptsetup()
                 .unwrap()
                 .arg("luksConvertKey")
-                .args(fast)
+                .args(FAST)
                 .args(extra)
                 .arg("--key-file")
                 .arg(key)
                 .arg(dev),
             b"",
         );
-        assert_eq!(code(&theirs), want, "cryptsetup {msg}");
+        assert_eq!(exit_code(&theirs), want, "cryptsetup {msg}");
         assert_eq!(
             std::fs::read(dev).unwrap(),
             before,
@@ -240,7 +213,7 @@ fn refusals_exit_as_cryptsetup() {
         let ours = run(
             cryptblk()
                 .arg("luksConvertKey")
-                .args(fast)
+                .args(FAST)
                 .args(extra)
                 .arg("--key-file")
                 .arg(key)
@@ -248,7 +221,7 @@ fn refusals_exit_as_cryptsetup() {
             b"",
         );
         let err = String::from_utf8_lossy(&ours.stderr);
-        assert_eq!(code(&ours), want, "{msg}: {err}");
+        assert_eq!(exit_code(&ours), want, "{msg}: {err}");
         assert!(err.contains(msg), "{msg}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert_eq!(std::fs::read(dev).unwrap(), before, "{msg}");

@@ -7,45 +7,10 @@
 //! not suspended 1, inactive key slot 1, no such device 4, not a LUKS mapping 4).
 
 mod common;
+use common::memory::in_memory;
 use common::*;
-use std::io::{Read, Seek, SeekFrom};
 use std::process::Command;
 use std::time::Duration;
-
-const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
-fn status(name: &str) -> serde_json::Value {
-    let out = run_ok(cryptblk().args(["status", "--json", name]), b"");
-    serde_json::from_str(&out).unwrap()
-}
-
-/// True if `needle` occurs in any readable mapping of process `pid`'s memory.
-fn in_memory(pid: i32, needle: &[u8]) -> bool {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
-            continue;
-        }
-        let (a, b) = range.split_once('-').unwrap();
-        let (a, b) = (
-            u64::from_str_radix(a, 16).unwrap(),
-            u64::from_str_radix(b, 16).unwrap(),
-        );
-        let mut buf = vec![0u8; (b - a) as usize];
-        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
-            continue;
-        }
-        if buf.windows(needle.len()).any(|w| w == needle) {
-            return true;
-        }
-    }
-    false
-}
 
 fn hex_bytes(hex: &str) -> Vec<u8> {
     (0..hex.len())
@@ -54,39 +19,22 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
         .collect()
 }
 
-fn code(cmd: &mut Command) -> (i32, String) {
-    let out = run(cmd, b"");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
     let Some(_) = tool("nbdcopy") else { return };
-    let Some(mut fmt) = cryptsetup() else { return };
     let dir = tempdir();
-    let key = dir.path().join("key");
-    std::fs::write(&key, b"suspend test key").unwrap();
-    let bad = dir.path().join("bad");
-    std::fs::write(&bad, b"not the key").unwrap();
+    let key = write_file(dir.path(), "key", b"suspend test key");
+    let bad = write_file(dir.path(), "bad", b"not the key");
     let img = dir.path().join("vol.img");
-    sparse_file(&img, 24 << 20);
-    run_ok(
-        fmt.args(["luksFormat", "--type", "luks2"])
-            .args(FAST)
-            .arg("--key-file")
-            .arg(&key)
-            .arg(&img),
-        b"",
-    );
+    let Some(()) = cryptsetup_luks2(&img, &key, 24 << 20) else {
+        return;
+    };
     let vk_hex = cryptsetup_volume_key(&img, &key, &[]).unwrap();
     let vk = hex_bytes(&vk_hex);
     let name = "t-suspend";
     let sock = dir.path().join("nbd.sock");
     let served = open_nbd(&img, &key, name, &sock, &[]);
-    let pid = status(name)["pid"].as_i64().unwrap() as i32;
+    let pid = status(name)["pid"].as_u64().unwrap() as u32;
     // The scan can see the key while the volume is live: its absence later means something.
     assert!(in_memory(pid, &vk), "the scan does not find the live key");
 
@@ -224,48 +172,18 @@ fn suspend_refuses_what_is_not_a_served_luks_volume() {
 #[test]
 fn fio_verifies_across_suspend_resume_cycles() {
     let Some(_) = tool("fio") else { return };
-    let Some(mut fmt) = cryptsetup() else { return };
     let dir = tempdir();
-    let key = dir.path().join("key");
-    std::fs::write(&key, b"fio suspend key").unwrap();
+    let key = write_file(dir.path(), "key", b"fio suspend key");
     let img = dir.path().join("vol.img");
-    sparse_file(&img, 40 << 20);
-    run_ok(
-        fmt.args(["luksFormat", "--type", "luks2"])
-            .args(FAST)
-            .arg("--key-file")
-            .arg(&key)
-            .arg(&img),
-        b"",
-    );
+    let Some(()) = cryptsetup_luks2(&img, &key, 40 << 20) else {
+        return;
+    };
     let name = "t-suspend-fio";
     let sock = dir.path().join("nbd.sock");
     let _served = open_nbd(&img, &key, name, &sock, &[]);
-    let mut fio = Command::new("fio");
-    // fio leaves verify state files in its working directory.
-    fio.current_dir(dir.path());
-    fio.args([
-        "--name=suspend",
-        "--ioengine=nbd",
-        &format!("--uri={}", nbd_uri(&sock)),
-        "--rw=randwrite",
-        "--bs=4k",
-        "--size=8M",
-        "--offset_increment=8M",
-        "--iodepth=4",
-        "--numjobs=2",
-        "--verify=crc32c",
-        "--verify_backlog=64",
-        "--verify_fatal=1",
-        "--do_verify=1",
-        "--loops=2",
-        "--output-format=json",
-    ]);
-    let mut child = spawn_captured(&mut fio);
+    let mut child = spawn_fio_verify(dir.path(), &sock, "suspend", "8M", 2);
     // Suspend and resume for as long as fio runs; count only cycles made under load.
-    let mut cycles = 0;
-    let start = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
+    let cycles = repeat_while_running(&mut child, Duration::from_millis(150), |_| {
         run_ok(cryptblk().args(["luksSuspend", name]), b"");
         std::thread::sleep(Duration::from_millis(150));
         run_ok(
@@ -274,19 +192,8 @@ fn fio_verifies_across_suspend_resume_cycles() {
                 .arg(&key),
             b"",
         );
-        cycles += 1;
-        std::thread::sleep(Duration::from_millis(150));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "fio failed across {cycles} suspend/resume cycles: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
-    for job in report["jobs"].as_array().unwrap() {
+    });
+    for job in fio_jobs(child, &format!("across {cycles} suspend/resume cycles")) {
         assert_eq!(job["error"], 0, "fio job error: {job}");
         assert!(
             job["read"]["io_bytes"].as_u64().unwrap() > 0,
@@ -300,25 +207,12 @@ fn fio_verifies_across_suspend_resume_cycles() {
 #[test]
 fn luks1_resumes_by_key_slot_and_keeps_its_data() {
     let Some(_) = tool("nbdcopy") else { return };
-    let Some(mut fmt) = cryptsetup() else { return };
     let dir = tempdir();
-    let key = dir.path().join("key");
-    std::fs::write(&key, b"luks1 suspend key").unwrap();
+    let key = write_file(dir.path(), "key", b"luks1 suspend key");
     let img = dir.path().join("vol.img");
-    sparse_file(&img, 8 << 20);
-    run_ok(
-        fmt.args([
-            "luksFormat",
-            "--type",
-            "luks1",
-            "--pbkdf-force-iterations",
-            "1000",
-        ])
-        .arg("--key-file")
-        .arg(&key)
-        .arg(&img),
-        b"",
-    );
+    let Some(()) = cryptsetup_luks1(&img, &key, 8 << 20) else {
+        return;
+    };
     let name = "t-suspend-luks1";
     let sock = dir.path().join("nbd.sock");
     let _served = open_nbd(&img, &key, name, &sock, &[]);

@@ -9,37 +9,6 @@ use common::*;
 use std::path::Path;
 use std::process::Command;
 
-const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn sh(cmd: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
-    let mut c = Command::new(cmd);
-    for a in args {
-        c.arg(a);
-    }
-    run_ok(&mut c, b"")
-}
-
-fn format(img: &Path, key: &Path, len: u64) -> bool {
-    let Some(mut c) = cryptsetup() else {
-        return false;
-    };
-    sparse_file(img, len);
-    run_ok(
-        c.args(["luksFormat", "--type", "luks2"])
-            .args(FAST)
-            .arg("--key-file")
-            .arg(key)
-            .arg(img),
-        b"",
-    );
-    true
-}
-
 fn grow(img: &Path, len: u64) {
     std::fs::OpenOptions::new()
         .write(true)
@@ -54,80 +23,23 @@ fn resize_json(name: &str, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out).unwrap()
 }
 
-struct Cleanup<'a> {
-    mnt: &'a Path,
-    fs: &'a Path,
-    name: &'a str,
-}
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.fs).status();
-        if let Ok(out) = Command::new("losetup")
-            .args(["-j"])
-            .arg(self.mnt.join("disk"))
-            .output()
-        {
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                if let Some(dev) = line.split(':').next() {
-                    let _ = Command::new("losetup").args(["-d", dev]).status();
-                }
-            }
-        }
-        let _ = run(cryptblk().args(["close", self.name]), b"");
-    }
-}
-
 #[test]
 fn resize2fs_grows_ext4_on_a_loop_over_the_fuse_export() {
-    if !is_root() {
-        if std::env::var("CRYPTBLK_SKIP_ROOT").as_deref() == Ok("1") {
-            eprintln!("skipping: needs root for losetup/mount (CRYPTBLK_SKIP_ROOT=1)");
-            return;
-        }
-        panic!("this test needs root for losetup and mount (set CRYPTBLK_SKIP_ROOT=1 to skip)");
-    }
-    for t in [
-        "losetup",
-        "mkfs.ext4",
-        "resize2fs",
-        "fsck.ext4",
-        "mount",
-        "umount",
-        "fusermount3",
-    ] {
-        if tool(t).is_none() {
-            return;
-        }
+    if !can_loop_mount(&["resize2fs"]) {
+        return;
     }
     let dir = tempdir();
     let key = dir.path().join("key");
     std::fs::write(&key, b"resize test key").unwrap();
     let img = dir.path().join("vol.img");
-    if !format(&img, &key, 32 << 20) {
+    let Some(()) = cryptsetup_luks2(&img, &key, 32 << 20) else {
         return;
-    }
-    let mnt = dir.path().join("mnt");
-    let fs = dir.path().join("fs");
-    std::fs::create_dir_all(&mnt).unwrap();
-    std::fs::create_dir_all(&fs).unwrap();
-    let name = "t-resize-fuse";
-    let _cleanup = Cleanup {
-        mnt: &mnt,
-        fs: &fs,
-        name,
     };
-    run_ok(
-        cryptblk()
-            .args(["open", "--key-file"])
-            .arg(&key)
-            .arg(&img)
-            .arg(name)
-            .arg("--fuse")
-            .arg(&mnt),
-        b"",
-    );
-    let disk = mnt.join("disk");
+    let name = "t-resize-fuse";
+    let fl = FuseLoop::new(dir.path(), name);
+    let fs = &fl.fs;
+    fl.open(&img, &key);
+    let disk = fl.disk();
     let (offset, sector) = cryptsetup_luks2_segment(&img).unwrap();
     assert_eq!(
         std::fs::metadata(&disk).unwrap().len(),
@@ -135,9 +47,9 @@ fn resize2fs_grows_ext4_on_a_loop_over_the_fuse_export() {
     );
     let lo = sh("losetup", &[&"-f", &"--show", &disk]).trim().to_string();
     sh("mkfs.ext4", &[&"-q", &lo]);
-    sh("mount", &[&lo, &fs]);
+    sh("mount", &[&lo, fs]);
     let payload = write_pattern(&fs.join("payload.bin"), 3 << 20, 5);
-    sh("umount", &[&fs]);
+    sh("umount", &[fs]);
 
     grow(&img, 64 << 20);
     let r = resize_json(name, &[]);
@@ -154,14 +66,14 @@ fn resize2fs_grows_ext4_on_a_loop_over_the_fuse_export() {
     assert_eq!(lo_size, want * 512);
     sh("resize2fs", &[&lo]);
     sh("fsck.ext4", &[&"-fn", &lo]);
-    sh("mount", &[&lo, &fs]);
+    sh("mount", &[&lo, fs]);
     assert!(
         std::fs::read(fs.join("payload.bin")).unwrap() == payload,
         "file changed by the resize"
     );
     // More than the whole filesystem held before the resize.
     write_pattern(&fs.join("more.bin"), 20 << 20, 6);
-    sh("umount", &[&fs]);
+    sh("umount", &[fs]);
     sh("losetup", &[&"-d", &lo]);
     run_ok(cryptblk().args(["close", name]), b"");
 
@@ -204,9 +116,9 @@ fn nbd_clients_see_the_new_size_and_refusals_match_cryptsetup() {
     let key = dir.path().join("key");
     std::fs::write(&key, b"resize test key").unwrap();
     let img = dir.path().join("vol.img");
-    if !format(&img, &key, 24 << 20) {
+    let Some(()) = cryptsetup_luks2(&img, &key, 24 << 20) else {
         return;
-    }
+    };
     let (offset, _) = cryptsetup_luks2_segment(&img).unwrap();
     let name = "t-resize-nbd";
     let sock = dir.path().join("nbd.sock");

@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
 #[test]
 fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let Some(_) = tool("nbdcopy") else { return };
@@ -16,16 +14,9 @@ fn luks2_written_through_nbd_decrypts_with_cryptsetups_key() {
     let key = dir.path().join("key");
     std::fs::write(&key, b"nbd test key").unwrap();
     let img = dir.path().join("vol.img");
-    sparse_file(&img, 40 << 20);
-    let Some(mut fmt) = cryptsetup() else { return };
-    run_ok(
-        fmt.args(["luksFormat", "--type", "luks2"])
-            .args(FAST)
-            .arg("--key-file")
-            .arg(&key)
-            .arg(&img),
-        b"",
-    );
+    let Some(()) = cryptsetup_luks2(&img, &key, 40 << 20) else {
+        return;
+    };
 
     let data_path = dir.path().join("data.bin");
     let data = write_pattern(&data_path, 8 << 20, 11);
@@ -78,16 +69,7 @@ fn qemu_img_converts_in_and_out() {
     let key = dir.path().join("key");
     std::fs::write(&key, b"qemu key").unwrap();
     let img = dir.path().join("vol.img");
-    sparse_file(&img, 32 << 20);
-    run_ok(
-        cryptblk()
-            .args(["luksFormat", "--batch-mode", "--type", "luks2"])
-            .args(FAST)
-            .arg("--key-file")
-            .arg(&key)
-            .arg(&img),
-        b"",
-    );
+    cryptblk_luks2(&img, &key, 32 << 20);
     let src = dir.path().join("src.raw");
     let data = write_pattern(&src, 16 << 20, 3);
     let sock = dir.path().join("q.sock");
@@ -155,56 +137,20 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
     );
     let _s = Served::volume("t-flip");
 
-    let mut fio = Command::new("fio");
-    // fio leaves verify state files in its working directory.
-    fio.current_dir(dir.path());
-    fio.args([
-        "--name=flip",
-        "--ioengine=nbd",
-        &format!("--uri={}", nbd_uri(&sock)),
-        // Each job owns its half of the device, writes it at random and verifies as it goes
-        // (verify_backlog), so reads and writes interleave across every flip.
-        "--rw=randwrite",
-        "--bs=4k",
-        "--size=32M",
-        "--offset_increment=32M",
-        "--iodepth=4",
-        "--numjobs=2",
-        "--verify=crc32c",
-        "--verify_backlog=64",
-        "--verify_fatal=1",
-        "--do_verify=1",
-        "--loops=3",
-        "--output-format=json",
-    ]);
-    let mut child = spawn_captured(&mut fio);
+    let mut child = spawn_fio_verify(dir.path(), &sock, "flip", "32M", 3);
 
     // Flip between the models for as long as fio runs; count only flips made under load.
-    let mut flips = 0;
-    let start = Instant::now();
     let modes: [&[&str]; 4] = [
         &["--perf-queued"],
         &[],
         &["--perf-no_read_workqueue"],
         &["--perf-same_cpu_crypt"],
     ];
-    while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
-        let m = modes[flips % modes.len()];
+    let flips = repeat_while_running(&mut child, Duration::from_millis(100), |n| {
+        let m = modes[n % modes.len()];
         run_ok(cryptblk().args(["refresh", "t-flip"]).args(m), b"");
-        flips += 1;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "fio failed during {flips} refreshes: {}{}",
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
-    for job in report["jobs"].as_array().unwrap() {
+    });
+    for job in fio_jobs(child, &format!("during {flips} refreshes")) {
         assert_eq!(job["error"], 0, "fio job error: {job}");
         assert!(
             job["read"]["io_bytes"].as_u64().unwrap() > 0,
@@ -216,8 +162,7 @@ fn fio_verifies_while_refresh_flips_the_pipeline() {
         );
     }
     assert!(flips >= 4, "only {flips} refreshes happened");
-    let st = run_ok(cryptblk().args(["status", "t-flip", "--json"]), b"");
-    let v: serde_json::Value = serde_json::from_str(&st).unwrap();
+    let v = status("t-flip");
     assert_eq!(v["pipeline"].as_array().unwrap().len(), 1);
 }
 
@@ -289,16 +234,7 @@ fn errors_have_cryptsetup_exit_codes() {
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, b"k2").unwrap();
     let img = dir.path().join("vol.img");
-    sparse_file(&img, 20 << 20);
-    run_ok(
-        cryptblk()
-            .args(["luksFormat", "--batch-mode", "--type", "luks2"])
-            .args(FAST)
-            .arg("--key-file")
-            .arg(&key)
-            .arg(&img),
-        b"",
-    );
+    cryptblk_luks2(&img, &key, 20 << 20);
     let code = |c: &mut Command| {
         let o = run(c, b"");
         let err = String::from_utf8_lossy(&o.stderr).to_string();
@@ -418,19 +354,15 @@ fn dm_reload_suspend_resume_under_fio_verify() {
         "--loops=2",
     ]);
     let mut child = spawn_captured(&mut fio);
-    let mut swaps = 0;
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
-        let text = if swaps % 2 == 0 { &inline } else { &queued };
+    let swaps = repeat_while_running(&mut child, Duration::from_millis(100), |n| {
+        let text = if n % 2 == 0 { &inline } else { &queued };
         run_ok(
             cryptblk().args(["dm", "reload", "t-reload", "--table-file", "-"]),
             text.as_bytes(),
         );
         run_ok(cryptblk().args(["dm", "suspend", "t-reload"]), b"");
         run_ok(cryptblk().args(["dm", "resume", "t-reload"]), b"");
-        swaps += 1;
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),

@@ -2,9 +2,15 @@
 //! agree with, in throw-away directories.
 #![allow(dead_code)]
 
+pub mod memory;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// PBKDF arguments that keep test formats fast (cryptsetup and cryptblk both take them).
+pub const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
 /// The cryptblk binary under test.
 pub fn cryptblk() -> Command {
@@ -322,4 +328,260 @@ pub fn dump_fields(text: &str) -> std::collections::BTreeMap<String, String> {
             Some((k.to_string(), v.trim().to_string()))
         })
         .collect()
+}
+
+/// True when the tests run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `chown` of `p` to `uid` (and `gid` when given).
+pub fn chown(p: &Path, uid: u32, gid: Option<u32>) {
+    std::os::unix::fs::chown(p, Some(uid), gid).unwrap();
+}
+
+/// Runs `cmd ARGS..`, checked to succeed; returns stdout.
+pub fn sh(cmd: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
+    let mut c = Command::new(cmd);
+    for a in args {
+        c.arg(a);
+    }
+    run_ok(&mut c, b"")
+}
+
+/// The exit code of `out` (-1 when a signal ended the process).
+pub fn exit_code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+/// Runs `cmd` without input: (exit code, stderr).
+pub fn code(cmd: &mut Command) -> (i32, String) {
+    let out = run(cmd, b"");
+    (
+        exit_code(&out),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The sha256 of a file, by coreutils.
+pub fn sha256(p: &Path) -> String {
+    let out = run_ok(Command::new("sha256sum").arg(p), b"");
+    out.split_whitespace().next().unwrap().to_string()
+}
+
+/// Writes `contents` to `dir/name` (a key file, a table...) and returns its path.
+pub fn write_file(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, contents).unwrap();
+    p
+}
+
+/// `cryptblk status --json NAME`, parsed.
+pub fn status(name: &str) -> serde_json::Value {
+    let out = run_ok(cryptblk().args(["status", "--json", name]), b"");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// A sparse `len`-byte `img` formatted LUKS2 by cryptsetup with key file `key` and the
+/// [`FAST`] PBKDF; `None` when cryptsetup is missing and skipping was asked.
+pub fn cryptsetup_luks2(img: &Path, key: &Path, len: u64) -> Option<()> {
+    let mut c = cryptsetup()?;
+    sparse_file(img, len);
+    run_ok(
+        c.args(["luksFormat", "--type", "luks2"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(key)
+            .arg(img),
+        b"",
+    );
+    Some(())
+}
+
+/// `luksFormat --type luks1 --pbkdf-force-iterations 1000 --key-file KEY IMG` added to
+/// `c` (cryptsetup's; 1000 iterations keep it fast).
+pub fn luks1_format<'a>(c: &'a mut Command, img: &Path, key: &Path) -> &'a mut Command {
+    c.args([
+        "luksFormat",
+        "--type",
+        "luks1",
+        "--pbkdf-force-iterations",
+        "1000",
+    ])
+    .arg("--key-file")
+    .arg(key)
+    .arg(img)
+}
+
+/// A sparse `len`-byte `img` formatted LUKS1 by cryptsetup with key file `key` and 1000
+/// PBKDF2 iterations; `None` when cryptsetup is missing and skipping was asked.
+pub fn cryptsetup_luks1(img: &Path, key: &Path, len: u64) -> Option<()> {
+    let mut c = cryptsetup()?;
+    sparse_file(img, len);
+    run_ok(luks1_format(&mut c, img, key), b"");
+    Some(())
+}
+
+/// A sparse `len`-byte `img` formatted LUKS2 by cryptblk with key file `key` and the
+/// [`FAST`] PBKDF.
+pub fn cryptblk_luks2(img: &Path, key: &Path, len: u64) {
+    sparse_file(img, len);
+    run_ok(
+        cryptblk()
+            .args(["luksFormat", "-q", "--type", "luks2"])
+            .args(FAST)
+            .arg("--key-file")
+            .arg(key)
+            .arg(img),
+        b"",
+    );
+}
+
+/// fio writing the NBD export on `sock` at random and verifying as it goes (crc32c,
+/// verify_backlog), two jobs each owning `job_size` of the device, `loops` times; started
+/// in `dir` (fio leaves verify state files in its working directory), output captured as
+/// JSON.
+pub fn spawn_fio_verify(dir: &Path, sock: &Path, job: &str, job_size: &str, loops: u32) -> Child {
+    let mut fio = Command::new("fio");
+    fio.current_dir(dir);
+    fio.args([
+        &format!("--name={job}"),
+        "--ioengine=nbd",
+        &format!("--uri={}", nbd_uri(sock)),
+        // Each job owns its part of the device, writes it at random and verifies as it goes
+        // (verify_backlog), so reads and writes interleave with whatever the test does.
+        "--rw=randwrite",
+        "--bs=4k",
+        &format!("--size={job_size}"),
+        &format!("--offset_increment={job_size}"),
+        "--iodepth=4",
+        "--numjobs=2",
+        "--verify=crc32c",
+        "--verify_backlog=64",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        &format!("--loops={loops}"),
+        "--output-format=json",
+    ]);
+    spawn_captured(&mut fio)
+}
+
+/// Calls `step` for as long as `child` runs (at most 120 s), `pause` after each call;
+/// returns how many calls were made.
+pub fn repeat_while_running(
+    child: &mut Child,
+    pause: Duration,
+    mut step: impl FnMut(usize),
+) -> usize {
+    let mut n = 0;
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(120) {
+        step(n);
+        n += 1;
+        std::thread::sleep(pause);
+    }
+    n
+}
+
+/// Waits for fio from [`spawn_fio_verify`], asserts it succeeded ("fio failed CONTEXT")
+/// and returns its JSON report's jobs.
+pub fn fio_jobs(child: Child, context: &str) -> Vec<serde_json::Value> {
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio failed {context}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
+    report["jobs"].as_array().unwrap().clone()
+}
+
+/// False (skip) or a panic when not root, as CRYPTBLK_SKIP_ROOT says; false when one of the
+/// loop/mount tools or `extra_tools` is missing and skipping was asked.
+pub fn can_loop_mount(extra_tools: &[&str]) -> bool {
+    if !is_root() {
+        if std::env::var("CRYPTBLK_SKIP_ROOT").as_deref() == Ok("1") {
+            eprintln!("skipping: needs root for losetup/mount (CRYPTBLK_SKIP_ROOT=1)");
+            return false;
+        }
+        panic!("this test needs root for losetup and mount (set CRYPTBLK_SKIP_ROOT=1 to skip)");
+    }
+    [
+        "losetup",
+        "mkfs.ext4",
+        "fsck.ext4",
+        "mount",
+        "umount",
+        "fusermount3",
+    ]
+    .iter()
+    .chain(extra_tools)
+    .all(|t| tool(t).is_some())
+}
+
+/// A volume served over FUSE at `mnt` (its `disk` file) with a filesystem mount point
+/// `fs`; dropping it unmounts `fs`, detaches every loop device over the disk and closes the
+/// volume, so a failing test leaves nothing behind.
+pub struct FuseLoop {
+    /// The FUSE mount point.
+    pub mnt: PathBuf,
+    /// Where the filesystem on the loop device is mounted.
+    pub fs: PathBuf,
+    name: String,
+}
+
+impl FuseLoop {
+    /// Makes `dir/mnt` and `dir/fs` for volume `name`.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let mnt = dir.join("mnt");
+        let fs = dir.join("fs");
+        std::fs::create_dir_all(&mnt).unwrap();
+        std::fs::create_dir_all(&fs).unwrap();
+        FuseLoop {
+            mnt,
+            fs,
+            name: name.to_string(),
+        }
+    }
+
+    /// The exported disk file.
+    pub fn disk(&self) -> PathBuf {
+        self.mnt.join("disk")
+    }
+
+    /// `cryptblk open --key-file KEY IMG NAME --fuse MNT`, checked to succeed.
+    pub fn open(&self, img: &Path, key: &Path) {
+        run_ok(
+            cryptblk()
+                .args(["open", "--key-file"])
+                .arg(key)
+                .arg(img)
+                .arg(&self.name)
+                .arg("--fuse")
+                .arg(&self.mnt),
+            b"",
+        );
+    }
+}
+
+impl Drop for FuseLoop {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.fs).status();
+        // Detach whatever loop device still points into our mount.
+        if let Ok(out) = Command::new("losetup")
+            .args(["-j"])
+            .arg(self.disk())
+            .output()
+        {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(dev) = line.split(':').next() {
+                    let _ = Command::new("losetup").args(["-d", dev]).status();
+                }
+            }
+        }
+        let _ = run(cryptblk().args(["close", &self.name]), b"");
+    }
 }
