@@ -209,21 +209,9 @@ fn the_daemon_answers_only_its_owner() {
     std::fs::create_dir(&rt).unwrap();
     std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&rt, Some(65534), Some(65534)).unwrap();
-    let as_nobody = || {
-        let mut c = std::process::Command::new("setpriv");
-        c.args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-            env!("CARGO_BIN_EXE_cryptblk"),
-        ])
-        .env("CRYPTBLK_RUNTIME_DIR", &rt);
-        c
-    };
     let sock = rt.join("nbd.sock");
     run_ok(
-        as_nobody()
+        as_nobody(&rt)
             .args([
                 "dm",
                 "create",
@@ -244,11 +232,11 @@ fn the_daemon_answers_only_its_owner() {
     BufReader::new(s).read_line(&mut line).unwrap();
     let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
     let still: serde_json::Value = serde_json::from_str(&run_ok(
-        as_nobody().args(["status", "--json", "t-proto-owner"]),
+        as_nobody(&rt).args(["status", "--json", "t-proto-owner"]),
         b"",
     ))
     .unwrap();
-    run_ok(as_nobody().args(["close", "t-proto-owner"]), b"");
+    run_ok(as_nobody(&rt).args(["close", "t-proto-owner"]), b"");
     assert_eq!(answer["ok"], false, "{answer}");
     assert_eq!(answer["code"], 2, "{answer}");
     assert!(

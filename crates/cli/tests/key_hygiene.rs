@@ -18,20 +18,6 @@ use std::process::Command;
 /// process of the same user" is not root (root may read any process's memory).
 const NOBODY: u32 = 65534;
 
-/// A command running `cryptblk` as `NOBODY` with its own runtime directory.
-fn as_nobody(rt: &Path) -> Command {
-    let mut c = Command::new("setpriv");
-    c.args([
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--",
-        env!("CARGO_BIN_EXE_cryptblk"),
-    ])
-    .env("CRYPTBLK_RUNTIME_DIR", rt);
-    c
-}
-
 fn chown_nobody(p: &Path) {
     chown(p, NOBODY, Some(NOBODY));
 }

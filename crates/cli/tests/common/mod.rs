@@ -585,3 +585,18 @@ impl Drop for FuseLoop {
         let _ = run(cryptblk().args(["close", &self.name]), b"");
     }
 }
+
+/// A command running `cryptblk` as uid/gid 65534 (an ordinary user, so "the same user" is not
+/// root) with its own runtime directory `rt`.
+pub fn as_nobody(rt: &Path) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        env!("CARGO_BIN_EXE_cryptblk"),
+    ])
+    .env("CRYPTBLK_RUNTIME_DIR", rt);
+    c
+}
