@@ -1,6 +1,7 @@
 //! The registry of named mappings, and device resolution for tables.
 //!
-//! A device in a table is `ram:<size>[#<tag>]`, the name of another mapping (also as
+//! A device in a table is `ram:<size>[#<tag>]`, a remote store (`rbd:pool/image[@snap]`, see
+//! [`crate::backing::open_remote`]), the name of another mapping (also as
 //! `/dev/mapper/<name>`), or a path to a file or block device. The same spec resolves to the
 //! same open device while anything still uses it, as a device node names one device in the
 //! kernel: reloading a table over `ram:1G` keeps the RAM disk's contents. Add `#<tag>` to get
@@ -289,7 +290,7 @@ impl Registry {
                 return Ok(m);
             }
         }
-        let key = if spec.starts_with("ram:") {
+        let key = if spec.starts_with("ram:") || crate::backing::is_remote(spec) {
             spec.to_string()
         } else {
             std::fs::canonicalize(spec)
@@ -319,6 +320,12 @@ impl Registry {
                 spec: spec.to_string(),
                 source,
             })?)
+        } else if let Some(remote) = crate::backing::open_remote(spec, self.file_options.read_only)
+        {
+            remote.map_err(|source| DmError::Device {
+                spec: spec.to_string(),
+                source,
+            })?
         } else {
             Arc::new(
                 FileBacking::open(&key, self.file_options).map_err(|source| DmError::Device {

@@ -27,8 +27,34 @@ pub fn open_file(path: &Path, write: bool) -> Result<File> {
         })
 }
 
-/// An absolute path usable in a dm table (no whitespace).
+/// True if `p` names a remote backing store (`rbd:pool/image`) rather than a file: such a
+/// device is opened through `cryptblk_dm::backing::open_remote`, here and in the daemon.
+pub fn is_remote(p: &Path) -> bool {
+    p.to_str().is_some_and(cryptblk_dm::backing::is_remote)
+}
+
+/// Opens the remote store `p` names (see [`is_remote`]), read-only unless `write`, naming the
+/// device on failure as cryptsetup does.
+pub fn open_remote(p: &Path, write: bool) -> Result<std::sync::Arc<dyn cryptblk_dm::BlockDevice>> {
+    let spec = p.to_string_lossy();
+    match cryptblk_dm::backing::open_remote(&spec, !write) {
+        Some(Ok(dev)) => Ok(dev),
+        Some(Err(e)) => Err(VolumeError::new(
+            ErrorClass::WrongDevice,
+            format!("Device {spec} does not exist or access denied ({e})."),
+        )),
+        None => Err(VolumeError::device(format!(
+            "Device {spec} is not a remote store."
+        ))),
+    }
+}
+
+/// An absolute path usable in a dm table (no whitespace); a remote store's spec as given.
 pub fn table_path(p: &Path) -> Result<PathBuf> {
+    if is_remote(p) {
+        // The spec parser of the store refuses white space when the table is loaded.
+        return Ok(p.to_path_buf());
+    }
     let abs = std::fs::canonicalize(p).map_err(|e| {
         VolumeError::device(format!("Device {} does not exist ({e}).", p.display()))
     })?;
@@ -52,6 +78,10 @@ const BLKPBSZGET: libc::c_ulong = 0x127b;
 pub fn optimal_encryption_sector_size(p: &Path) -> Result<u32> {
     use std::os::unix::fs::FileTypeExt;
     use std::os::unix::io::AsRawFd;
+    if is_remote(p) {
+        // Like a regular file: any sector size works, and 4096 costs the least.
+        return Ok(4096);
+    }
     let f = open_file(p, false)?;
     if !f.metadata()?.file_type().is_block_device() {
         return Ok(4096);
@@ -72,8 +102,11 @@ pub fn optimal_encryption_sector_size(p: &Path) -> Result<u32> {
         .unwrap_or(512))
 }
 
-/// Size in bytes of a file or block device.
+/// Size in bytes of a file, block device or remote store.
 pub fn device_size(p: &Path) -> Result<u64> {
+    if is_remote(p) {
+        return Ok(open_remote(p, false)?.size());
+    }
     let f = open_file(p, false)?;
     let mut f = &f;
     Ok(std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))?)

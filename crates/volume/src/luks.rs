@@ -352,6 +352,16 @@ pub fn restore_header(header: &Path, backup: &Path) -> Result<()> {
 /// the file is open, so two header writers never interleave. The data lock of an open volume
 /// does not stop it: keyslots change while the volume is served, as with cryptsetup.
 fn open_header(header: &Path, write: bool) -> Result<File> {
+    if crate::device::is_remote(header) {
+        if write {
+            return Err(VolumeError::usage(format!(
+                "Changing the header of {} in place is not supported yet (the header of a \
+                 remote store is read only by open, luksDump and the like).",
+                header.display()
+            )));
+        }
+        return remote_header(header);
+    }
     let file = open_file(header, write)?;
     if write {
         crate::lock::lock_header(&file, true).map_err(|e| {
@@ -360,6 +370,55 @@ fn open_header(header: &Path, write: bool) -> Result<File> {
                 header.display()
             ))
         })?;
+    }
+    Ok(file)
+}
+
+/// The header area of a remote store (`rbd:...`) copied into an anonymous in-memory file,
+/// which the header code reads as it reads an image file: the LUKS1 or LUKS2 header with its
+/// keyslot areas, up to where the data may start. Only reads use it (see [`open_header`]).
+fn remote_header(header: &Path) -> Result<File> {
+    use cryptblk_format::hdrio::HeaderIo;
+    let dev = crate::device::open_remote(header, false)?;
+    // SAFETY: a plain syscall with a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"cryptblk-remote-header".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: `fd` was just created and nothing else owns it.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let copy = |from: u64, to: u64| -> Result<()> {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut pos = from;
+        while pos < to {
+            let n = (to - pos).min(buf.len() as u64) as usize;
+            dev.read_at(pos, &mut buf[..n])?;
+            HeaderIo::write_at(&file, pos, &buf[..n])?;
+            pos += n as u64;
+        }
+        Ok(())
+    };
+    // The first MiB holds both LUKS2 header copies at their default size and says how much
+    // more (the keyslot areas) there is; the data of a LUKS volume never starts before it ends.
+    let size = dev.size();
+    let have = size.min(1 << 20);
+    copy(0, have)?;
+    let need = match luks_version(&file) {
+        Some(2) => Luks2Header::read(&file)
+            .map(|h| h.metadata_and_keyslots_size())
+            .unwrap_or(have),
+        Some(1) => {
+            let mut buf = [0u8; cryptblk_format::luks1::LUKS1_HEADER_SIZE];
+            HeaderIo::read_at(&file, 0, &mut buf)?;
+            cryptblk_format::luks1::Luks1Header::parse(&buf)
+                .map(|h| h.required_size())
+                .unwrap_or(have)
+        }
+        _ => have,
+    };
+    let need = need.min(size);
+    if need > have {
+        copy(have, need)?;
     }
     Ok(file)
 }

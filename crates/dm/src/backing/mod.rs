@@ -1,13 +1,51 @@
-//! Backings: the devices at the bottom of a stack (files, block devices, RAM disks).
+//! Backings: the devices at the bottom of a stack (files, block devices, RAM disks, and
+//! remote stores such as Ceph RBD images).
 
 pub mod file;
 pub mod ram;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 
 pub use file::{FileBacking, FileOptions};
 pub use ram::RamDisk;
 
+use std::io;
+use std::sync::Arc;
+
+use crate::device::BlockDevice;
 use crate::error::DmError;
 use crate::SECTOR_SIZE;
+
+/// Prefix of a Ceph RBD image spec: `rbd:pool[/namespace]/image[@snap]`.
+pub const RBD_PREFIX: &str = "rbd:";
+
+/// True if `spec` names a remote backing store, which [`open_remote`] opens (never a file
+/// path, and never a mapping).
+pub fn is_remote(spec: &str) -> bool {
+    spec.starts_with(RBD_PREFIX)
+}
+
+/// Opens the remote backing store `spec` names (read-only when `read_only`), or `None` if
+/// `spec` is not a remote store's spec.
+pub fn open_remote(spec: &str, read_only: bool) -> Option<io::Result<Arc<dyn BlockDevice>>> {
+    if let Some(image) = spec.strip_prefix(RBD_PREFIX) {
+        return Some(open_rbd(image, read_only));
+    }
+    None
+}
+
+#[cfg(feature = "rbd")]
+fn open_rbd(image: &str, read_only: bool) -> io::Result<Arc<dyn BlockDevice>> {
+    Ok(Arc::new(rbd::RbdBacking::open(image, read_only)?))
+}
+
+#[cfg(not(feature = "rbd"))]
+fn open_rbd(_image: &str, _read_only: bool) -> io::Result<Arc<dyn BlockDevice>> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "this cryptblk was built without Ceph RBD support (the `rbd` feature, which needs librbd)",
+    ))
+}
 
 /// Parses a size such as `4G`, `512M`, `64K`, `1048576s` (sectors) or `4096` (bytes).
 ///
