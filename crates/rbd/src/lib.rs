@@ -249,8 +249,8 @@ impl Image {
     /// Starts writing `buf` at `offset`.
     pub fn aio_write<'a>(&'a self, offset: u64, buf: &'a [u8]) -> io::Result<Completion<'a>> {
         let (len, p) = (buf.len(), buf.as_ptr().cast());
-        // SAFETY: as in `aio_read`.
-        self.submit(Some(len), |c| unsafe {
+        // SAFETY: as in `aio_read`. A write's completion reports 0, not a length.
+        self.submit(None, |c| unsafe {
             sys::rbd_aio_write(self.image, offset, len, p, c)
         })
     }
@@ -301,7 +301,7 @@ impl Drop for Image {
 /// the buffer it borrows is never written after the borrow ends.
 pub struct Completion<'a> {
     c: sys::rbd_completion_t,
-    /// Bytes a read or write must report (none for flush, discard, zeroing).
+    /// Bytes a read must report (none for writes, flush, discard, zeroing).
     expected: Option<usize>,
     _borrow: PhantomData<&'a mut [u8]>,
 }

@@ -400,7 +400,10 @@ fn remote_header(header: &Path) -> Result<File> {
     };
     // The first MiB holds both LUKS2 header copies at their default size and says how much
     // more (the keyslot areas) there is; the data of a LUKS volume never starts before it ends.
+    // The copy has the device's size (sparse: the data area is a hole, never read), so size
+    // checks of the header code see the real device.
     let size = dev.size();
+    file.set_len(size)?;
     let have = size.min(1 << 20);
     copy(0, have)?;
     let need = match luks_version(&file) {
