@@ -35,6 +35,14 @@ want dmsetup dmsetup
 # tests/hardening.rs acts as a throw-away ordinary user.
 want useradd passwd
 want runuser util-linux
+# rbd: backings link librbd; their tests run a one-node cluster (ceph-mon/osd/mgr, the rbd
+# and ceph tools) and qemu-img's rbd driver (qemu-block-extra) as librbd's LUKS2 reference.
+want rbd ceph-common
+want ceph-mon ceph-mon
+want ceph-osd ceph-osd
+want ceph-mgr ceph-mgr
+[ -e /usr/include/rbd/librbd.h ] || need_pkgs+=(librbd-dev)
+[ -n "$(ls /usr/lib/*/qemu/block-rbd.so 2>/dev/null)" ] || need_pkgs+=(qemu-block-extra)
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)
 [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_pkgs+=(libclang-dev)
 
