@@ -184,6 +184,11 @@ fn librbd_luks2_image_and_cryptblk_agree_both_ways() {
         st["status"].as_str().unwrap().contains(" errors=0 "),
         "{st}"
     );
+    assert_eq!(
+        st["backings"],
+        serde_json::json!([{ "device": img.device(None), "errors": 0 }]),
+        "{st}"
+    );
     drop(served);
     let back = dir.path().join("back.raw");
     qemu_img_librbd(&img, &pass, &back, false);
@@ -261,7 +266,33 @@ fn snapshots_open_read_only_and_bad_specs_fail_cleanly() {
     );
     let (ok, text) = qemu_io_nbd(&sock, "write -P 1 0 4k");
     assert!(!ok, "a write to a snapshot succeeded: {text}");
+    // Refused by the read-only image before it reached the cluster: no failure of the store.
+    let st = status("rbd-snap");
+    assert_eq!(st["backings"][0]["errors"], 0, "{st}");
     drop(served);
+
+    // The cluster refusing the daemon (its client blocklisted, as after a fencing): reads
+    // fail with EIO, counted in status, instead of returning anything.
+    let served = open_nbd(Path::new(&img.device(None)), &pass, "rbd-snap", &sock, &[]);
+    let watchers = run_ok(Command::new("rbd").args(["status", &img.spec()]), b"");
+    let client = watchers
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("watcher="))
+        .unwrap_or_else(|| panic!("no watcher in rbd status:\n{watchers}"))
+        .to_string();
+    run_ok(
+        Command::new("ceph").args(["osd", "blocklist", "add", &client]),
+        b"",
+    );
+    let (ok, text) = qemu_io_nbd(&sock, &format!("read {} 64k", 2 << 20));
+    let st = status("rbd-snap");
+    drop(served);
+    run_ok(
+        Command::new("ceph").args(["osd", "blocklist", "rm", &client]),
+        b"",
+    );
+    assert!(!ok && text.contains("Input/output error"), "{text}");
+    assert!(st["backings"][0]["errors"].as_u64().unwrap() > 0, "{st}");
 
     // Unknown image, unknown pool, malformed spec: one line naming the device, exit 4 as
     // cryptsetup's for a device that does not exist.

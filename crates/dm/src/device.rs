@@ -106,6 +106,12 @@ pub trait BlockDevice: Send + Sync {
         Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
     }
 
+    /// Requests a remote backing store (`rbd:`) failed since it was opened, each of which
+    /// reached its caller as `EIO`; `None` for devices that keep no such count.
+    fn backing_errors(&self) -> Option<u64> {
+        None
+    }
+
     /// True if [`BlockDevice::discard`] can succeed, as the kernel's non-zero
     /// `max_discard_sectors`: an export advertises discard only then, so clients never send
     /// discards that fail.

@@ -283,6 +283,18 @@ impl Registry {
             .collect()
     }
 
+    /// The open backings that count their failures ([`BlockDevice::backing_errors`]: remote
+    /// stores) as (spec, failed requests), sorted by spec.
+    pub fn backing_errors(&self) -> Vec<(String, u64)> {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(String, u64)> = open
+            .iter()
+            .filter_map(|(spec, dev)| Some((spec.clone(), dev.upgrade()?.backing_errors()?)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Opens a backing or mapping by spec (see the module docs).
     pub fn open_device(&self, spec: &str) -> Result<Arc<dyn BlockDevice>, DmError> {
         if let Some(name) = self.mapping_name_of(spec) {

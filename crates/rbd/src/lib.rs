@@ -152,6 +152,13 @@ impl Image {
                 sys::rados_conf_parse_env(img.cluster, ptr::null()),
                 "bad CEPH_ARGS",
             )?;
+            // Failures come back as errnos and cryptblk reports them in one line; librados's
+            // own messages (e.g. an admin socket another client of the same name holds) would
+            // only add lines to a command's error output. Its log file still gets them.
+            for key in ["log_to_stderr", "err_to_stderr"] {
+                let (k, v) = (c_string(key)?, c_string("false")?);
+                sys::rados_conf_set(img.cluster, k.as_ptr(), v.as_ptr());
+            }
             check(
                 sys::rados_connect(img.cluster),
                 "cannot connect to the Ceph cluster",

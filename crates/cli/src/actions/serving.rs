@@ -442,6 +442,9 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         ExportDescription::Ublk(_) | ExportDescription::None => {}
     }
     println!("  status:      {}", a.status.trim());
+    for b in &a.backings {
+        println!("  backing:     {} errors={}", b.device, b.errors);
+    }
     Ok(())
 }
 

@@ -6,7 +6,9 @@ use super::stack::Stack;
 use crate::exit::{ExitCode, Failure};
 use cryptblk_cipher::SecretText;
 use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
-use cryptblk_volume::control::{self as client, Pipeline, Request, Response, Status};
+use cryptblk_volume::control::{
+    self as client, BackingStatus, Pipeline, Request, Response, Status,
+};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -311,6 +313,11 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                     Vec::new()
                 },
                 pid: std::process::id(),
+                backings: registry
+                    .backing_errors()
+                    .into_iter()
+                    .map(|(device, errors)| BackingStatus { device, errors })
+                    .collect(),
             }))
         }
         Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),

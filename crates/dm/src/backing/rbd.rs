@@ -107,6 +107,10 @@ impl BlockDevice for RbdBacking {
         self.finish(self.image.aio_flush())
     }
 
+    fn backing_errors(&self) -> Option<u64> {
+        Some(self.errors())
+    }
+
     fn supports_discard(&self) -> bool {
         !self.image.read_only()
     }

@@ -10,7 +10,8 @@
 pub mod protocol;
 
 pub use protocol::{
-    ExportDescription, Pipeline, Queueing, Request, Response, Status, PROTOCOL_VERSION,
+    BackingStatus, ExportDescription, Pipeline, Queueing, Request, Response, Status,
+    PROTOCOL_VERSION,
 };
 
 use crate::error::{ErrorClass, Result, VolumeError};

@@ -224,6 +224,19 @@ pub struct Status {
     pub lower: Vec<String>,
     /// The daemon's process id.
     pub pid: u32,
+    /// Remote backing stores of the daemon's tables and their failed requests (absent from
+    /// daemons that predate it).
+    #[serde(default)]
+    pub backings: Vec<BackingStatus>,
+}
+
+/// A remote backing store (`rbd:...`) in a [`Status`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackingStatus {
+    /// The device as the table names it.
+    pub device: String,
+    /// Requests the store failed (each one an `EIO` to the caller) since it was opened.
+    pub errors: u64,
 }
 
 impl Status {
@@ -437,6 +450,7 @@ mod tests {
             }),
             lower: vec!["v_dif".into()],
             pid: 42,
+            backings: Vec::new(),
         }
     }
 
