@@ -224,9 +224,10 @@ pub struct Status {
     pub lower: Vec<String>,
     /// The daemon's process id.
     pub pid: u32,
-    /// Remote backing stores of the daemon's tables and their failed requests (absent from
-    /// daemons that predate it).
-    #[serde(default)]
+    /// Remote backing stores of the daemon's tables and their failed requests; left out
+    /// when there are none (file-backed volumes keep the report's old shape), and absent
+    /// from daemons that predate it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backings: Vec<BackingStatus>,
 }
 
