@@ -294,6 +294,35 @@ fn snapshots_open_read_only_and_bad_specs_fail_cleanly() {
     assert!(!ok && text.contains("Input/output error"), "{text}");
     assert!(st["backings"][0]["errors"].as_u64().unwrap() > 0, "{st}");
 
+    // Any table can name an image: a linear mapping serves the raw image as `rbd export`
+    // reads it.
+    let table = write_file(
+        dir.path(),
+        "linear.table",
+        format!("0 8192 linear {} 0\n", img.device(None)).as_bytes(),
+    );
+    run_ok(
+        cryptblk()
+            .args(["dm", "create", "rbd-linear", "--table-file"])
+            .arg(&table)
+            .arg("--nbd")
+            .arg(dir.path().join("linear.sock")),
+        b"",
+    );
+    let raw = read_export(dir.path(), &dir.path().join("linear.sock"), 4 << 20);
+    run_ok(cryptblk().args(["dm", "remove", "rbd-linear"]), b"");
+    let exported = dir.path().join("exported.raw");
+    run_ok(
+        Command::new("rbd")
+            .args(["export", "--no-progress", &img.spec()])
+            .arg(&exported),
+        b"",
+    );
+    assert!(
+        std::fs::read(&exported).unwrap()[..4 << 20] == raw[..],
+        "linear over rbd: differs"
+    );
+
     // Unknown image, unknown pool, malformed spec: one line naming the device, exit 4 as
     // cryptsetup's for a device that does not exist.
     for (dev, why) in [
