@@ -8,8 +8,9 @@ fn main() {
         .header("wrapper.h")
         // Only what the wrapper calls: the headers pull in much of libc otherwise.
         .allowlist_function("rados_(create|conf_set|conf_read_file|conf_parse_env|connect|shutdown|ioctx_create|ioctx_destroy|ioctx_set_namespace)")
-        .allowlist_function("rbd_(open|open_read_only|close|stat|version|aio_.*)")
+        .allowlist_function("rbd_(open|open_read_only|close|stat|version|aio_.*|lock_acquire)")
         .allowlist_type("rbd_image_info_t")
+        .allowlist_type("rbd_lock_mode_t")
         .allowlist_var("RBD_.*")
         .layout_tests(false)
         .generate()

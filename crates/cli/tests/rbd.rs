@@ -189,6 +189,33 @@ fn librbd_luks2_image_and_cryptblk_agree_both_ways() {
         serde_json::json!([{ "device": img.device(None), "errors": 0 }]),
         "{st}"
     );
+    // One writer: the daemon holds the image's exclusive lock, so another librbd client's
+    // write and a second read-write open are refused while it serves.
+    let out = run(
+        Command::new("qemu-io")
+            .args(["-c", "write -P 0x33 0 4k", "--image-opts"])
+            .arg(format!("driver=rbd,pool={POOL},image={}", img.name)),
+        b"",
+    );
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Read-only"),
+        "another client wrote under the daemon: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(&pass)
+            .arg(img.device(None))
+            .args(["rbd-second", "--nbd"])
+            .arg(dir.path().join("second.sock")),
+        b"",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("exclusive lock"),
+        "{err}"
+    );
     drop(served);
     let back = dir.path().join("back.raw");
     qemu_img_librbd(&img, &pass, &back, false);

@@ -125,6 +125,11 @@ impl Image {
     /// Connects to the cluster and opens `spec`, read-only when `read_only` or a snapshot is
     /// named. Connecting gives up after `client_mount_timeout` (30 s unless the configuration
     /// says otherwise) instead of librados's default five minutes.
+    ///
+    /// A writable open takes the image's exclusive lock and keeps it until closed, so there is
+    /// one writer: librbd's automatic lock would pass to any other client that writes, and a
+    /// second cryptblk (which asks the same way) is refused. Images without the
+    /// exclusive-lock feature open without it.
     pub fn open(spec: &ImageSpec, read_only: bool) -> io::Result<Image> {
         let read_only = read_only || spec.snapshot.is_some();
         let mut img = Image {
@@ -195,6 +200,22 @@ impl Image {
             )?;
             img.size = info.size;
             img.object_size = info.obj_size;
+            if !read_only {
+                match sys::rbd_lock_acquire(img.image, sys::rbd_lock_mode_t_RBD_LOCK_MODE_EXCLUSIVE)
+                {
+                    r if r >= 0 || r == -libc::EINVAL || r == -libc::EOPNOTSUPP => {}
+                    r => {
+                        let e = errno(r.into());
+                        return Err(io::Error::new(
+                            io::ErrorKind::ResourceBusy,
+                            format!(
+                                "RBD image {spec} is in use: another client holds its \
+                                 exclusive lock ({e})"
+                            ),
+                        ));
+                    }
+                }
+            }
         }
         Ok(img)
     }
