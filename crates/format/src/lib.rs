@@ -10,6 +10,7 @@ pub mod hdrio;
 pub mod kdf;
 pub mod keyfile;
 pub mod luks1;
+pub mod tcrypt;
 pub mod plain;
 mod sector;
 
