@@ -85,7 +85,8 @@ static REGISTRY: &[Implementation] = &[
     },
     Implementation {
         name: "rustcrypto",
-        description: "RustCrypto aes/serpent/twofish/camellia/kuznyechik with xts-mode and cbc (portable)",
+        description:
+            "RustCrypto aes/serpent/twofish/camellia/kuznyechik with xts-mode and cbc (portable)",
         algorithms: RUSTCRYPTO_ALGS,
         priority: || 200,
         available: || true,

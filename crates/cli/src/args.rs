@@ -37,6 +37,8 @@ pub enum VolumeType {
     Luks2,
     /// Plain dm-crypt: no header.
     Plain,
+    /// TrueCrypt or VeraCrypt (cryptsetup's TCRYPT): open, decrypt, tcryptDump.
+    Tcrypt,
 }
 
 /// Keyslot KDFs, as cryptsetup's `--pbkdf`.
@@ -53,7 +55,7 @@ pub enum PbkdfKind {
 /// Options with cryptsetup's names and meanings.
 #[derive(Args, Debug, Default, Clone)]
 pub struct Opts {
-    /// Volume type: luks, luks1, luks2 or plain.
+    /// Volume type: luks, luks1, luks2, plain or tcrypt.
     #[arg(short = 'M', long = "type", global = true, value_enum)]
     pub volume_type: Option<VolumeType>,
     /// Cipher specification, e.g. aes-xts-plain64.
@@ -142,7 +144,7 @@ pub struct Opts {
     #[arg(long, global = true)]
     pub unbound: bool,
     /// luksDump: print the volume key (asks for a passphrase).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, alias = "dump-master-key")]
     pub dump_volume_key: bool,
     /// luksDump: print the LUKS2 JSON metadata only.
     #[arg(long, global = true)]
@@ -171,6 +173,32 @@ pub struct Opts {
     /// Integrity options (integritysetup's names; `--integrity` is cryptsetup's too).
     #[command(flatten)]
     pub integrity: IntegrityOpts,
+    /// TrueCrypt/VeraCrypt options (cryptsetup's names).
+    #[command(flatten)]
+    pub tcrypt: TcryptOpts,
+}
+
+/// cryptsetup's TCRYPT options; global like cryptsetup's.
+#[derive(Args, Debug, Default, Clone)]
+pub struct TcryptOpts {
+    /// TCRYPT: use the hidden volume's header.
+    #[arg(long, global = true)]
+    pub tcrypt_hidden: bool,
+    /// TCRYPT: system encryption (header in sector 62, system iteration counts).
+    #[arg(long, global = true)]
+    pub tcrypt_system: bool,
+    /// TCRYPT: use the backup header near the end of the device.
+    #[arg(long, global = true)]
+    pub tcrypt_backup: bool,
+    /// TCRYPT: VeraCrypt volumes (ignored: on by default, as in cryptsetup 2.6).
+    #[arg(long, global = true)]
+    pub veracrypt: bool,
+    /// TCRYPT: TrueCrypt volumes only (VeraCrypt headers and iteration counts not tried).
+    #[arg(long, global = true)]
+    pub disable_veracrypt: bool,
+    /// TCRYPT: VeraCrypt Personal Iterations Multiplier.
+    #[arg(long, global = true, value_name = "PIM")]
+    pub veracrypt_pim: Option<u32>,
 }
 
 /// integritysetup's options (`integrity format|open`); global like cryptsetup's.
@@ -281,6 +309,12 @@ pub enum Action {
     /// Open a volume: with --test-passphrase only check it.
     #[command(name = "open", alias = "luksOpen")]
     Open(OpenArgs),
+    /// Print a TrueCrypt/VeraCrypt header (asks for the passphrase).
+    #[command(name = "tcryptDump")]
+    TcryptDump {
+        /// Device or image file.
+        device: PathBuf,
+    },
     /// Print a LUKS header.
     #[command(name = "luksDump")]
     LuksDump {

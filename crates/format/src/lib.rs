@@ -10,9 +10,9 @@ pub mod hdrio;
 pub mod kdf;
 pub mod keyfile;
 pub mod luks1;
-pub mod tcrypt;
 pub mod plain;
 mod sector;
+pub mod tcrypt;
 
 pub use error::{FormatError, Result};
 

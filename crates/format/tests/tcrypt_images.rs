@@ -75,8 +75,7 @@ fn decrypt_to(vol: &TcryptVolume, image: &Path, out: &Path) {
     let mut data = vec![0u8; len as usize];
     f.read_at(start, &mut data).unwrap();
     for layer in vol.layers() {
-        let c = open_cipher(&layer.spec, layer.key.as_bytes(), &SectorOptions::default())
-            .unwrap();
+        let c = open_cipher(&layer.spec, layer.key.as_bytes(), &SectorOptions::default()).unwrap();
         c.decrypt(vol.iv_offset_sectors(), &mut data).unwrap();
     }
     std::fs::write(out, &data).unwrap();
@@ -164,13 +163,26 @@ fn expected_tsv_tcrypt_cases() {
         let gap = KNOWN_GAPS.iter().find(|g| g.0 == row.case);
         match (outcome, gap) {
             (Ok(()), None) => passed += 1,
-            (Ok(()), Some(_)) => failures.push(format!("{}: passes, drop it from KNOWN_GAPS", row.case)),
+            (Ok(()), Some(_)) => {
+                failures.push(format!("{}: passes, drop it from KNOWN_GAPS", row.case))
+            }
             (Err(_), Some(_)) => {}
             (Err(e), None) => failures.push(format!("{}: {e}", row.case)),
         }
         eprintln!("{}: {:?}", row.case, t0.elapsed());
     }
-    eprintln!("{passed} of {} rows pass; {compared} dumps compared with cryptsetup", rows.len());
-    assert!(failures.is_empty(), "{} failing:\n{}", failures.len(), failures.join("\n"));
-    assert!(compared >= 10, "only {compared} dumps compared with cryptsetup");
+    eprintln!(
+        "{passed} of {} rows pass; {compared} dumps compared with cryptsetup",
+        rows.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failing:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(
+        compared >= 10,
+        "only {compared} dumps compared with cryptsetup"
+    );
 }

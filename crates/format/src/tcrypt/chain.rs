@@ -169,8 +169,8 @@ impl CipherChain {
         let mut unit = [0u8; 512];
         unit[..HEADER_LEN - SALT_LEN].copy_from_slice(&raw[SALT_LEN..]);
         for layer in self.layers(key) {
-            let c = open_cipher(&layer.spec, layer.key.as_bytes(), &SectorOptions::default())
-                .ok()?;
+            let c =
+                open_cipher(&layer.spec, layer.key.as_bytes(), &SectorOptions::default()).ok()?;
             c.decrypt(0, &mut unit).ok()?;
         }
         let mut plain = [0u8; HEADER_LEN];

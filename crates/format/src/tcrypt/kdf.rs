@@ -79,18 +79,15 @@ const PBKDF2_COUNTS: &[(HashAlgorithm, u32, u32, u32, u32)] = &[
 ];
 
 /// The (PRF, cost) pairs to try, restricted by `--hash`, `--disable-veracrypt`, PIM and
-/// system encryption. An unknown `--hash` is refused.
+/// system encryption; none for a hash no TCRYPT variant uses.
 pub(super) fn candidates(params: &TcryptParams) -> Result<Vec<(Prf, u32)>> {
     let wanted = match params.hash.as_deref() {
         None => None,
         Some(h) if h.eq_ignore_ascii_case("argon2id") => Some(Prf::Argon2id),
         Some(h) => match HashAlgorithm::from_name(h) {
             Ok(a) if PBKDF2_COUNTS.iter().any(|c| c.0 == a) => Some(Prf::Pbkdf2(a)),
-            _ => {
-                return Err(FormatError::InvalidParameter(format!(
-                    "hash {h} is not supported for TCRYPT devices"
-                )))
-            }
+            // As cryptsetup: a hash no TCRYPT variant uses finds no header (exit 2).
+            _ => return Ok(Vec::new()),
         },
     };
     let mut v = Vec::new();
@@ -133,7 +130,11 @@ pub(super) fn candidates(params: &TcryptParams) -> Result<Vec<(Prf, u32)>> {
 fn crc32_step(crc: u32, byte: u8) -> u32 {
     let mut c = (crc ^ byte as u32) & 0xff;
     for _ in 0..8 {
-        c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+        c = if c & 1 != 0 {
+            (c >> 1) ^ 0xEDB8_8320
+        } else {
+            c >> 1
+        };
     }
     (crc >> 8) ^ c
 }

@@ -11,7 +11,7 @@ mod chain;
 mod header;
 mod kdf;
 
-pub use chain::{CipherChain, ChainMode, TCRYPT_CHAINS};
+pub use chain::{ChainMode, CipherChain, TCRYPT_CHAINS};
 pub use header::{TcryptHeader, HEADER_LEN};
 pub use kdf::{pool_keyfiles, Prf};
 
@@ -100,12 +100,16 @@ pub struct TcryptLayer {
 impl TcryptVolume {
     /// Start of the encrypted data in 512-byte sectors from the start of the device.
     pub fn data_offset_sectors(&self) -> u64 {
-        self.header.data_offset_bytes(self.device_size, self.header_offset) / 512
+        self.header
+            .data_offset_bytes(self.device_size, self.header_offset)
+            / 512
     }
 
     /// Length of the encrypted data in 512-byte sectors.
     pub fn data_size_sectors(&self) -> u64 {
-        self.header.data_size_bytes(self.device_size, self.header_offset) / 512
+        self.header
+            .data_size_bytes(self.device_size, self.header_offset)
+            / 512
     }
 
     /// The IV offset of the data mapping. XTS counts sectors from the start of the device
@@ -134,7 +138,10 @@ impl TcryptVolume {
         if volume_key {
             s.push_str(&format!("Cipher chain:  \t{}\n", self.chain.name));
             s.push_str(&format!("Cipher mode:   \t{}\n", self.chain.mode.spec()));
-            s.push_str(&format!("Payload offset:\t{}\n", self.data_offset_sectors()));
+            s.push_str(&format!(
+                "Payload offset:\t{}\n",
+                self.data_offset_sectors()
+            ));
             s.push_str(&format!("MK bits:       \t{}\n", self.volume_key.len() * 8));
             s.push_str("MK dump:\t");
             for (i, chunk) in self.volume_key.as_bytes().chunks(16).enumerate() {
@@ -192,7 +199,10 @@ fn header_offsets(params: &TcryptParams, device_size: u64) -> Vec<u64> {
     } else {
         v.push(0);
     }
-    v.retain(|o| o.checked_add(HEADER_LEN as u64).is_some_and(|end| end <= device_size));
+    v.retain(|o| {
+        o.checked_add(HEADER_LEN as u64)
+            .is_some_and(|end| end <= device_size)
+    });
     v
 }
 
@@ -216,8 +226,7 @@ pub fn unlock(io: &dyn HeaderIo, params: &TcryptParams) -> Result<TcryptVolume> 
         for (prf, iterations) in &prfs {
             let key = prf.derive(password.as_bytes(), &raw[..64], *iterations)?;
             for chain in &chains {
-                if let Some(header) = chain.decrypt_header(key.as_bytes(), &raw, params.veracrypt)
-                {
+                if let Some(header) = chain.decrypt_header(key.as_bytes(), &raw, params.veracrypt) {
                     let volume_key = chain.volume_key(header.keys.as_bytes());
                     return Ok(TcryptVolume {
                         header,
