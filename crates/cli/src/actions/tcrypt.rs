@@ -47,7 +47,7 @@ fn params(opts: &Opts, device: &Path) -> Result<TcryptParams, Failure> {
 fn unlock(opts: &Opts, device: &Path) -> Result<TcryptVolume, Failure> {
     let header = volume::header_path(opts, device);
     let p = params(opts, device)?;
-    Ok(lib::unlock(header, &p)?)
+    lib::unlock(header, &p)
 }
 
 /// `tcryptDump`: the header, or with `--dump-volume-key` the volume key.
