@@ -124,3 +124,64 @@ impl TcryptHeader {
         device_size.saturating_sub(self.data_offset_bytes(device_size, header_offset))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plaintext version-5 header with valid CRCs.
+    fn header(magic: &[u8; 4]) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[64..68].copy_from_slice(magic);
+        h[68..70].copy_from_slice(&5u16.to_be_bytes());
+        h[108..116].copy_from_slice(&131072u64.to_be_bytes());
+        h[116..124].copy_from_slice(&4096u64.to_be_bytes());
+        h[128..132].copy_from_slice(&512u32.to_be_bytes());
+        h[256..512].fill(0x5a);
+        let keys = crc32fast::hash(&h[256..512]);
+        h[72..76].copy_from_slice(&keys.to_be_bytes());
+        let fields = crc32fast::hash(&h[64..252]);
+        h[252..256].copy_from_slice(&fields.to_be_bytes());
+        h
+    }
+
+    #[test]
+    fn parse_checks_magic_and_both_crcs() {
+        let h = TcryptHeader::parse(&header(b"TRUE"), false).expect("valid header");
+        assert_eq!((h.version, h.mk_offset, h.mk_size), (5, 131072, 4096));
+        assert_eq!(h.data_size_bytes(1 << 20, 0), 4096);
+        assert!(TcryptHeader::parse(&header(b"VERA"), true).is_some_and(|h| h.is_veracrypt()));
+        // VeraCrypt headers only when VeraCrypt is on; other magics never.
+        assert!(TcryptHeader::parse(&header(b"VERA"), false).is_none());
+        assert!(TcryptHeader::parse(&header(b"TRUF"), true).is_none());
+        let mut bad_keys = header(b"TRUE");
+        bad_keys[300] ^= 1;
+        assert!(TcryptHeader::parse(&bad_keys, true).is_none());
+        let mut bad_fields = header(b"TRUE");
+        bad_fields[100] ^= 1;
+        assert!(TcryptHeader::parse(&bad_fields, true).is_none());
+    }
+
+    #[test]
+    fn legacy_offsets_follow_the_header_and_stay_on_the_device() {
+        let mut raw = header(b"TRUE");
+        raw[108..124].fill(0);
+        raw[92..100].copy_from_slice(&8192u64.to_be_bytes());
+        let keys = crc32fast::hash(&raw[256..512]);
+        raw[72..76].copy_from_slice(&keys.to_be_bytes());
+        let fields = crc32fast::hash(&raw[64..252]);
+        raw[252..256].copy_from_slice(&fields.to_be_bytes());
+        let h = TcryptHeader::parse(&raw, false).unwrap();
+        // Normal volume: data right after the header, to the end of the device.
+        assert_eq!(h.data_offset_bytes(65536, 0), 512);
+        assert_eq!(h.data_size_bytes(65536, 0), 65536 - 512);
+        // Hidden volume with an old-style header: it ends where that header begins.
+        assert_eq!(
+            h.data_offset_bytes(65536, 65536 - 1536),
+            65536 - 8192 - 1536
+        );
+        assert_eq!(h.data_size_bytes(65536, 65536 - 1536), 8192);
+        // A device smaller than the header claims maps nothing beyond its end.
+        assert_eq!(h.data_size_bytes(100, 0), 0);
+    }
+}

@@ -182,3 +182,59 @@ pub(super) fn password(params: &TcryptParams) -> Result<SecretBytes> {
     }
     Ok(pool)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc_step_is_crc32_before_its_final_inversion() {
+        let crc = b"123456789"
+            .iter()
+            .fold(0xffff_ffff, |c, &b| crc32_step(c, b));
+        assert_eq!(!crc, 0xCBF4_3926, "the CRC-32 check value");
+    }
+
+    #[test]
+    fn pool_adds_the_register_bytes_and_wraps() {
+        let one = pool_keyfiles(&[SecretBytes::from_slice(b"a")], 64);
+        let crc = crc32_step(0xffff_ffff, b'a').to_be_bytes();
+        assert_eq!(&one.as_bytes()[..4], &crc);
+        assert!(one.as_bytes()[4..].iter().all(|&b| b == 0));
+        // 17 bytes write 68 pool bytes: the last four land on the first four again.
+        let long = pool_keyfiles(&[SecretBytes::from_slice(&[7u8; 17])], 64);
+        let mut c = 0xffff_ffff;
+        let regs: Vec<[u8; 4]> = (0..17)
+            .map(|_| {
+                c = crc32_step(c, 7);
+                c.to_be_bytes()
+            })
+            .collect();
+        let want0 = regs[0][0].wrapping_add(regs[16][0]);
+        assert_eq!(long.as_bytes()[0], want0);
+    }
+
+    #[test]
+    fn pim_and_system_counts() {
+        let mut p = TcryptParams::new(SecretBytes::from_slice(b"x"));
+        p.hash = Some("sha256".into());
+        assert_eq!(
+            candidates(&p).unwrap(),
+            vec![(Prf::Pbkdf2(HashAlgorithm::Sha256), 500000)]
+        );
+        p.pim = 1234;
+        assert_eq!(candidates(&p).unwrap()[0].1, 15000 + 1234 * 1000);
+        p.system = true;
+        assert_eq!(candidates(&p).unwrap()[0].1, 1234 * 2048);
+        p.veracrypt = false;
+        assert!(
+            candidates(&p).unwrap().is_empty(),
+            "sha256 is VeraCrypt's only"
+        );
+        p.hash = Some("nosuchhash".into());
+        assert!(candidates(&p).unwrap().is_empty());
+        assert_eq!(argon2_cost(12), (416 * 1024, 6));
+        assert_eq!(argon2_cost(31), (1024 * 1024, 13));
+        assert_eq!(argon2_cost(33), (1024 * 1024, 15));
+    }
+}
