@@ -26,6 +26,20 @@ pub struct Cli {
     pub action: Action,
 }
 
+impl Cli {
+    /// Sets [`Opts::key_file`] from the `--key-file` options: only TCRYPT (`--type tcrypt`,
+    /// `tcryptDump`) takes more than one, as in cryptsetup.
+    pub fn one_key_file(&mut self) -> Result<(), String> {
+        let tcrypt = self.opts.volume_type == Some(VolumeType::Tcrypt)
+            || matches!(self.action, Action::TcryptDump { .. });
+        if self.opts.key_files.len() > 1 && !tcrypt {
+            return Err("Only one --key-file argument is allowed.".into());
+        }
+        self.opts.key_file = self.opts.key_files.first().cloned();
+        Ok(())
+    }
+}
+
 /// Volume types, as cryptsetup's `--type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum VolumeType {
@@ -85,8 +99,12 @@ pub struct Opts {
     /// Fixed KDF iterations (PBKDF2) or time cost (Argon2), skipping calibration.
     #[arg(long, global = true)]
     pub pbkdf_force_iterations: Option<u32>,
-    /// Read the passphrase or key from this file ('-' for standard input).
-    #[arg(short = 'd', long, global = true)]
+    /// Read the passphrase or key from this file ('-' for standard input); TCRYPT takes
+    /// several, key files mixed into the passphrase.
+    #[arg(short = 'd', long = "key-file", global = true, action = clap::ArgAction::Append)]
+    pub key_files: Vec<PathBuf>,
+    /// The one `--key-file` every other action takes ([`Cli::one_key_file`] sets it).
+    #[arg(skip)]
     pub key_file: Option<PathBuf>,
     /// Bytes to skip at the start of the key file.
     #[arg(long, global = true)]

@@ -69,17 +69,31 @@ fn tcrypt_dump_is_cryptsetups() {
     let tmp = tempdir();
     let imgs = images(tmp.path());
     let img = imgs.join("tc_5-sha512-xts-aes");
-    for extra in [&[][..], &["--dump-volume-key", "-q"][..]] {
+    let keyed = imgs.join("tck_5-sha512-xts-aes");
+    let (k1, k2) = (imgs.join("keyfile1"), imgs.join("keyfile2"));
+    let two_keys = [
+        "--key-file",
+        k1.to_str().unwrap(),
+        "--key-file",
+        k2.to_str().unwrap(),
+    ];
+    // The header, the volume key, and a volume with two key files (several --key-file, as
+    // cryptsetup takes them for TCRYPT).
+    for (img, extra) in [
+        (&img, &[][..]),
+        (&img, &["--dump-volume-key", "-q"][..]),
+        (&keyed, &two_keys[..]),
+    ] {
         let mut theirs = cryptsetup().unwrap();
         theirs
             .args(["tcryptDump", "-h", "sha512", "-c", "aes"])
             .args(extra)
-            .arg(&img);
+            .arg(img);
         let theirs = run_ok(&mut theirs, PASS);
         let mut ours = cryptblk();
         ours.args(["tcryptDump", "-h", "sha512", "-c", "aes"])
             .args(extra)
-            .arg(&img);
+            .arg(img);
         assert_eq!(run_ok(&mut ours, PASS), theirs, "tcryptDump {extra:?}");
     }
 }
@@ -208,6 +222,23 @@ fn tcrypt_bad_input() {
     assert_eq!((rc, err.lines().count()), (1, 1), "{err}");
     let (rc, _, err) = dump(&img, &["--veracrypt-pim", "5", "--disable-veracrypt"], PASS);
     assert_eq!((rc, err.lines().count()), (1, 1), "{err}");
+    // Several key files only for TCRYPT, as in cryptsetup.
+    let (rc, _, err) = cb(
+        &[
+            &"open",
+            &"-d",
+            &"a",
+            &"-d",
+            &"b",
+            &img,
+            &"--test-passphrase",
+        ],
+        PASS,
+    );
+    assert_eq!(
+        (rc, err.as_str()),
+        (1, "Only one --key-file argument is allowed.\n")
+    );
     // An unknown hash finds no header, as in cryptsetup.
     let (rc, _, err) = cb(&[&"tcryptDump", &"-h", &"nosuchhash", &img], PASS);
     assert_eq!((rc, err.as_str()), (2, no_header));

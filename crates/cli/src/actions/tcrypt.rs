@@ -14,12 +14,12 @@ use cryptblk_volume::tcrypt as lib;
 use std::fs::File;
 use std::path::Path;
 
-/// The TCRYPT parameters of the options: the passphrase (terminal or standard input; a
+/// The TCRYPT parameters of the options: the passphrase (terminal or standard input; each
 /// `--key-file` is a TrueCrypt key file mixed into it, as in cryptsetup), `--hash`,
 /// `--cipher` and the `--tcrypt-*`/`--veracrypt-*` options.
 fn params(opts: &Opts, device: &Path) -> Result<TcryptParams, Failure> {
     let mut keyfiles = Vec::new();
-    if let Some(p) = &opts.key_file {
+    for p in &opts.key_files {
         let data = std::fs::read(p).map_err(|_| Failure::usage("Failed to open key file."))?;
         keyfiles.push(SecretBytes::from_vec(data));
     }
