@@ -28,6 +28,10 @@ pub enum HashAlgorithm {
     Wp256,
     /// The kernel's `wp384`: Whirlpool truncated to 384 bits.
     Wp384,
+    /// GOST R 34.11-2012 Streebog, 512-bit (cryptsetup's `stribog512`, a VeraCrypt PRF).
+    Stribog512,
+    /// BLAKE2s with a 256-bit digest (`blake2s-256`, a VeraCrypt PRF).
+    Blake2s256,
 }
 
 impl HashAlgorithm {
@@ -43,6 +47,8 @@ impl HashAlgorithm {
             "whirlpool" | "wp512" => Self::Whirlpool,
             "wp256" => Self::Wp256,
             "wp384" => Self::Wp384,
+            "stribog512" | "streebog512" => Self::Stribog512,
+            "blake2s-256" | "blake2s" => Self::Blake2s256,
             _ => return Err(CipherError::UnknownHash(name.to_string())),
         })
     }
@@ -59,6 +65,8 @@ impl HashAlgorithm {
             Self::Whirlpool => "whirlpool",
             Self::Wp256 => "wp256",
             Self::Wp384 => "wp384",
+            Self::Stribog512 => "stribog512",
+            Self::Blake2s256 => "blake2s-256",
         }
     }
 
@@ -67,9 +75,9 @@ impl HashAlgorithm {
         match self {
             Self::Sha1 | Self::Ripemd160 => 20,
             Self::Sha224 => 28,
-            Self::Sha256 | Self::Wp256 => 32,
+            Self::Sha256 | Self::Wp256 | Self::Blake2s256 => 32,
             Self::Sha384 | Self::Wp384 => 48,
-            Self::Sha512 | Self::Whirlpool => 64,
+            Self::Sha512 | Self::Whirlpool | Self::Stribog512 => 64,
         }
     }
 
@@ -90,6 +98,8 @@ impl HashAlgorithm {
             Self::Sha512 => run::<sha2::Sha512>(parts),
             Self::Ripemd160 => run::<ripemd::Ripemd160>(parts),
             Self::Whirlpool => run::<whirlpool::Whirlpool>(parts),
+            Self::Stribog512 => run::<streebog::Streebog512>(parts),
+            Self::Blake2s256 => run::<blake2::Blake2s256>(parts),
             Self::Wp256 | Self::Wp384 => {
                 let mut d = run::<whirlpool::Whirlpool>(parts);
                 d.truncate(self.output_len());
@@ -131,6 +141,8 @@ impl HashAlgorithm {
             Self::Sha512 => run::<sha2::Sha512>(parts, out),
             Self::Ripemd160 => run::<ripemd::Ripemd160>(parts, out),
             Self::Whirlpool | Self::Wp256 | Self::Wp384 => run::<whirlpool::Whirlpool>(parts, out),
+            Self::Stribog512 => run::<streebog::Streebog512>(parts, out),
+            Self::Blake2s256 => run::<blake2::Blake2s256>(parts, out),
         }
         n
     }
@@ -151,6 +163,8 @@ impl HashAlgorithm {
             Self::Sha512 => run::<Hmac<sha2::Sha512>>(key, data),
             Self::Ripemd160 => run::<Hmac<ripemd::Ripemd160>>(key, data),
             Self::Whirlpool => run::<Hmac<whirlpool::Whirlpool>>(key, data),
+            Self::Stribog512 => run::<Hmac<streebog::Streebog512>>(key, data),
+            Self::Blake2s256 => run::<hmac::SimpleHmac<blake2::Blake2s256>>(key, data),
             Self::Wp256 | Self::Wp384 => self.manual_hmac(key, data),
         }
     }
@@ -166,6 +180,13 @@ impl HashAlgorithm {
             Self::Sha512 => pbkdf2_hmac::<sha2::Sha512>(password, salt, iterations, out),
             Self::Ripemd160 => pbkdf2_hmac::<ripemd::Ripemd160>(password, salt, iterations, out),
             Self::Whirlpool => pbkdf2_hmac::<whirlpool::Whirlpool>(password, salt, iterations, out),
+            Self::Stribog512 => {
+                pbkdf2_hmac::<streebog::Streebog512>(password, salt, iterations, out)
+            }
+            Self::Blake2s256 => pbkdf2::pbkdf2::<hmac::SimpleHmac<blake2::Blake2s256>>(
+                password, salt, iterations, out,
+            )
+            .expect("HMAC accepts keys of any length"),
             Self::Wp256 | Self::Wp384 => self.manual_pbkdf2(password, salt, iterations, out),
         }
     }

@@ -123,7 +123,10 @@ fn essiv_cipher(
         BlockCipherName::Twofish => EssivCipher::Twofish(Box::new(
             crate::twofish_fast::Twofish::new_from_slice(salt).map_err(|_| bad())?,
         )),
-        BlockCipherName::Null => return Err(bad()),
+        // No cryptsetup format pairs ESSIV with the VeraCrypt-only ciphers.
+        BlockCipherName::Camellia | BlockCipherName::Kuznyechik | BlockCipherName::Null => {
+            return Err(bad())
+        }
     })
 }
 

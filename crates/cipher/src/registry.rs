@@ -62,6 +62,10 @@ const RUSTCRYPTO_ALGS: &[(&str, &str, usize)] = &[
     ("cbc(twofish)", "twofish-cbc-plain64", 32),
     ("ecb(twofish)", "twofish-ecb", 32),
     ("lrw(twofish)", "twofish-lrw-plain64", 48),
+    ("xts(camellia)", "camellia-xts-plain64", 64),
+    ("cbc(camellia)", "camellia-cbc-plain64", 32),
+    ("xts(kuznyechik)", "kuznyechik-xts-plain64", 64),
+    ("cbc(kuznyechik)", "kuznyechik-cbc-plain64", 32),
 ];
 
 static REGISTRY: &[Implementation] = &[
@@ -81,7 +85,8 @@ static REGISTRY: &[Implementation] = &[
     },
     Implementation {
         name: "rustcrypto",
-        description: "RustCrypto aes/serpent/twofish with xts-mode and cbc (portable)",
+        description:
+            "RustCrypto aes/serpent/twofish/camellia/kuznyechik with xts-mode and cbc (portable)",
         algorithms: RUSTCRYPTO_ALGS,
         priority: || 200,
         available: || true,

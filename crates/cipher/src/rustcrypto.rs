@@ -227,6 +227,16 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
         },
         BlockCipherName::Serpent => build::<crate::serpent_fast::Serpent>(chain, key),
         BlockCipherName::Twofish => build::<crate::twofish_fast::Twofish>(chain, key),
+        BlockCipherName::Camellia => match cipher_key_len {
+            16 => build::<camellia::Camellia128>(chain, key),
+            24 => build::<camellia::Camellia192>(chain, key),
+            32 => build::<camellia::Camellia256>(chain, key),
+            _ => Err(CipherError::KeySize {
+                spec: spec.spec_string(),
+                got: key.len(),
+            }),
+        },
+        BlockCipherName::Kuznyechik => build::<kuznyechik::Kuznyechik>(chain, key),
         BlockCipherName::Null => Ok(Box::new(crate::dmcipher::NullEngine)),
     }
 }

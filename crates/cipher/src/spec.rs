@@ -20,6 +20,10 @@ pub enum BlockCipherName {
     Serpent,
     /// Twofish.
     Twofish,
+    /// Camellia (RFC 3713), a VeraCrypt cipher.
+    Camellia,
+    /// Kuznyechik (GOST R 34.12-2015, 256-bit keys only), a VeraCrypt cipher.
+    Kuznyechik,
     /// The identity "cipher" (`cipher_null`): no encryption, key ignored.
     Null,
 }
@@ -31,6 +35,8 @@ impl BlockCipherName {
             Self::Aes => "aes",
             Self::Serpent => "serpent",
             Self::Twofish => "twofish",
+            Self::Camellia => "camellia",
+            Self::Kuznyechik => "kuznyechik",
             Self::Null => "cipher_null",
         }
     }
@@ -40,6 +46,8 @@ impl BlockCipherName {
             "aes" => Self::Aes,
             "serpent" => Self::Serpent,
             "twofish" => Self::Twofish,
+            "camellia" => Self::Camellia,
+            "kuznyechik" => Self::Kuznyechik,
             "cipher_null" | "null" => Self::Null,
             _ => return None,
         })
@@ -48,7 +56,8 @@ impl BlockCipherName {
     /// Key sizes the bare block cipher accepts, in bytes.
     pub fn key_sizes(self) -> &'static [usize] {
         match self {
-            Self::Aes | Self::Twofish => &[16, 24, 32],
+            Self::Aes | Self::Twofish | Self::Camellia => &[16, 24, 32],
+            Self::Kuznyechik => &[32],
             // The kernel pads shorter Serpent keys; RustCrypto accepts 16..=32 and cryptsetup
             // never creates shorter ones.
             Self::Serpent => &[16, 20, 24, 28, 32],

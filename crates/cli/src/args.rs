@@ -26,6 +26,20 @@ pub struct Cli {
     pub action: Action,
 }
 
+impl Cli {
+    /// Sets [`Opts::key_file`] from the `--key-file` options: only TCRYPT (`--type tcrypt`,
+    /// `tcryptDump`) takes more than one, as in cryptsetup.
+    pub fn one_key_file(&mut self) -> Result<(), String> {
+        let tcrypt = self.opts.volume_type == Some(VolumeType::Tcrypt)
+            || matches!(self.action, Action::TcryptDump { .. });
+        if self.opts.key_files.len() > 1 && !tcrypt {
+            return Err("Only one --key-file argument is allowed.".into());
+        }
+        self.opts.key_file = self.opts.key_files.first().cloned();
+        Ok(())
+    }
+}
+
 /// Volume types, as cryptsetup's `--type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum VolumeType {
@@ -37,6 +51,8 @@ pub enum VolumeType {
     Luks2,
     /// Plain dm-crypt: no header.
     Plain,
+    /// TrueCrypt or VeraCrypt (cryptsetup's TCRYPT): open, decrypt, tcryptDump.
+    Tcrypt,
 }
 
 /// Keyslot KDFs, as cryptsetup's `--pbkdf`.
@@ -53,7 +69,7 @@ pub enum PbkdfKind {
 /// Options with cryptsetup's names and meanings.
 #[derive(Args, Debug, Default, Clone)]
 pub struct Opts {
-    /// Volume type: luks, luks1, luks2 or plain.
+    /// Volume type: luks, luks1, luks2, plain or tcrypt.
     #[arg(short = 'M', long = "type", global = true, value_enum)]
     pub volume_type: Option<VolumeType>,
     /// Cipher specification, e.g. aes-xts-plain64.
@@ -83,8 +99,12 @@ pub struct Opts {
     /// Fixed KDF iterations (PBKDF2) or time cost (Argon2), skipping calibration.
     #[arg(long, global = true)]
     pub pbkdf_force_iterations: Option<u32>,
-    /// Read the passphrase or key from this file ('-' for standard input).
-    #[arg(short = 'd', long, global = true)]
+    /// Read the passphrase or key from this file ('-' for standard input); TCRYPT takes
+    /// several, key files mixed into the passphrase.
+    #[arg(short = 'd', long = "key-file", global = true, action = clap::ArgAction::Append)]
+    pub key_files: Vec<PathBuf>,
+    /// The one `--key-file` every other action takes ([`Cli::one_key_file`] sets it).
+    #[arg(skip)]
     pub key_file: Option<PathBuf>,
     /// Bytes to skip at the start of the key file.
     #[arg(long, global = true)]
@@ -142,7 +162,7 @@ pub struct Opts {
     #[arg(long, global = true)]
     pub unbound: bool,
     /// luksDump: print the volume key (asks for a passphrase).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, alias = "dump-master-key")]
     pub dump_volume_key: bool,
     /// luksDump: print the LUKS2 JSON metadata only.
     #[arg(long, global = true)]
@@ -171,6 +191,32 @@ pub struct Opts {
     /// Integrity options (integritysetup's names; `--integrity` is cryptsetup's too).
     #[command(flatten)]
     pub integrity: IntegrityOpts,
+    /// TrueCrypt/VeraCrypt options (cryptsetup's names).
+    #[command(flatten)]
+    pub tcrypt: TcryptOpts,
+}
+
+/// cryptsetup's TCRYPT options; global like cryptsetup's.
+#[derive(Args, Debug, Default, Clone)]
+pub struct TcryptOpts {
+    /// TCRYPT: use the hidden volume's header.
+    #[arg(long, global = true)]
+    pub tcrypt_hidden: bool,
+    /// TCRYPT: system encryption (header in sector 62, system iteration counts).
+    #[arg(long, global = true)]
+    pub tcrypt_system: bool,
+    /// TCRYPT: use the backup header near the end of the device.
+    #[arg(long, global = true)]
+    pub tcrypt_backup: bool,
+    /// TCRYPT: VeraCrypt volumes (ignored: on by default, as in cryptsetup 2.6).
+    #[arg(long, global = true)]
+    pub veracrypt: bool,
+    /// TCRYPT: TrueCrypt volumes only (VeraCrypt headers and iteration counts not tried).
+    #[arg(long, global = true)]
+    pub disable_veracrypt: bool,
+    /// TCRYPT: VeraCrypt Personal Iterations Multiplier.
+    #[arg(long, global = true, value_name = "PIM")]
+    pub veracrypt_pim: Option<u32>,
 }
 
 /// integritysetup's options (`integrity format|open`); global like cryptsetup's.
@@ -281,6 +327,12 @@ pub enum Action {
     /// Open a volume: with --test-passphrase only check it.
     #[command(name = "open", alias = "luksOpen")]
     Open(OpenArgs),
+    /// Print a TrueCrypt/VeraCrypt header (asks for the passphrase).
+    #[command(name = "tcryptDump")]
+    TcryptDump {
+        /// Device or image file.
+        device: PathBuf,
+    },
     /// Print a LUKS header.
     #[command(name = "luksDump")]
     LuksDump {

@@ -22,7 +22,7 @@ fn main() {
     } else {
         args::Cli::try_parse()
     };
-    let cli = match parsed {
+    let mut cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -34,6 +34,10 @@ fn main() {
             std::process::exit(code);
         }
     };
+    if let Err(m) = cli.one_key_file() {
+        eprintln!("{m}");
+        std::process::exit(ExitCode::WrongParameters as i32);
+    }
     if let Err(f) = run(cli) {
         if !f.message.is_empty() {
             eprintln!("{}", f.message);
@@ -72,6 +76,7 @@ fn run(cli: args::Cli) -> ActionResult {
         }
         Action::Open(a) => luks::open(o, a),
         Action::LuksDump { device } => luks::dump(o, device),
+        Action::TcryptDump { device } => actions::tcrypt::dump(o, device),
         Action::LuksAddKey {
             device,
             new_key_file,

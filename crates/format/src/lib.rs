@@ -12,6 +12,7 @@ pub mod keyfile;
 pub mod luks1;
 pub mod plain;
 mod sector;
+pub mod tcrypt;
 
 pub use error::{FormatError, Result};
 

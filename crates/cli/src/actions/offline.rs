@@ -76,6 +76,10 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
 
 /// `decrypt <device> <plain-output>`: the decrypted data segment.
 pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
+    if opts.volume_type == Some(crate::args::VolumeType::Tcrypt) {
+        check_distinct(&[Some(device), opts.header.as_deref()], output)?;
+        return super::tcrypt::decrypt(opts, device, output);
+    }
     check_distinct(
         &[
             Some(device),
