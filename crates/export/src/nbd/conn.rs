@@ -222,7 +222,8 @@ impl Conn {
         while server.wants_write() {
             server.write_tls(&mut timed)?;
         }
-        self.stream.start_tls(TlsSession::new(server));
+        self.stream
+            .start_tls(TlsSession::new(rustls::Connection::Server(server)));
         Ok(())
     }
 
