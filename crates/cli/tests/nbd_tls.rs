@@ -317,3 +317,104 @@ fn plaintext_tcp_beyond_loopback_needs_an_explicit_flag() {
     assert_eq!(rc, 0, "{err}");
     let _served = Served::volume("insecure");
 }
+
+/// A `dm create` of a linear table over `dev`, serving on `sock`: (exit code, stderr).
+fn linear_over(name: &str, dev: &str, sectors: u64, dir: &Path, sock: &Path) -> (i32, String) {
+    let table = write_file(
+        dir,
+        &format!("{name}.table"),
+        format!("0 {sectors} linear {dev} 0\n").as_bytes(),
+    );
+    code(
+        cryptblk()
+            .args(["dm", "create", name, "--table-file"])
+            .arg(table)
+            .arg("--nbd")
+            .arg(sock),
+    )
+}
+
+#[test]
+fn nbds_backing_on_nbdkit_with_tls_and_client_certificates() {
+    if tool("nbdkit").is_none() || tool("nbdcopy").is_none() {
+        return;
+    }
+    let dir = tempdir();
+    let Some(pki) = pki(dir.path()) else { return };
+    let img = dir.path().join("remote.img");
+    sparse_file(&img, 8 << 20);
+    let port = free_port();
+    let nbdkit = Killed(spawn_captured(
+        Command::new("nbdkit")
+            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .args(["--tls=require", "--tls-verify-peer"])
+            .arg(format!("--tls-certificates={}", pki.server.display()))
+            .arg("file")
+            .arg(&img),
+    ));
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed().as_secs() < 10, "nbdkit did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let sectors = (8 << 20) / 512;
+    // The wrong CA and a missing client certificate are both refused at load.
+    for (certs, why) in [
+        (&pki.stranger, "untrusted server"),
+        (&pki.anonymous, "no client cert"),
+    ] {
+        let dev = format!(
+            "nbds://localhost:{port}/?tls-certificates={}",
+            certs.display()
+        );
+        let (rc, err) = linear_over(
+            "tlsbad",
+            &dev,
+            sectors,
+            dir.path(),
+            &dir.path().join("bad.sock"),
+        );
+        assert_ne!(rc, 0, "{why}: {err}");
+    }
+    // Plaintext to a server that requires TLS is refused too.
+    let plain = format!("nbd://localhost:{port}/");
+    let (rc, err) = linear_over(
+        "tlsplain",
+        &plain,
+        sectors,
+        dir.path(),
+        &dir.path().join("p.sock"),
+    );
+    assert_ne!(rc, 0, "{err}");
+    assert!(err.contains("TLS"), "{err}");
+
+    let dev = format!(
+        "nbds://localhost:{port}/?tls-certificates={}",
+        pki.client.display()
+    );
+    let sock = dir.path().join("export.sock");
+    let (rc, err) = linear_over("tlsremote", &dev, sectors, dir.path(), &sock);
+    assert_eq!(rc, 0, "{err}");
+    let _served = Served::volume("tlsremote");
+    let pattern = dir.path().join("pattern");
+    write_pattern(&pattern, 8 << 20, 3);
+    run_ok(
+        Command::new("nbdcopy")
+            .arg(&pattern)
+            .arg(nbd_uri(&sock))
+            .arg("--flush"),
+        b"",
+    );
+    assert_eq!(sha256(&pattern), sha256(&img));
+    drop(nbdkit);
+}
+
+/// A server process killed when the test ends, passing or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
