@@ -24,6 +24,10 @@ want cc gcc
 want clang clang
 want nbd-client nbd-client
 want strace strace
+# NBD over TLS tests make their certificates with openssl; remote backing tests serve
+# with qemu-storage-daemon.
+want openssl openssl
+want qemu-storage-daemon qemu-system-common
 # The kernel lab (../shared/lab) needs these on the host; installing them here, in the same
 # apt run, keeps qemu-system and qemu-utils at versions that agree.
 want qemu-system-x86_64 qemu-system-x86

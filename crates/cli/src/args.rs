@@ -628,6 +628,21 @@ pub struct ExportArgs {
     /// the kernel's NBD client can be idle for hours on an unused device).
     #[arg(long, value_name = "SECS", requires = "nbd")]
     pub idle_timeout: Option<u64>,
+    /// NBD: TLS through NBD_OPT_STARTTLS, as nbdkit's --tls: off (default), on (offered,
+    /// plaintext clients served too) or require.
+    #[arg(long, value_name = "off|on|require", requires = "nbd")]
+    pub tls: Option<cryptblk_export::nbd::TlsMode>,
+    /// NBD: directory holding server-cert.pem, server-key.pem and (for --tls-verify-peer)
+    /// ca-cert.pem, as nbdkit's --tls-certificates.
+    #[arg(long, value_name = "DIR", requires = "nbd")]
+    pub tls_certificates: Option<PathBuf>,
+    /// NBD: clients must present a certificate signed by DIR/ca-cert.pem.
+    #[arg(long, requires = "nbd")]
+    pub tls_verify_peer: bool,
+    /// NBD: allow plaintext clients on a TCP address that is not loopback (without it, such
+    /// an address needs --tls require).
+    #[arg(long, requires = "nbd")]
+    pub allow_insecure_tcp: bool,
     /// Serve as the file <DIR>/disk on a FUSE mount (losetup works on it).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,

@@ -1,7 +1,8 @@
 //! The registry of named mappings, and device resolution for tables.
 //!
 //! A device in a table is `ram:<size>[#<tag>]`, a remote store (`rbd:pool/image[@snap]`, see
-//! [`crate::backing::open_remote`]), the name of another mapping (also as
+//! [`crate::backing::open_remote`]; NBD URIs `nbd://`, `nbds://`, `nbd+unix://`, see
+//! [`crate::backing::nbd`]), the name of another mapping (also as
 //! `/dev/mapper/<name>`), or a path to a file or block device. The same spec resolves to the
 //! same open device while anything still uses it, as a device node names one device in the
 //! kernel: reloading a table over `ram:1G` keeps the RAM disk's contents. Add `#<tag>` to get

@@ -72,14 +72,25 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
     match (&export.nbd, &export.fuse) {
         (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd, --fuse or --ublk")),
         (Some(n), None) => match parse_nbd_address(n)? {
-            NbdAddress::Tcp(addr) => Ok(ExportSpec::NbdTcp(addr.to_string(), nbd_limits(export))),
+            NbdAddress::Tcp(addr) => {
+                let limits = nbd_limits(export)?;
+                let tls_required = limits.tls == cryptblk_export::nbd::TlsMode::Require;
+                if !addr.ip().is_loopback() && !tls_required && !limits.allow_insecure_tcp {
+                    return Err(Failure::usage(format!(
+                        "refusing plaintext NBD on {addr}, which is not a loopback address: \
+                         use --tls require with --tls-certificates, or --allow-insecure-tcp \
+                         on a trusted network"
+                    )));
+                }
+                Ok(ExportSpec::NbdTcp(addr.to_string(), limits))
+            }
             NbdAddress::Unix(p) => {
                 let abs = if p.is_absolute() {
                     p
                 } else {
                     std::env::current_dir()?.join(p)
                 };
-                Ok(ExportSpec::NbdUnix(abs, nbd_limits(export)))
+                Ok(ExportSpec::NbdUnix(abs, nbd_limits(export)?))
             }
         },
         (None, Some(dir)) => {
@@ -150,9 +161,26 @@ pub fn parse_nbd_address(text: &str) -> Result<NbdAddress, Failure> {
 }
 
 /// The NBD server's bounds from the command line, defaulting to the server's own.
-fn nbd_limits(export: &ExportArgs) -> NbdLimits {
-    use cryptblk_export::nbd::{DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CLIENTS};
-    NbdLimits {
+fn nbd_limits(export: &ExportArgs) -> Result<NbdLimits, Failure> {
+    use cryptblk_export::nbd::{TlsMode, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CLIENTS};
+    let tls = export.tls.unwrap_or(TlsMode::Off);
+    if tls == TlsMode::Off && (export.tls_certificates.is_some() || export.tls_verify_peer) {
+        return Err(Failure::usage(
+            "--tls-certificates and --tls-verify-peer need --tls on or --tls require",
+        ));
+    }
+    let tls_certificates = match &export.tls_certificates {
+        Some(dir) => Some(std::fs::canonicalize(dir).map_err(|e| {
+            Failure::usage(format!("TLS certificate directory {}: {e}", dir.display()))
+        })?),
+        None if tls != TlsMode::Off => {
+            return Err(Failure::usage(
+                "--tls on or require needs --tls-certificates DIR",
+            ))
+        }
+        None => None,
+    };
+    Ok(NbdLimits {
         max_clients: export
             .max_clients
             .map_or(DEFAULT_MAX_CLIENTS, |n| n as usize),
@@ -160,7 +188,11 @@ fn nbd_limits(export: &ExportArgs) -> NbdLimits {
             .handshake_timeout
             .unwrap_or(DEFAULT_HANDSHAKE_TIMEOUT.as_secs()),
         idle_timeout: export.idle_timeout.unwrap_or(0),
-    }
+        tls,
+        tls_certificates,
+        tls_verify_peer: export.tls_verify_peer,
+        allow_insecure_tcp: export.allow_insecure_tcp,
+    })
 }
 
 /// Reads a table from `--table`, `--table-file` or standard input. Inline tables may not

@@ -283,7 +283,7 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             let info = mapping.info();
             let table = mapping.table(false).as_str().to_owned();
             // A lower mapping is not exported; it says which mapping serves it.
-            let (facts, export) = if is_top {
+            let (mut facts, export) = if is_top {
                 (spec.info.clone(), stack.export_info())
             } else {
                 (
@@ -291,6 +291,22 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                     client::ExportDescription::None,
                 )
             };
+            // Remote backings (nbd://...) and their failures, as counted since opening.
+            let remote = cryptblk_dm::backing::nbd::nbd_backings();
+            if let (false, Some(obj)) = (remote.is_empty(), facts.as_object_mut()) {
+                let list = remote
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "uri": r.uri,
+                            "connected": r.connected,
+                            "errors": r.errors,
+                            "reconnects": r.reconnects,
+                        })
+                    })
+                    .collect();
+                obj.insert("remote_nbd".to_string(), serde_json::Value::Array(list));
+            }
             Response::Status(Box::new(Status {
                 name: target.to_string(),
                 info: facts,

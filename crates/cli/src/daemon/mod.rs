@@ -57,15 +57,42 @@ pub struct NbdLimits {
     pub handshake_timeout: u64,
     /// Seconds without requests before a connection is closed; 0 never.
     pub idle_timeout: u64,
+    /// `--tls`: off, on or require.
+    #[serde(default = "tls_off")]
+    pub tls: cryptblk_export::nbd::TlsMode,
+    /// `--tls-certificates`: the directory of ca-cert.pem, server-cert.pem, server-key.pem.
+    #[serde(default)]
+    pub tls_certificates: Option<PathBuf>,
+    /// `--tls-verify-peer`: clients need a certificate the CA signed.
+    #[serde(default)]
+    pub tls_verify_peer: bool,
+    /// `--allow-insecure-tcp`: plaintext clients on a non-loopback address are accepted.
+    #[serde(default)]
+    pub allow_insecure_tcp: bool,
+}
+
+fn tls_off() -> cryptblk_export::nbd::TlsMode {
+    cryptblk_export::nbd::TlsMode::Off
 }
 
 impl NbdLimits {
-    /// These limits applied to an NBD server configuration.
-    pub fn apply(&self, cfg: &mut cryptblk_export::nbd::NbdConfig) {
+    /// These limits applied to an NBD server configuration (loading the TLS certificates).
+    pub fn apply(&self, cfg: &mut cryptblk_export::nbd::NbdConfig) -> Result<(), String> {
+        use cryptblk_export::nbd::{NbdTls, TlsMode};
+        cfg.tls = match (self.tls, &self.tls_certificates) {
+            (TlsMode::Off, _) => None,
+            (mode, Some(dir)) => Some(
+                NbdTls::from_dir(dir, mode == TlsMode::Require, self.tls_verify_peer)
+                    .map_err(|e| e.to_string())?,
+            ),
+            (_, None) => return Err("--tls on or require needs --tls-certificates".to_string()),
+        };
+        cfg.allow_insecure_tcp = self.allow_insecure_tcp;
         cfg.max_clients = self.max_clients;
         cfg.handshake_timeout = std::time::Duration::from_secs(self.handshake_timeout);
         cfg.idle_timeout =
             (self.idle_timeout > 0).then(|| std::time::Duration::from_secs(self.idle_timeout));
+        Ok(())
     }
 }
 

@@ -21,7 +21,9 @@ fn start_export(
     let (config, what) = match &spec.export {
         ExportSpec::NbdUnix(path, limits) => {
             let mut cfg = NbdConfig::unix(path);
-            limits.apply(&mut cfg);
+            limits
+                .apply(&mut cfg)
+                .map_err(|e| Failure::usage(format!("cannot start NBD server: {e}")))?;
             cfg.read_only = spec.readonly;
             cfg.description = format!("cryptblk {}", spec.name);
             (
@@ -34,7 +36,9 @@ fn start_export(
                 Failure::usage(format!("invalid NBD address '{addr}' (want host:port)"))
             })?;
             let mut cfg = NbdConfig::new(NbdListen::Tcp(sock));
-            limits.apply(&mut cfg);
+            limits
+                .apply(&mut cfg)
+                .map_err(|e| Failure::usage(format!("cannot start NBD server: {e}")))?;
             cfg.read_only = spec.readonly;
             (
                 ExportConfig::Nbd(cfg),

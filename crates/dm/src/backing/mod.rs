@@ -1,12 +1,14 @@
 //! Backings: the devices at the bottom of a stack (files, block devices, RAM disks, and
-//! remote stores such as Ceph RBD images).
+//! remote stores: Ceph RBD images, NBD exports).
 
 pub mod file;
+pub mod nbd;
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
 
 pub use file::{FileBacking, FileOptions};
+pub use nbd::{is_nbd_uri, NbdBacking};
 pub use ram::RamDisk;
 
 use std::io;
@@ -22,7 +24,7 @@ pub const RBD_PREFIX: &str = "rbd:";
 /// True if `spec` names a remote backing store, which [`open_remote`] opens (never a file
 /// path, and never a mapping).
 pub fn is_remote(spec: &str) -> bool {
-    spec.starts_with(RBD_PREFIX)
+    spec.starts_with(RBD_PREFIX) || is_nbd_uri(spec)
 }
 
 /// Opens the remote backing store `spec` names (read-only when `read_only`), or `None` if
@@ -30,6 +32,10 @@ pub fn is_remote(spec: &str) -> bool {
 pub fn open_remote(spec: &str, read_only: bool) -> Option<io::Result<Arc<dyn BlockDevice>>> {
     if let Some(image) = spec.strip_prefix(RBD_PREFIX) {
         return Some(open_rbd(image, read_only));
+    }
+    if is_nbd_uri(spec) {
+        // A read-only table over a writable export is fine: it only reads.
+        return Some(NbdBacking::open(spec).map(|b| b as Arc<dyn BlockDevice>));
     }
     None
 }

@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::handshake::{Handshake, Negotiated};
+use super::tls::TlsSession;
 use super::transmission::{Incoming, Received, Session};
 use super::wire::{Stream, Timed};
 use super::{lock, Shared};
@@ -201,8 +202,48 @@ impl Conn {
         self.stream.shutdown_both();
     }
 
-    /// Watches the socket again for the next message.
-    fn rearm(&self, shared: &Shared) {
+    /// Runs the server's side of the TLS handshake (within the option haggling's deadline)
+    /// and switches the stream to it.
+    fn start_tls(&self, shared: &Shared, deadline: Instant) -> io::Result<()> {
+        let tls = shared
+            .config
+            .tls
+            .as_ref()
+            .ok_or_else(|| io::Error::other("TLS is not configured"))?;
+        let mut server =
+            rustls::ServerConnection::new(Arc::clone(&tls.config)).map_err(io::Error::other)?;
+        let mut timed = Timed {
+            stream: &self.stream,
+            deadline,
+        };
+        while server.is_handshaking() {
+            server.complete_io(&mut timed)?;
+        }
+        while server.wants_write() {
+            server.write_tls(&mut timed)?;
+        }
+        self.stream
+            .start_tls(TlsSession::new(rustls::Connection::Server(server)));
+        Ok(())
+    }
+
+    /// Watches the socket again for the next message. Bytes already decrypted by TLS do
+    /// not make the socket readable, so they are served at once instead.
+    fn rearm(self: &Arc<Self>, shared: &Arc<Shared>) {
+        if self.stream.buffered() {
+            let mut state = lock(&self.state);
+            if state.closed || state.busy {
+                return;
+            }
+            state.busy = true;
+            drop(state);
+            let conn = Arc::clone(self);
+            let job_shared = Arc::clone(shared);
+            shared
+                .pool
+                .submit(Box::new(move || conn.on_readable(&job_shared)));
+            return;
+        }
         let event = polling::Event::readable(self.key);
         if let Err(e) = shared.poller.modify(&self.stream, event) {
             // Only fails for a connection closed meanwhile.
@@ -239,6 +280,14 @@ impl Conn {
                     state.last_active = Instant::now();
                 }
                 Ok(Some(Negotiated::Close)) => return self.close(shared),
+                Ok(Some(Negotiated::StartTls)) => {
+                    if let Err(e) = self.start_tls(shared, timed.deadline) {
+                        log::info!("NBD connection {}: TLS handshake failed: {e}", self.key);
+                        return self.close(shared);
+                    }
+                    handshake.tls_started();
+                    lock(&self.state).handshake = Some(handshake);
+                }
                 Err(e) => {
                     log::info!("NBD connection {} closed in the handshake: {e}", self.key);
                     return self.close(shared);
@@ -308,7 +357,7 @@ impl Conn {
 
     /// A worker is done reading: watch the socket again, or close if the connection stopped
     /// reading meanwhile (server stop) and nothing is in flight.
-    fn release(&self, shared: &Shared) {
+    fn release(self: &Arc<Self>, shared: &Arc<Shared>) {
         let mut state = lock(&self.state);
         state.busy = false;
         if state.reading_done {
@@ -336,7 +385,14 @@ impl Conn {
     }
 
     /// Executes one request and sends its reply (a pool job).
-    fn execute(&self, shared: &Shared, session: Session, incoming: Incoming, seq: u64, bytes: u64) {
+    fn execute(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        session: Session,
+        incoming: Incoming,
+        seq: u64,
+        bytes: u64,
+    ) {
         if incoming.is_flush() {
             // NBD's flush covers every write completed before it was received; waiting for
             // all writes received before it (possibly still executing) covers at least that.
@@ -385,7 +441,8 @@ pub(crate) fn serve_sequential<S: Read + Write>(stream: &mut S, shared: &Shared)
     let session = loop {
         match handshake.step(stream, shared)? {
             None => {}
-            Some(Negotiated::Close) => return Ok(()),
+            // No TLS without a socket: the fuzzed sessions end there.
+            Some(Negotiated::Close) | Some(Negotiated::StartTls) => return Ok(()),
             Some(Negotiated::Transmission(session)) => break session,
         }
     };

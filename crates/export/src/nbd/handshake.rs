@@ -17,6 +17,9 @@ pub(crate) enum Negotiated {
     Transmission(Session),
     /// The client aborted or the connection must close.
     Close,
+    /// `NBD_OPT_STARTTLS` was acknowledged: the TLS handshake comes next, then
+    /// [`Handshake::tls_started`] and the options go on inside TLS.
+    StartTls,
 }
 
 pub(crate) fn transmission_flags(shared: &Shared) -> u16 {
@@ -57,6 +60,8 @@ pub(crate) struct Handshake {
     structured: bool,
     /// Whether the last NBD_OPT_SET_META_CONTEXT selected base:allocation.
     meta_selected: bool,
+    /// NBD_OPT_STARTTLS succeeded: everything since went through TLS.
+    tls_active: bool,
 }
 
 impl Handshake {
@@ -72,7 +77,16 @@ impl Handshake {
             no_zeroes: false,
             structured: false,
             meta_selected: false,
+            tls_active: false,
         })
+    }
+
+    /// The TLS handshake after `NBD_OPT_STARTTLS` completed. What was negotiated in
+    /// plaintext is forgotten, as the protocol asks (an attacker could have injected it).
+    pub(crate) fn tls_started(&mut self) {
+        self.tls_active = true;
+        self.structured = false;
+        self.meta_selected = false;
     }
 
     /// Reads and answers one client message (its flags, then one option per call).
@@ -120,6 +134,31 @@ impl Handshake {
             }
             send_option_reply(stream, option, REP_ERR_SHUTDOWN, b"server is shutting down")?;
             return Ok(None);
+        }
+        let tls = shared.config.tls.as_ref();
+        if option == OPT_STARTTLS {
+            let (reply, msg): (u32, &[u8]) = match tls {
+                None => (REP_ERR_UNSUP, b"TLS is not offered"),
+                Some(_) if self.tls_active => (REP_ERR_INVALID, b"TLS is already active"),
+                Some(_) if !data.is_empty() => (REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data"),
+                Some(_) => {
+                    send_option_reply(stream, option, REP_ACK, &[])?;
+                    return Ok(Some(Negotiated::StartTls));
+                }
+            };
+            send_option_reply(stream, option, reply, msg)?;
+            return Ok(None);
+        }
+        if tls.is_some_and(|t| t.require) && !self.tls_active {
+            match option {
+                // Cannot fail politely (see below); the client learns nothing.
+                OPT_EXPORT_NAME => return Ok(Some(Negotiated::Close)),
+                OPT_ABORT => {}
+                _ => {
+                    send_option_reply(stream, option, REP_ERR_TLS_REQD, b"TLS is required")?;
+                    return Ok(None);
+                }
+            }
         }
         match option {
             OPT_EXPORT_NAME => {

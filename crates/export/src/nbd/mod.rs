@@ -49,6 +49,7 @@ mod conn;
 mod handshake;
 mod harness;
 pub(crate) mod proto;
+mod tls;
 mod transmission;
 mod wire;
 
@@ -73,10 +74,11 @@ use crate::error::ExportError;
 use crate::export::{check_resize, Export, StartExport};
 use crate::ExportDescription;
 pub use harness::NbdHarness;
+pub use tls::{NbdTls, TlsMode};
 
 use conn::{Conn, Pool};
 use handshake::Handshake;
-use wire::Stream;
+use wire::{Socket, Stream};
 
 /// Default maximum request size advertised in `NBD_INFO_BLOCK_SIZE` (32 MiB).
 pub const DEFAULT_MAX_BLOCK_SIZE: u32 = 32 << 20;
@@ -168,6 +170,12 @@ pub struct NbdConfig {
     pub workers: usize,
     /// Requests of one connection executing at once (default [`DEFAULT_MAX_IN_FLIGHT`]).
     pub max_in_flight: usize,
+    /// TLS offered through `NBD_OPT_STARTTLS` (`None`: off, nbdkit's `--tls=off`).
+    pub tls: Option<NbdTls>,
+    /// Serve TCP on an address other than loopback although clients may talk plaintext
+    /// (TLS off or not required). Off by default: the export would be readable and
+    /// writable by anyone on the network.
+    pub allow_insecure_tcp: bool,
 }
 
 impl NbdConfig {
@@ -186,7 +194,15 @@ impl NbdConfig {
             max_clients: DEFAULT_MAX_CLIENTS,
             workers: DEFAULT_WORKERS,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            tls: None,
+            allow_insecure_tcp: false,
         }
+    }
+
+    /// Sets [`NbdConfig::tls`].
+    pub fn with_tls(mut self, tls: Option<NbdTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Sets [`NbdConfig::handshake_timeout`].
@@ -307,6 +323,7 @@ impl NbdServer {
                 "NBD max clients, workers and requests in flight must be at least 1".to_string(),
             ));
         }
+        check_insecure_tcp(&config)?;
         let (listener, address) = bind(&config.listen)?;
         let poller =
             Poller::new().map_err(|e| ExportError::io("creating the NBD event loop", e))?;
@@ -350,9 +367,14 @@ impl NbdServer {
         &self.address
     }
 
-    /// The NBD URI of the export, e.g. `nbd+unix:///?socket=/run/x.sock`.
+    /// The NBD URI of the export, e.g. `nbd+unix:///?socket=/run/x.sock`, with the
+    /// `nbds` scheme when TLS is offered.
     pub fn uri(&self) -> String {
-        self.address.uri(&self.shared.config.export_name)
+        let uri = self.address.uri(&self.shared.config.export_name);
+        match (&self.shared.config.tls, uri.strip_prefix("nbd")) {
+            (Some(_), Some(rest)) => format!("nbds{rest}"),
+            _ => uri,
+        }
     }
 
     /// Number of client connections currently open.
@@ -484,6 +506,22 @@ fn validate_block_sizes(
         )));
     }
     Ok((min, preferred, max))
+}
+
+/// Refuses plaintext NBD on TCP beyond loopback unless the configuration says so.
+fn check_insecure_tcp(config: &NbdConfig) -> Result<(), ExportError> {
+    let NbdListen::Tcp(addr) = &config.listen else {
+        return Ok(());
+    };
+    let tls_required = config.tls.as_ref().is_some_and(|t| t.require);
+    if addr.ip().is_loopback() || tls_required || config.allow_insecure_tcp {
+        return Ok(());
+    }
+    Err(ExportError::Config(format!(
+        "refusing plaintext NBD on {addr}, which is not a loopback address: anyone on the \
+         network could read and write the volume; use --tls require with \
+         --tls-certificates, or --allow-insecure-tcp on a trusted network"
+    )))
 }
 
 fn bind(listen: &NbdListen) -> Result<(Listener, NbdListen), ExportError> {
@@ -630,10 +668,10 @@ fn accept_all(listener: &Listener, shared: &Arc<Shared>, next_key: &mut usize) {
         let accepted = match listener {
             Listener::Unix(l) => l
                 .accept()
-                .map(|(s, _)| (Stream::Unix(s), "unix socket".to_string())),
+                .map(|(s, _)| (Stream::new(Socket::Unix(s)), "unix socket".to_string())),
             Listener::Tcp(l) => l.accept().map(|(s, peer)| {
                 let _ = s.set_nodelay(true);
-                (Stream::Tcp(s), peer.to_string())
+                (Stream::new(Socket::Tcp(s)), peer.to_string())
             }),
         };
         let (stream, peer) = match accepted {

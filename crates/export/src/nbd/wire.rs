@@ -8,57 +8,93 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// A connected client socket. Reading and writing go through `&Stream` so that one file
-/// descriptor serves the connection's reader and its reply writers at the same time.
-pub(crate) enum Stream {
+use super::tls::TlsSession;
+
+/// A connected client socket.
+pub(crate) enum Socket {
     Unix(UnixStream),
     Tcp(TcpStream),
 }
 
+/// A client connection's byte stream: the socket, and after `NBD_OPT_STARTTLS` the TLS
+/// session over it. Reading and writing go through `&Stream` so that one file descriptor
+/// serves the connection's reader and its reply writers at the same time.
+pub(crate) struct Stream {
+    socket: Socket,
+    tls: OnceLock<TlsSession>,
+}
+
 impl Stream {
+    /// A plaintext stream over `socket`.
+    pub(crate) fn new(socket: Socket) -> Stream {
+        Stream {
+            socket,
+            tls: OnceLock::new(),
+        }
+    }
+
+    /// From now on every byte goes through `session` (whose handshake is complete).
+    pub(crate) fn start_tls(&self, session: TlsSession) {
+        let _ = self.tls.set(session);
+    }
+
+    /// The socket itself, below any TLS.
+    pub(crate) fn raw(&self) -> RawSocket<'_> {
+        RawSocket(&self.socket)
+    }
+
     /// Closes both directions, even while other references to the socket exist.
     pub(crate) fn shutdown_both(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+        let _ = match &self.socket {
+            Socket::Unix(s) => s.shutdown(Shutdown::Both),
+            Socket::Tcp(s) => s.shutdown(Shutdown::Both),
         };
     }
 
     /// Makes pending and future reads return end-of-file; replies can still be sent.
     pub(crate) fn shutdown_read(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Read),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Read),
+        let _ = match &self.socket {
+            Socket::Unix(s) => s.shutdown(Shutdown::Read),
+            Socket::Tcp(s) => s.shutdown(Shutdown::Read),
         };
     }
 
     /// Clears O_NONBLOCK (accepted sockets may inherit it from the listener).
     pub(crate) fn set_blocking(&self) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_nonblocking(false),
-            Stream::Tcp(s) => s.set_nonblocking(false),
+        match &self.socket {
+            Socket::Unix(s) => s.set_nonblocking(false),
+            Socket::Tcp(s) => s.set_nonblocking(false),
         }
     }
 
     /// Bounds every blocking write (`None`: no bound); a write that times out fails.
     pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_write_timeout(timeout),
-            Stream::Tcp(s) => s.set_write_timeout(timeout),
+        match &self.socket {
+            Socket::Unix(s) => s.set_write_timeout(timeout),
+            Socket::Tcp(s) => s.set_write_timeout(timeout),
         }
     }
 
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_read_timeout(timeout),
-            Stream::Tcp(s) => s.set_read_timeout(timeout),
+        match &self.socket {
+            Socket::Unix(s) => s.set_read_timeout(timeout),
+            Socket::Tcp(s) => s.set_read_timeout(timeout),
         }
+    }
+
+    /// Whether bytes wait in the TLS session, where polling the socket does not see them.
+    pub(crate) fn buffered(&self) -> bool {
+        self.tls.get().is_some_and(TlsSession::buffered)
     }
 
     /// Whether bytes (or end-of-file) can be read right now without blocking.
     pub(crate) fn readable_now(&self) -> bool {
+        if self.buffered() {
+            return true;
+        }
         let mut pfd = libc::pollfd {
             fd: self.as_fd().as_raw_fd(),
             events: libc::POLLIN,
@@ -69,36 +105,68 @@ impl Stream {
     }
 }
 
+/// The socket below any TLS, as a reader and writer.
+pub(crate) struct RawSocket<'a>(&'a Socket);
+
+impl Read for RawSocket<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.0 {
+            Socket::Unix(s) => (&*s).read(buf),
+            Socket::Tcp(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for RawSocket<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.0 {
+            Socket::Unix(s) => (&*s).write(buf),
+            Socket::Tcp(s) => (&*s).write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self.0 {
+            Socket::Unix(s) => (&*s).write_vectored(bufs),
+            Socket::Tcp(s) => (&*s).write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 impl AsFd for Stream {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Stream::Unix(s) => s.as_fd(),
-            Stream::Tcp(s) => s.as_fd(),
+        match &self.socket {
+            Socket::Unix(s) => s.as_fd(),
+            Socket::Tcp(s) => s.as_fd(),
         }
     }
 }
 
 impl Read for &Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => (&*s).read(buf),
-            Stream::Tcp(s) => (&*s).read(buf),
+        match self.tls.get() {
+            Some(tls) => tls.read(self.raw(), buf),
+            None => self.raw().read(buf),
         }
     }
 }
 
 impl Write for &Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => (&*s).write(buf),
-            Stream::Tcp(s) => (&*s).write(buf),
+        match self.tls.get() {
+            Some(tls) => tls.write(self.raw(), &[io::IoSlice::new(buf)]),
+            None => self.raw().write(buf),
         }
     }
 
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => (&*s).write_vectored(bufs),
-            Stream::Tcp(s) => (&*s).write_vectored(bufs),
+        match self.tls.get() {
+            Some(tls) => tls.write(self.raw(), bufs),
+            None => self.raw().write_vectored(bufs),
         }
     }
 
