@@ -28,8 +28,17 @@ pub fn unlock_keys(
     passphrase: &[u8],
     slot: Option<usize>,
 ) -> Result<ReencryptKeys> {
-    let need_old = state.segments.iter().any(|s| s.side != Side::New);
-    let need_new = state.segments.iter().any(|s| s.side != Side::Old);
+    // Both keys are wanted while some keyslot still holds them: the reencryption digest
+    // that guards the metadata is computed over both.
+    let has_slots = |d: &str| {
+        h.json()["digests"][d]["keyslots"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    };
+    let need_old =
+        state.segments.iter().any(|s| s.side != Side::New) || has_slots(&state.old_digest);
+    let need_new =
+        state.segments.iter().any(|s| s.side != Side::Old) || has_slots(&state.new_digest);
     let mut old = None;
     let mut new = None;
     let mut candidates: Vec<usize> = h
