@@ -152,7 +152,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
     }
     let seg = h.default_segment()?;
     if let Some(ss) = opts.sector_size {
-        if ss > seg.sector_size as u32 && !a.force_offline_reencrypt {
+        if ss > seg.sector_size && !a.force_offline_reencrypt {
             return Err(Failure::usage(
                 "Encryption sector size increase on offline device is not supported.\n\
                  Activate the device first or use --force-offline-reencrypt option (dangerous!).",

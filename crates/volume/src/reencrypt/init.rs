@@ -113,7 +113,7 @@ pub fn init(
             "Not enough free keyslots for reencryption.",
         ));
     }
-    let sector_size = p.sector_size.unwrap_or(seg.sector_size as u32);
+    let sector_size = p.sector_size.unwrap_or(seg.sector_size);
     if !(512..=4096).contains(&sector_size) || !sector_size.is_power_of_two() {
         return Err(VolumeError::usage(format!(
             "Unsupported encryption sector size {sector_size}."
@@ -190,7 +190,7 @@ pub fn init(
         pairs.push((*slot, new_slot));
     }
     let new_digest = new_digest.ok_or_else(|| VolumeError::device("no new keyslot"))?;
-    let block = p.device_block.max(seg.sector_size as u32).max(sector_size);
+    let block = p.device_block.max(seg.sector_size).max(sector_size);
     let resilience = match p.resilience {
         ResilienceChoice::None => NewResilience::None,
         ResilienceChoice::Journal => NewResilience::Journal,
