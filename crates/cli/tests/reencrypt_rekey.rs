@@ -60,7 +60,9 @@ impl Lab {
         run_ok(
             cryptsetup()?
                 .arg("luksAddKey")
-                .args(FAST)
+                // Another KDF than keyslot 0's, so carrying each keyslot's KDF shows.
+                .args(["--pbkdf", "argon2id", "--pbkdf-force-iterations", "4"])
+                .args(["--pbkdf-memory", "32"])
                 .arg("--key-file")
                 .arg(&self.key)
                 .arg(&img)
@@ -384,4 +386,67 @@ fn refusals_carry_cryptsetups_messages_and_codes() {
     let cb = lab.cryptblk_reencrypt(&img, &["--key-slot", "0"]);
     assert_eq!(cb.status.code(), Some(5));
     assert!(String::from_utf8_lossy(&cb.stderr).contains("is in use"));
+}
+
+/// The keyslots of a dump without salts and digests: what a re-key must reproduce.
+fn keyslot_shape(img: &Path) -> serde_json::Value {
+    let out = run_ok(
+        cryptsetup()
+            .unwrap()
+            .args(["luksDump", "--dump-json-metadata"])
+            .arg(img),
+        b"",
+    );
+    let mut v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for ks in v["keyslots"].as_object_mut().unwrap().values_mut() {
+        ks["kdf"].as_object_mut().unwrap().remove("salt");
+    }
+    for d in v["digests"].as_object_mut().unwrap().values_mut() {
+        let o = d.as_object_mut().unwrap();
+        o.remove("salt");
+        o.remove("digest");
+    }
+    serde_json::json!({"keyslots": v["keyslots"], "digests": v["digests"], "config": v["config"]})
+}
+
+/// Without --key-slot every keyslot is carried over (one passphrase per keyslot on standard
+/// input, as cryptsetup asks for them), each with its old KDF: the keyslots and digests
+/// equal those cryptsetup makes from the same image, and both passphrases open the result.
+#[test]
+fn every_keyslot_is_carried_over_with_its_kdf_as_cryptsetup_does() {
+    let lab = Lab::new();
+    let Some((img, plain)) = lab.luks2("all.img") else {
+        return;
+    };
+    let theirs = lab.path("theirs.img");
+    std::fs::copy(&img, &theirs).unwrap();
+    let stdin = b"rekey-pass\nother\n";
+    ok(
+        &run(
+            cryptblk()
+                .args(["reencrypt", "-q", "--hotzone-size", "1M"])
+                .arg(&img),
+            stdin,
+        ),
+        "cryptblk reencrypt",
+    );
+    ok(
+        &run(
+            cryptsetup()
+                .unwrap()
+                .args(["reencrypt", "--force-offline-reencrypt"])
+                .arg(&theirs),
+            stdin,
+        ),
+        "cryptsetup reencrypt",
+    );
+    assert_eq!(keyslot_shape(&img), keyslot_shape(&theirs));
+    assert!(lab.plaintext(&img).unwrap() == plain);
+    run_ok(
+        cryptsetup()
+            .unwrap()
+            .args(["open", "--test-passphrase", "--key-file", "-"])
+            .arg(&img),
+        b"other",
+    );
 }
