@@ -142,6 +142,19 @@ pub fn init(
         },
     )
     .map_err(|e| VolumeError::usage(format!("Cipher {cipher} (key {key_size} bytes): {e}")))?;
+    if let ResilienceChoice::Checksum = p.resilience {
+        let block = p.device_block.max(seg.sector_size).max(sector_size);
+        let size = io
+            .size()
+            .map_err(|e| VolumeError::device(format!("reading the device size: {e}")))?;
+        super::run::check_checksum_blocks(
+            &cryptblk_format::luks2::Resilience::Checksum {
+                hash: String::new(),
+                sector_size: block,
+            },
+            size.saturating_sub(h.data_offset()),
+        )?;
+    }
     // Every passphrase must open its keyslot before anything is written (cryptsetup asks
     // for them all first).
     let mut order: Vec<&(usize, SecretBytes)> = passphrases.iter().collect();

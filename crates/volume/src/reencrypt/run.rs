@@ -123,6 +123,20 @@ fn data_end(state: &ReencryptState, io: &dyn HeaderIo) -> Result<u64> {
     Ok(size)
 }
 
+/// Refuses (before anything is written) a checksum reencryption of a data area that is not
+/// whole checksum blocks: its last hotzone could not be hashed block by block.
+pub fn check_checksum_blocks(resilience: &Resilience, data_size: u64) -> Result<()> {
+    if let Resilience::Checksum { sector_size, .. } = resilience {
+        if !data_size.is_multiple_of(u64::from(*sector_size)) {
+            return Err(VolumeError::usage(format!(
+                "The data area ({data_size} bytes) is not a multiple of the {sector_size}-byte \
+                 checksum block; use --resilience journal."
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Re-encrypts `[offset, offset + len)` from old to new in chunks (read, decrypt, encrypt,
 /// write) and syncs.
 fn rewrite(
@@ -295,6 +309,7 @@ pub fn run(
     verify_digest(h, &state, keys)?;
     let end = data_end(&state, io)?;
     let start = state.fin.offset;
+    check_checksum_blocks(&state.keyslot.resilience, end - start)?;
     out.data_size = end - start;
     out.hotzone = hotzone_length(&state, opts)?;
     let none = state.keyslot.resilience == Resilience::None;
