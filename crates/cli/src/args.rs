@@ -444,6 +444,16 @@ pub enum Action {
         /// Device.
         device: PathBuf,
     },
+    /// Re-encrypt a LUKS2 volume offline under a new volume key (optionally a new
+    /// --cipher, --key-size, --sector-size), or resume a reencryption either tool began.
+    #[command(name = "reencrypt")]
+    Reencrypt {
+        /// Device.
+        device: PathBuf,
+        /// Options of the reencryption.
+        #[command(flatten)]
+        args: ReencryptArgs,
+    },
     /// Repair LUKS2 metadata: rewrite a damaged header copy, remove a conflicting LVM2 label.
     #[command(name = "repair")]
     Repair {
@@ -1042,4 +1052,39 @@ mod tests {
         let cli = Cli::try_parse_from(["cryptblk", "--json", "bench", "--quick"]).unwrap();
         assert!(cli.opts.json && matches!(cli.action, Action::Bench(_)));
     }
+}
+
+/// Hotzone protection of a reencryption, as cryptsetup's `--resilience`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ResilienceArg {
+    /// A hash per block of the hotzone's old data (the default).
+    Checksum,
+    /// A copy of the hotzone's old data.
+    Journal,
+    /// No protection: a crash mid-run loses data.
+    None,
+}
+
+/// Options of `reencrypt` (cryptsetup's names).
+#[derive(Args, Debug, Default, Clone)]
+pub struct ReencryptArgs {
+    /// Hotzone protection: checksum (default), journal or none.
+    #[arg(long, value_enum)]
+    pub resilience: Option<ResilienceArg>,
+    /// Hash of checksum resilience (default sha256).
+    #[arg(long)]
+    pub resilience_hash: Option<String>,
+    /// Largest hotzone (bytes, or with a K/M/G unit).
+    #[arg(long, value_name = "BYTES")]
+    pub hotzone_size: Option<String>,
+    /// Only write the reencryption metadata; run it later with --resume-only.
+    #[arg(long)]
+    pub init_only: bool,
+    /// Only resume a reencryption already in progress.
+    #[arg(long)]
+    pub resume_only: bool,
+    /// Accepted for cryptsetup's scripts: cryptblk reencrypts offline whenever no cryptblk
+    /// process serves the volume; also allows a sector size increase offline.
+    #[arg(long)]
+    pub force_offline_reencrypt: bool,
 }

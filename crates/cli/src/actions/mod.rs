@@ -7,6 +7,7 @@ pub mod lifecycle;
 pub mod luks;
 pub mod luks_integrity;
 pub mod offline;
+pub mod reencrypt;
 pub mod serving;
 pub mod tcrypt;
 pub mod verity;

@@ -5,7 +5,7 @@
 use super::binary::{is_valid_metadata_size, KEYSLOTS_SIZE_MAX};
 use super::integrity::{dm_cipher, IntegrityAlgorithm, IntegrityCipher, SegmentIntegrity};
 use super::json::u64_value;
-use super::keyslot::{new_digest, KeyslotParams};
+use super::keyslot::{new_digest_iterations, KeyslotParams};
 use super::{random_salt, CopyState, Luks2Header};
 use crate::error::{FormatError, Result};
 use crate::hdrio::HeaderIo;
@@ -215,7 +215,10 @@ impl Luks2Header {
                 .to_string(),
             None => uuid::Uuid::new_v4().hyphenated().to_string(),
         };
-        let digest = new_digest(vk.as_bytes(), p.digest_hash, &[], &[0])?;
+        // cryptsetup does not benchmark the digest when the keyslot KDF cost is forced
+        // (--pbkdf-force-iterations): it uses the minimum, 1000 iterations.
+        let fixed = p.keyslot.pbkdf.force_iterations.map(|_| 1000);
+        let digest = new_digest_iterations(vk.as_bytes(), p.digest_hash, fixed, &[], &[0])?;
         let mut json = json!({
             "keyslots": {},
             "tokens": {},

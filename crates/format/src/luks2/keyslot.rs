@@ -78,7 +78,7 @@ fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD
 }
 
-fn decode_b64(s: &str, what: &str) -> Result<Vec<u8>> {
+pub(super) fn decode_b64(s: &str, what: &str) -> Result<Vec<u8>> {
     b64()
         .decode(s)
         .map_err(|_| FormatError::Corrupt(format!("{what} is not valid base64")))
@@ -254,7 +254,7 @@ impl Luks2Header {
     }
 
     /// Checks `key` against a pbkdf2 digest.
-    fn digest_matches(&self, digest_id: &str, key: &[u8]) -> Result<bool> {
+    pub(super) fn digest_matches(&self, digest_id: &str, key: &[u8]) -> Result<bool> {
         let d = &self.json["digests"][digest_id];
         if d["type"] != "pbkdf2" {
             return Err(FormatError::Unsupported(format!(
@@ -501,7 +501,11 @@ impl Luks2Header {
         Ok(ks)
     }
 
-    fn area_cipher_choice(&self, params: &KeyslotParams, key_len: usize) -> (String, usize) {
+    pub(super) fn area_cipher_choice(
+        &self,
+        params: &KeyslotParams,
+        key_len: usize,
+    ) -> (String, usize) {
         if let Some(c) = &params.cipher {
             return (c.clone(), params.cipher_key_size.unwrap_or(64));
         }
@@ -517,7 +521,7 @@ impl Luks2Header {
         )
     }
 
-    fn add_keyslot_for_digest(
+    pub(super) fn add_keyslot_for_digest(
         &mut self,
         io: &dyn HeaderIo,
         key: &[u8],
@@ -804,8 +808,25 @@ pub(super) fn new_digest(
     keyslots: &[usize],
     segments: &[u32],
 ) -> Result<Value> {
-    let per_ms = kdf::pbkdf2_iterations_per_ms(hash, hash.output_len())?;
-    let iterations = ((per_ms * 125.0) as u32).max(kdf::PBKDF2_MIN_ITERATIONS);
+    new_digest_iterations(key, hash, None, keyslots, segments)
+}
+
+/// [`new_digest`] with a fixed iteration count (`None`: calibrated). cryptsetup skips the
+/// calibration (and uses the minimum, 1000) when its PBKDF is set not to benchmark.
+pub(super) fn new_digest_iterations(
+    key: &[u8],
+    hash: HashAlgorithm,
+    fixed: Option<u32>,
+    keyslots: &[usize],
+    segments: &[u32],
+) -> Result<Value> {
+    let iterations = match fixed {
+        Some(n) => n.max(kdf::PBKDF2_MIN_ITERATIONS),
+        None => {
+            let per_ms = kdf::pbkdf2_iterations_per_ms(hash, hash.output_len())?;
+            ((per_ms * 125.0) as u32).max(kdf::PBKDF2_MIN_ITERATIONS)
+        }
+    };
     let salt = random_bytes(SALT_LEN)?;
     let d = Pbkdf::Pbkdf2 { hash, iterations }.derive(key, &salt, hash.output_len())?;
     Ok(json!({

@@ -28,6 +28,8 @@ pub fn unlock_keys(
     passphrase: &[u8],
     slot: Option<usize>,
 ) -> Result<ReencryptKeys> {
+    // Keys the data needs must open; the others are tried too (the reencryption digest
+    // that guards the metadata is computed over both), but may stay locked.
     let need_old = state.segments.iter().any(|s| s.side != Side::New);
     let need_new = state.segments.iter().any(|s| s.side != Side::Old);
     let mut old = None;
@@ -44,14 +46,14 @@ pub fn unlock_keys(
     }
     let mut opened_any = false;
     for (i, s) in candidates.into_iter().enumerate() {
-        if old.is_some() == need_old && new.is_some() == need_new {
+        if old.is_some() && new.is_some() {
             break;
         }
         let Some(digest) = h.digest_of_slot(s) else {
             continue;
         };
-        let wanted = (digest == state.old_digest && need_old && old.is_none())
-            || (digest == state.new_digest && need_new && new.is_none());
+        let wanted = (digest == state.old_digest && old.is_none())
+            || (digest == state.new_digest && new.is_none());
         if !wanted {
             continue;
         }
@@ -70,7 +72,7 @@ pub fn unlock_keys(
             Err(e) => return Err(e.into()),
         }
     }
-    match (old.is_some() == need_old, new.is_some() == need_new) {
+    match (old.is_some() || !need_old, new.is_some() || !need_new) {
         (true, true) => Ok(ReencryptKeys { old, new }),
         _ if !opened_any => Err(FormatError::WrongPassphrase.into()),
         (false, _) => Err(VolumeError::new(

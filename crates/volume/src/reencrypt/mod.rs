@@ -8,18 +8,24 @@
 //!   (checksums or journal in the keyslot area) the way cryptsetup's recovery decides it;
 //! - [`read`]: reading the plaintext of a volume mid-reencryption without changing it;
 //! - [`repair`]: recovery written back (`repair`): the hotzone rewritten under the new key
-//!   and the header of a finished step.
+//!   and the header of a finished step;
+//! - [`init`]: starting a re-key (new keyslots, the reencryption metadata);
+//! - [`run`]: running or resuming a forward re-key step by step.
 //!
-//! What is not here yet: performing or resuming a reencryption (its first header needs
-//! cryptsetup's reencryption verification digest), backward direction, data shifts (`--encrypt` with `--reduce-device-size`, `--decrypt`).
+//! What is not here yet: backward direction, data shifts (`--encrypt` with
+//! `--reduce-device-size`, `--decrypt`), detached headers, online reencryption.
 
+pub mod init;
 pub mod keys;
 pub mod read;
 pub mod recovery;
 pub mod repair;
+pub mod run;
 pub mod state;
 
+pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;
+pub use run::{run, RunOptions, RunOutcome};
 pub use state::{ReencryptState, Side, StateSegment};

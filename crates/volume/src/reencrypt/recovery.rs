@@ -16,7 +16,6 @@ use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_cipher::{SectorCipher, SectorOptions};
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::luks2::{Resilience, SegmentInfo};
-use std::os::unix::fs::FileExt;
 
 /// A whole-device cipher of a backup segment (old or new parameters) under `key`.
 pub struct SideCipher {
@@ -107,7 +106,7 @@ pub fn hotzone_plaintext(
     state: &ReencryptState,
     ciphers: &Ciphers,
     header: &dyn HeaderIo,
-    data: &std::fs::File,
+    data: &dyn HeaderIo,
     hz: &StateSegment,
     len: u64,
 ) -> Result<Vec<u8>> {
@@ -133,7 +132,7 @@ pub fn hotzone_plaintext(
             header
                 .read_at(ks.area_offset, &mut sums)
                 .map_err(|e| VolumeError::device(format!("reading hotzone checksums: {e}")))?;
-            data.read_exact_at(&mut buf, hz.offset)?;
+            data.read_at(hz.offset, &mut buf)?;
             for (i, block) in buf.chunks_mut(bs as usize).enumerate() {
                 let pos = hz.offset + i as u64 * bs;
                 let old = alg.digest(&[block]) == sums[i * hlen..(i + 1) * hlen];
