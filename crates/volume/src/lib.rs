@@ -52,6 +52,7 @@ pub mod reencrypt;
 pub mod resize;
 pub mod segment;
 pub mod suspend;
+pub mod token;
 pub mod verity;
 
 pub use error::{ErrorClass, Result, VolumeError};

@@ -8,5 +8,6 @@ pub mod luks;
 pub mod luks_integrity;
 pub mod offline;
 pub mod serving;
+pub mod token;
 pub mod verity;
 pub mod volume;
