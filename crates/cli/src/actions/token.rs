@@ -38,7 +38,7 @@ pub fn token(opts: &Opts, op: TokenOp, device: &Path) -> ActionResult {
             let desc = t.key_description.as_deref().ok_or_else(|| {
                 Failure::usage("--key-description parameter is mandatory for token add action.")
             })?;
-            let mut vol = volume::load(opts, device, true)?;
+            let mut vol = load(opts, device, true)?;
             let n = lib::add_keyring(
                 &mut vol,
                 header,
@@ -55,7 +55,7 @@ pub fn token(opts: &Opts, op: TokenOp, device: &Path) -> ActionResult {
         }
         TokenOp::Remove => {
             let id = need_id()?;
-            let mut vol = volume::load(opts, device, true)?;
+            let mut vol = load(opts, device, true)?;
             lib::remove(&mut vol, header, id)?;
             if opts.verbose {
                 eprintln!("Token {id} removed.");
@@ -63,7 +63,7 @@ pub fn token(opts: &Opts, op: TokenOp, device: &Path) -> ActionResult {
             Ok(())
         }
         TokenOp::Import => {
-            let mut vol = volume::load(opts, device, true)?;
+            let mut vol = load(opts, device, true)?;
             let text = read_json(t.json_file.as_deref())?;
             let n = lib::import(&mut vol, header, &text, id, slot, t.token_replace)?;
             if opts.verbose {
@@ -73,7 +73,7 @@ pub fn token(opts: &Opts, op: TokenOp, device: &Path) -> ActionResult {
         }
         TokenOp::Export => {
             let id = need_id()?;
-            let vol = volume::load(opts, device, false)?;
+            let vol = load(opts, device, false)?;
             let text = lib::export(&vol, header, id)?;
             write_json(t.json_file.as_deref(), &text)
         }
@@ -82,10 +82,22 @@ pub fn token(opts: &Opts, op: TokenOp, device: &Path) -> ActionResult {
             let slot = slot.ok_or_else(|| {
                 Failure::usage("Action requires specific keyslot. Use --key-slot parameter.")
             })?;
-            let mut vol = volume::load(opts, device, true)?;
+            let mut vol = load(opts, device, true)?;
             lib::unassign(&mut vol, header, id, slot)
         }
     }
+}
+
+/// The volume's header; the action is LUKS2-only, so a device without a LUKS header is
+/// named "not a valid LUKS2 device", as cryptsetup names it.
+fn load(opts: &Opts, device: &Path, write: bool) -> Result<Volume, Failure> {
+    volume::load(opts, device, write).map_err(|e| {
+        if e.message.ends_with("is not a valid LUKS device.") {
+            cryptblk_volume::luks::not_luks2(volume::header_path(opts, device))
+        } else {
+            e
+        }
+    })
 }
 
 /// Token JSON from `--json-file` (`-` or none: standard input), at most the largest JSON
