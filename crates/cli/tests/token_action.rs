@@ -72,7 +72,11 @@ fn same_actions_same_headers() {
     let b = dir.path().join("b.img");
     std::fs::copy(&a, &b).unwrap();
     let d = dir.path();
-    let j1 = write_file(d, "j1", br#"{"type":"x-foo","keyslots":["0"],"a":{"b":[1,2,"\u00e9/x"]}}"#);
+    let j1 = write_file(
+        d,
+        "j1",
+        br#"{"type":"x-foo","keyslots":["0"],"a":{"b":[1,2,"\u00e9/x"]}}"#,
+    );
     let j2 = write_file(
         d,
         "j2",
@@ -82,10 +86,34 @@ fn same_actions_same_headers() {
         &["add", "--key-description", "foo"],
         &["add", "--key-description", "bar", "--key-slot", "1"],
         &["add", "--key-description", "loose", "--unbound"],
-        &["add", "--key-description", "again", "--token-id", "0", "--token-replace"],
+        &[
+            "add",
+            "--key-description",
+            "again",
+            "--token-id",
+            "0",
+            "--token-replace",
+        ],
         &["import", "--json-file", j1.to_str().unwrap()],
-        &["import", "--json-file", j2.to_str().unwrap(), "--token-id", "7", "--key-slot", "0"],
-        &["import", "--json-file", j1.to_str().unwrap(), "--token-id", "3", "--token-replace", "-S", "1"],
+        &[
+            "import",
+            "--json-file",
+            j2.to_str().unwrap(),
+            "--token-id",
+            "7",
+            "--key-slot",
+            "0",
+        ],
+        &[
+            "import",
+            "--json-file",
+            j1.to_str().unwrap(),
+            "--token-id",
+            "3",
+            "--token-replace",
+            "-S",
+            "1",
+        ],
         &["unassign", "--token-id", "1", "--key-slot", "1"],
         &["remove", "--token-id", "2"],
         &["export", "--token-id", "3"],
@@ -97,11 +125,19 @@ fn same_actions_same_headers() {
         assert_eq!(metadata(&a), metadata(&b), "after token {args:?}");
     }
     // Standard input is the default JSON source.
-    let (c, err) = both(&a, &b, &["import", "--token-id", "9"], br#"{"type":"y","keyslots":[]}"#);
+    let (c, err) = both(
+        &a,
+        &b,
+        &["import", "--token-id", "9"],
+        br#"{"type":"y","keyslots":[]}"#,
+    );
     assert_eq!(c, 0, "{err}");
     assert_eq!(metadata(&a), metadata(&b));
     let dump = |c: &mut Command, img: &Path| run_ok(c.arg("luksDump").arg(img), b"");
-    assert_eq!(dump(&mut cryptsetup().unwrap(), &b), dump(&mut cryptblk(), &b));
+    assert_eq!(
+        dump(&mut cryptsetup().unwrap(), &b),
+        dump(&mut cryptblk(), &b)
+    );
 }
 
 #[test]
@@ -122,7 +158,12 @@ fn exports_round_trip_byte_identical() {
             .arg(&a),
         b"",
     );
-    let ours = run_ok(cryptblk().args(["token", "export", "--token-id", "0"]).arg(&a), b"");
+    let ours = run_ok(
+        cryptblk()
+            .args(["token", "export", "--token-id", "0"])
+            .arg(&a),
+        b"",
+    );
     assert_eq!(ours.as_bytes(), text);
     // cryptblk imports (its own export, via a file), cryptsetup exports to a file.
     let e = d.join("e.json");
@@ -200,21 +241,73 @@ fn refusals_match_and_change_nothing() {
     let good = write_file(d, "good", br#"{"type":"x","keyslots":[]}"#);
     let g = good.to_str().unwrap();
     let cases: &[(&[&str], i32, &str)] = &[
-        (&["add", "--key-description", "x", "-S", "5"], 1, "Keyslot 5 is not active."),
-        (&["add", "--key-description", "x", "--token-id", "0"], 1, "Token 0 in use."),
-        (&["add", "--key-description", "x", "--token-id", "40"], 1, "Token 40 is invalid."),
-        (&["add", "--key-description", "x", "--unbound", "-S", "1"], 1, "Options --key-slot and --unbound cannot be combined."),
-        (&["add"], 1, "--key-description parameter is mandatory for token add action."),
-        (&["import", "--json-file", g, "-S", "7"], 1, "Keyslot 7 is not active."),
-        (&["import", "--json-file", g, "--token-id", "0"], 1, "Token 0 in use."),
-        (&["import", "--json-file", g, "--unbound"], 1, "Option --unbound is valid only with token add action."),
-        (&["remove"], 1, "Action requires specific token. Use --token-id parameter."),
+        (
+            &["add", "--key-description", "x", "-S", "5"],
+            1,
+            "Keyslot 5 is not active.",
+        ),
+        (
+            &["add", "--key-description", "x", "--token-id", "0"],
+            1,
+            "Token 0 in use.",
+        ),
+        (
+            &["add", "--key-description", "x", "--token-id", "40"],
+            1,
+            "Token 40 is invalid.",
+        ),
+        (
+            &["add", "--key-description", "x", "--unbound", "-S", "1"],
+            1,
+            "Options --key-slot and --unbound cannot be combined.",
+        ),
+        (
+            &["add"],
+            1,
+            "--key-description parameter is mandatory for token add action.",
+        ),
+        (
+            &["import", "--json-file", g, "-S", "7"],
+            1,
+            "Keyslot 7 is not active.",
+        ),
+        (
+            &["import", "--json-file", g, "--token-id", "0"],
+            1,
+            "Token 0 in use.",
+        ),
+        (
+            &["import", "--json-file", g, "--unbound"],
+            1,
+            "Option --unbound is valid only with token add action.",
+        ),
+        (
+            &["remove"],
+            1,
+            "Action requires specific token. Use --token-id parameter.",
+        ),
         (&["remove", "--token-id", "7"], 1, "Token 7 is not in use."),
         (&["remove", "--token-id", "32"], 1, "Token 32 is invalid."),
-        (&["export", "--token-id", "7"], 1, "Failed to get token 7 for export."),
-        (&["unassign", "--token-id", "0"], 1, "Action requires specific keyslot. Use --key-slot parameter."),
-        (&["unassign", "--token-id", "0", "-S", "5"], 1, "Token 0 is not assigned to keyslot 5."),
-        (&["unassign", "--token-id", "9", "-S", "0"], 1, "Token 9 is not assigned to keyslot 0."),
+        (
+            &["export", "--token-id", "7"],
+            1,
+            "Failed to get token 7 for export.",
+        ),
+        (
+            &["unassign", "--token-id", "0"],
+            1,
+            "Action requires specific keyslot. Use --key-slot parameter.",
+        ),
+        (
+            &["unassign", "--token-id", "0", "-S", "5"],
+            1,
+            "Token 0 is not assigned to keyslot 5.",
+        ),
+        (
+            &["unassign", "--token-id", "9", "-S", "0"],
+            1,
+            "Token 9 is not assigned to keyslot 0.",
+        ),
     ];
     for (args, want, msg) in cases {
         let (c, err) = both(&a, &b, args, b"");
@@ -222,7 +315,11 @@ fn refusals_match_and_change_nothing() {
         assert!(err.trim().ends_with(msg), "token {args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "token {args:?}: {err}");
     }
-    assert_eq!(sha256(&b), before, "a refused token action changed the image");
+    assert_eq!(
+        sha256(&b),
+        before,
+        "a refused token action changed the image"
+    );
     // Not LUKS2: a LUKS1 volume and a key file.
     let l1 = d.join("l1.img");
     cryptsetup_luks1(&l1, &k, 4 << 20).unwrap();

@@ -54,8 +54,12 @@ impl TokenHandler for Keyring {
 /// Reads the `user` key with description `desc` from the caller's keyrings (thread,
 /// process, session, then the user keyrings, as `request_key(2)` searches them).
 pub fn read_user_key(desc: &str) -> Result<SecretBytes> {
+    // cryptsetup reports a missing key as a token that cannot unlock its keyslots (exit 2).
     let not_found = |e: std::io::Error| {
-        VolumeError::device(format!("no key '{desc}' in the kernel keyring ({e})"))
+        VolumeError::new(
+            crate::ErrorClass::NoPermission,
+            format!("no key '{desc}' in the kernel keyring ({e})"),
+        )
     };
     let ty = CString::new("user").expect("static");
     let d = CString::new(desc).map_err(|_| VolumeError::usage("key description holds NUL"))?;
