@@ -162,11 +162,11 @@ pub fn try_tokens(
         return Ok(None);
     }
     let mut ask = |what: &str| -> cryptblk_volume::Result<SecretBytes> {
-        Ok(volume::read_secret(
+        volume::read_secret(
             &KeySource::Passphrase,
             KeyFileLimits::default(),
             &format!("Enter {what} for {}: ", device.display()),
-        )?)
+        )
     };
     match lib::unlock(vol, &choice, purpose, &mut ask)? {
         Ok(u) => Ok(Some((u.slot, u.key))),
