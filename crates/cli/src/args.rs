@@ -502,6 +502,21 @@ pub enum Action {
         /// Device or header file.
         device: PathBuf,
     },
+    /// Bind a LUKS2 volume to a tang server as `clevis luks bind ... tang` does: a new
+    /// keyslot with a random passphrase and a clevis token that recovers it through the
+    /// server (opens with cryptblk, clevis and systemd-cryptsetup's clevis support).
+    #[command(name = "enroll")]
+    Enroll {
+        /// The tang server's URL (http://host[:port]).
+        #[arg(long)]
+        tang: String,
+        /// Trust the server only if this signing key thumbprint (tang-show-keys) is
+        /// advertised; otherwise the thumbprints are shown and confirmed (-q trusts them).
+        #[arg(long, value_name = "THUMBPRINT")]
+        tang_thumbprint: Option<String>,
+        /// Device or header file.
+        device: PathBuf,
+    },
     /// Internal: the daemon serving one mapping (reads its spec from standard input).
     #[command(name = "__serve", hide = true)]
     Serve,

@@ -315,6 +315,96 @@ fn clevis_tang() {
     );
 }
 
+/// `cryptblk enroll --tang` writes what clevis reads: `clevis luks pass` recovers the
+/// passphrase through the server and cryptsetup accepts it; cryptblk opens it by token.
+#[test]
+fn enroll_tang_for_clevis() {
+    let dir = tempdir();
+    let Some((img, k)) = image(dir.path()) else {
+        return;
+    };
+    let Some(mut clevis) = tool("clevis") else {
+        return;
+    };
+    let Some(tang) = Tang::start(dir.path()) else {
+        return;
+    };
+    // A thumbprint the server does not advertise is refused before anything is written.
+    let before = sha256(&img);
+    let (c, err) = code(
+        cryptblk()
+            .args([
+                "enroll",
+                "--tang",
+                &tang.url,
+                "--tang-thumbprint",
+                "nope",
+                "--key-file",
+            ])
+            .arg(&k)
+            .arg(&img),
+    );
+    assert_eq!(c, 1, "{err}");
+    assert!(err.contains("does not advertise signing key nope"), "{err}");
+    assert_eq!(sha256(&img), before);
+    // The signing key's thumbprint (tangd-keygen names each key file by its thumbprint,
+    // which is what tang-show-keys prints) is accepted.
+    let thp = std::fs::read_dir(dir.path().join("tang-db"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".jwk").map(str::to_string))
+        .collect::<Vec<_>>();
+    let mut ok = false;
+    for t in &thp {
+        let o = run(
+            cryptblk()
+                .args([
+                    "enroll",
+                    "-v",
+                    "--tang",
+                    &tang.url,
+                    "--tang-thumbprint",
+                    t,
+                    "--key-file",
+                ])
+                .arg(&k)
+                .arg(&img),
+            b"",
+        );
+        if o.status.success() {
+            ok = true;
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("Key slot 1 created.") && err.contains("Token 0 created."),
+                "{err}"
+            );
+            break;
+        }
+    }
+    assert!(ok, "no thumbprint of {thp:?} was accepted");
+    let pass = run(
+        clevis.args(["luks", "pass", "-s", "1", "-d"]).arg(&img),
+        b"",
+    );
+    assert!(
+        pass.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pass.stderr)
+    );
+    assert_eq!(pass.stdout.len(), 43);
+    let pf = write_file(dir.path(), "p", &pass.stdout);
+    run_ok(
+        cryptsetup()
+            .unwrap()
+            .args(["open", "--test-passphrase", "-S", "1", "--key-file"])
+            .arg(&pf)
+            .arg(&img),
+        b"",
+    );
+    same_volume_key(&img, &k, &["--token-only"], b"");
+    drop(tang);
+}
+
 #[test]
 fn tokens_without_handler() {
     let dir = tempdir();

@@ -195,3 +195,66 @@ pub fn try_tokens(
         }
     }
 }
+
+/// `enroll --tang URL <device>`: checks the server's advertisement (signatures, and the
+/// thumbprint given or confirmed), unlocks with an existing passphrase (or key file or
+/// volume key file), then adds the keyslot and clevis token.
+pub fn enroll_tang(
+    opts: &Opts,
+    url: &str,
+    thumbprint: Option<&str>,
+    device: &Path,
+) -> ActionResult {
+    let mut vol = load(opts, device, true)?;
+    let adv = lib::clevis::tang::advertisement(url)?;
+    match thumbprint {
+        Some(t) if adv.signing.iter().any(|s| s == t) => {}
+        Some(t) => {
+            return Err(Failure::usage(format!(
+                "The tang server {url} does not advertise signing key {t} (it advertises {}).",
+                adv.signing.join(", ")
+            )))
+        }
+        None => volume::confirm(
+            opts,
+            &format!(
+                "The tang server {url} advertises signing key(s) {}.\nTrust them for this volume?",
+                adv.signing.join(", ")
+            ),
+        )?,
+    }
+    let vk = if let Some(p) = &opts.volume_key_file {
+        let vk = volume::read_volume_key_file(p)?;
+        vol.verify_volume_key(vk.as_bytes())?;
+        vk
+    } else {
+        let pass = volume::read_secret(
+            &volume::key_source(opts, None),
+            volume::limits(opts),
+            "Enter existing LUKS password: ",
+        )?;
+        vol.unlock(pass.as_bytes(), None, UnlockPurpose::Verify)?.1
+    };
+    let mut params = volume::keyslot_params(opts)?;
+    if opts.pbkdf.is_none() && opts.pbkdf_force_iterations.is_none() && opts.iter_time.is_none() {
+        // A random 256-bit passphrase gains nothing from a slow KDF: clevis and
+        // systemd-cryptenroll use PBKDF2 with 1000 iterations for theirs, and so does this.
+        params.pbkdf = cryptblk_format::kdf::PbkdfRequest::pbkdf2(volume::hash_opt(opts)?)
+            .with_forced_iterations(1000);
+    }
+    let id = opts.token.token_id.map(|i| i as usize);
+    let (slot, token) = lib::enroll_tang(
+        &mut vol,
+        volume::header_path(opts, device),
+        &vk,
+        &params,
+        url,
+        &adv,
+        id,
+    )?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} created.");
+        eprintln!("Token {token} created.");
+    }
+    Ok(())
+}

@@ -375,3 +375,41 @@ pub fn unlock(
     }
     Ok(Err(miss))
 }
+
+/// `enroll --tang`: binds `vol` to a tang server as `clevis luks bind` does. A new keyslot
+/// (parameters `params`) gets a random passphrase of 256 bits (base64url text, 43
+/// characters), and a `clevis` token at `id` (None: the first free) holds that passphrase
+/// encrypted to the server's advertised key `adv`. Returns (keyslot, token id). The keyslot
+/// is written before the token, as clevis writes them: a crash between leaves an extra
+/// keyslot nothing opens, never a token naming a missing keyslot.
+pub fn enroll_tang(
+    vol: &mut Volume,
+    device: &Path,
+    vk: &SecretBytes,
+    params: &cryptblk_format::luks2::KeyslotParams,
+    url: &str,
+    adv: &clevis::tang::Advertisement,
+    id: Option<usize>,
+) -> Result<(usize, usize)> {
+    use base64::Engine;
+    {
+        let (h, _) = luks2_mut(vol, device)?;
+        place(h, id, false)?;
+    }
+    let raw = SecretBytes::random(32);
+    let mut pass = SecretBytes::zeroed(43);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode_slice(raw.as_bytes(), pass.as_mut_bytes())
+        .map_err(|_| VolumeError::usage("cannot encode the new passphrase"))?;
+    let jwe = clevis::tang::encrypt(url, adv, pass.as_bytes())?;
+    let (h, f) = luks2_mut(vol, device)?;
+    let slot = h.add_keyslot(f, vk, pass.as_bytes(), params)?;
+    let token = serde_json::json!({
+        "type": clevis::TYPE,
+        "keyslots": [slot.to_string()],
+        "jwe": jwe,
+    });
+    let id = h.import_token(id, token)?;
+    h.write(f)?;
+    Ok((slot, id))
+}

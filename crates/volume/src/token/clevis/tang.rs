@@ -134,6 +134,197 @@ where
     Ok(SecretBytes::from_slice(xcoord))
 }
 
+/// A tang server's advertisement whose signatures checked out.
+#[derive(Clone, Debug)]
+pub struct Advertisement {
+    /// The advertised JWK set (`{"keys":[...]}`), as clevis stores it in the JWE header.
+    pub keys: Value,
+    /// Thumbprints (RFC 7638, SHA-256) of the signing keys: what a user compares with the
+    /// server's `tang-show-keys` before trusting it.
+    pub signing: Vec<String>,
+}
+
+/// Fetches `<url>/adv` and checks that every advertised signing key (`key_ops` `verify`)
+/// signed the advertised key set (ES256, ES384 or ES512), as clevis checks it.
+pub fn advertisement(url: &str) -> Result<Advertisement> {
+    let body = get(url, "/adv")?;
+    let jws: Value = serde_json::from_slice(&body)
+        .map_err(|_| tang_err(url, "the advertisement is not JSON"))?;
+    verify_advertisement(url, &jws)
+}
+
+/// The checks of [`advertisement`] on a JWS already fetched.
+pub fn verify_advertisement(url: &str, jws: &Value) -> Result<Advertisement> {
+    let bad_adv = |what: &str| tang_err(url, format!("bad advertisement: {what}"));
+    let payload_b64 = jws["payload"]
+        .as_str()
+        .ok_or_else(|| bad_adv("no payload"))?;
+    let keys: Value = serde_json::from_slice(&super::b64(payload_b64, "payload")?)
+        .map_err(|_| bad_adv("payload is not JSON"))?;
+    let list = keys["keys"]
+        .as_array()
+        .ok_or_else(|| bad_adv("payload is not a key set"))?;
+    // Flattened (one signature) or general (a "signatures" array) serialization.
+    let sigs: Vec<&Value> = match jws["signatures"].as_array() {
+        Some(a) => a.iter().collect(),
+        None => vec![jws],
+    };
+    let has_op = |k: &Value, op: &str| {
+        k["key_ops"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|o| o == op))
+    };
+    let mut signing = Vec::new();
+    for key in list.iter().filter(|k| has_op(k, "verify")) {
+        let ok = sigs.iter().any(|sig| {
+            let (Some(prot), Some(sigval)) = (sig["protected"].as_str(), sig["signature"].as_str())
+            else {
+                return false;
+            };
+            let msg = format!("{prot}.{payload_b64}");
+            let (Ok(raw), Ok(hdr)) = (
+                super::b64(sigval, "signature"),
+                super::b64(prot, "protected"),
+            ) else {
+                return false;
+            };
+            let alg = serde_json::from_slice::<Value>(&hdr)
+                .ok()
+                .and_then(|h| h["alg"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            verify_es(key, &alg, msg.as_bytes(), &raw)
+        });
+        if !ok {
+            return Err(bad_adv("a signing key did not sign the key set"));
+        }
+        signing.push(thumbprint(key).unwrap_or_default());
+    }
+    if signing.is_empty() {
+        return Err(bad_adv("no signing key"));
+    }
+    if !list.iter().any(|k| has_op(k, "deriveKey")) {
+        return Err(bad_adv("no exchange (deriveKey) key"));
+    }
+    Ok(Advertisement { keys, signing })
+}
+
+/// An ECDSA JWS signature (raw r||s) by the EC JWK `key` with JWS algorithm `alg`.
+fn verify_es(key: &Value, alg: &str, msg: &[u8], sig: &[u8]) -> bool {
+    use elliptic_curve::sec1::ToEncodedPoint as _;
+    use p256::ecdsa::signature::Verifier;
+    fn sec1<C>(key: &Value) -> Option<Vec<u8>>
+    where
+        C: CurveArithmetic + JwkParameters,
+        AffinePoint<C>: FromEncodedPoint<C> + ToEncodedPoint<C>,
+        FieldBytesSize<C>: ModulusSize,
+    {
+        let pk = public_key::<C>(key, "key").ok()?;
+        Some(pk.as_affine().to_encoded_point(false).as_bytes().to_vec())
+    }
+    match (alg, key["crv"].as_str()) {
+        ("ES256", Some("P-256")) => (|| {
+            let vk =
+                p256::ecdsa::VerifyingKey::from_sec1_bytes(&sec1::<p256::NistP256>(key)?).ok()?;
+            let s = p256::ecdsa::Signature::from_slice(sig).ok()?;
+            vk.verify(msg, &s).ok()
+        })()
+        .is_some(),
+        ("ES384", Some("P-384")) => (|| {
+            let vk =
+                p384::ecdsa::VerifyingKey::from_sec1_bytes(&sec1::<p384::NistP384>(key)?).ok()?;
+            let s = p384::ecdsa::Signature::from_slice(sig).ok()?;
+            vk.verify(msg, &s).ok()
+        })()
+        .is_some(),
+        ("ES512", Some("P-521")) => (|| {
+            let vk =
+                p521::ecdsa::VerifyingKey::from_sec1_bytes(&sec1::<p521::NistP521>(key)?).ok()?;
+            let s = p521::ecdsa::Signature::from_slice(sig).ok()?;
+            vk.verify(msg, &s).ok()
+        })()
+        .is_some(),
+        _ => false,
+    }
+}
+
+/// Encrypts `plaintext` to the tang server as `clevis encrypt tang` does: an ECDH-ES
+/// (A256GCM) JWE to the advertised exchange key, whose header carries the advertisement and
+/// the URL. Returns the flattened JWE (`protected`, `encrypted_key`, `iv`, `ciphertext`,
+/// `tag`) as a clevis LUKS2 token holds it.
+pub fn encrypt(url: &str, adv: &Advertisement, plaintext: &[u8]) -> Result<Value> {
+    let derive = adv.keys["keys"]
+        .as_array()
+        .and_then(|l| {
+            l.iter().find(|k| {
+                k["key_ops"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|o| o == "deriveKey"))
+            })
+        })
+        .ok_or_else(|| tang_err(url, "no exchange (deriveKey) key advertised"))?;
+    let kid = thumbprint(derive).ok_or_else(|| tang_err(url, "exchange key is not EC"))?;
+    let (epk, z) = match derive["crv"].as_str() {
+        Some("P-256") => agree::<p256::NistP256>(derive)?,
+        Some("P-384") => agree::<p384::NistP384>(derive)?,
+        Some("P-521") => agree::<p521::NistP521>(derive)?,
+        other => {
+            return Err(bad(format!(
+                "curve {} is not supported",
+                other.unwrap_or("(none)")
+            )))
+        }
+    };
+    let header = json!({
+        "alg": "ECDH-ES",
+        "clevis": {"pin": "tang", "tang": {"adv": adv.keys, "url": url}},
+        "enc": "A256GCM",
+        "epk": epk,
+        "kid": kid,
+    });
+    let cek = ecdh_es_cek(&header, z.as_bytes())?;
+    let protected = URL_SAFE_NO_PAD.encode(header.to_string());
+    let iv = cryptblk_cipher::SecretBytes::random(12);
+    let mut ct = plaintext.to_vec();
+    use aes_gcm::aead::AeadInPlace;
+    use aes_gcm::KeyInit;
+    let tag = aes_gcm::Aes256Gcm::new_from_slice(cek.as_bytes())
+        .map_err(|_| bad("bad key"))?
+        .encrypt_in_place_detached(
+            aes_gcm::Nonce::from_slice(iv.as_bytes()),
+            protected.as_bytes(),
+            &mut ct,
+        )
+        .map_err(|_| bad("encryption failed"))?;
+    Ok(json!({
+        "ciphertext": URL_SAFE_NO_PAD.encode(&ct),
+        "encrypted_key": "",
+        "iv": URL_SAFE_NO_PAD.encode(iv.as_bytes()),
+        "protected": protected,
+        "tag": URL_SAFE_NO_PAD.encode(tag),
+    }))
+}
+
+/// Ephemeral-static ECDH to the server key `srv`: the client's public key (the JWE's
+/// `epk`, members in clevis's order) and the shared x coordinate.
+fn agree<C>(srv: &Value) -> Result<(Value, SecretBytes)>
+where
+    C: CurveArithmetic + JwkParameters,
+    AffinePoint<C>: FromEncodedPoint<C> + ToEncodedPoint<C>,
+    FieldBytesSize<C>: ModulusSize,
+{
+    let s = public_key::<C>(srv, "the server's key")?;
+    let c = NonZeroScalar::<C>::random(&mut rand_core::OsRng);
+    let cpub = PublicKey::<C>::from_secret_scalar(&c);
+    let k = (s.to_projective() * *c).to_affine();
+    let k = PublicKey::<C>::from_affine(k).map_err(|_| bad("the shared key is the identity"))?;
+    let point = k.as_affine().to_encoded_point(false);
+    let x = point.x().ok_or_else(|| bad("no x coordinate"))?;
+    let epk: Value = serde_json::from_str(&cpub.to_jwk_string())
+        .map_err(|_| bad("cannot encode the ephemeral key"))?;
+    let epk = json!({"crv": epk["crv"], "kty": "EC", "x": epk["x"], "y": epk["y"]});
+    Ok((epk, SecretBytes::from_slice(x)))
+}
+
 fn tang_err(url: &str, what: impl std::fmt::Display) -> VolumeError {
     VolumeError::new(
         ErrorClass::WrongDevice,
@@ -177,6 +368,15 @@ fn split_url(url: &str) -> Result<(String, u16, String)> {
 
 /// One HTTP/1.1 POST of a JWK to `url` + `path`; the body of a 200 answer.
 pub fn post(url: &str, path: &str, body: &str) -> Result<Vec<u8>> {
+    request(url, "POST", path, Some(body))
+}
+
+/// One HTTP/1.1 GET of `url` + `path`; the body of a 200 answer.
+pub fn get(url: &str, path: &str) -> Result<Vec<u8>> {
+    request(url, "GET", path, None)
+}
+
+fn request(url: &str, method: &str, path: &str, body: Option<&str>) -> Result<Vec<u8>> {
     let (host, port, prefix) = split_url(url)?;
     let addrs: Vec<_> = (host.as_str(), port)
         .to_socket_addrs()
@@ -210,11 +410,16 @@ pub fn post(url: &str, path: &str, body: &str) -> Result<Vec<u8>> {
     } else {
         format!("{host}:{port}")
     };
-    let req = format!(
-        "POST {prefix}{path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: \
-         application/jwk+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let req = match body {
+        Some(body) => format!(
+            "{method} {prefix}{path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: \
+             application/jwk+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+        None => format!(
+            "{method} {prefix}{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+        ),
+    };
     stream.write_all(req.as_bytes()).map_err(io)?;
     // tangd answers and then waits for more requests until the connection closes, so the
     // answer ends where its Content-Length says, not at end of file.
@@ -333,6 +538,45 @@ mod tests {
         assert!(parse_reply("u", b"HTTP/1.1 404 Not Found\r\n\r\n").is_err());
         assert!(parse_reply("u", b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
         assert!(parse_reply("u", b"garbage").is_err());
+    }
+
+    /// An advertisement signed by its verify key passes; a changed key set, a missing
+    /// signature or no exchange key fail.
+    #[test]
+    fn advertisement_signatures() {
+        use p256::ecdsa::signature::Signer;
+        let sk = p256::ecdsa::SigningKey::random(&mut rand_core::OsRng);
+        let vpub = PublicKey::<p256::NistP256>::from(sk.verifying_key());
+        let dpub = PublicKey::<p256::NistP256>::from_secret_scalar(&NonZeroScalar::random(
+            &mut rand_core::OsRng,
+        ));
+        let jwk = |p: &PublicKey<p256::NistP256>, op: &str, alg: &str| {
+            let mut v: Value = serde_json::from_str(&p.to_jwk_string()).unwrap();
+            v["key_ops"] = json!([op]);
+            v["alg"] = json!(alg);
+            v
+        };
+        let sign = |keys: &Value| {
+            let payload = URL_SAFE_NO_PAD.encode(keys.to_string());
+            let prot = URL_SAFE_NO_PAD.encode(r#"{"alg":"ES256","cty":"jwk-set+json"}"#);
+            let sig: p256::ecdsa::Signature = sk.sign(format!("{prot}.{payload}").as_bytes());
+            json!({"payload": payload, "protected": prot,
+                   "signature": URL_SAFE_NO_PAD.encode(sig.to_bytes())})
+        };
+        let keys =
+            json!({"keys": [jwk(&vpub, "verify", "ES256"), jwk(&dpub, "deriveKey", "ECMR")]});
+        let adv = verify_advertisement("u", &sign(&keys)).unwrap();
+        assert_eq!(adv.signing, vec![thumbprint(&keys["keys"][0]).unwrap()]);
+        let mut jws = sign(&keys);
+        let other =
+            json!({"keys": [jwk(&vpub, "verify", "ES256"), jwk(&vpub, "deriveKey", "ECMR")]});
+        jws["payload"] = json!(URL_SAFE_NO_PAD.encode(other.to_string()));
+        assert!(verify_advertisement("u", &jws).is_err());
+        let mut unsigned = sign(&keys);
+        unsigned["signature"] = json!("");
+        assert!(verify_advertisement("u", &unsigned).is_err());
+        let no_derive = json!({"keys": [jwk(&vpub, "verify", "ES256")]});
+        assert!(verify_advertisement("u", &sign(&no_derive)).is_err());
     }
 
     /// The exchange against a server simulated in process: the recovered point is cS.
