@@ -474,3 +474,48 @@ fn tokens_without_handler() {
         );
     }
 }
+
+/// `open` (served) and `luksResume` unlock by token too: a keyring token opens the volume
+/// with no key file, and after `luksSuspend` resumes it with `--token-only`; without the key
+/// in the keyring the resume fails and the volume stays suspended.
+#[test]
+fn open_and_resume_by_token() {
+    let dir = tempdir();
+    let Some((img, k)) = image(dir.path()) else {
+        return;
+    };
+    let Some(_) = tool("keyctl") else { return };
+    run_ok(
+        cryptsetup()
+            .unwrap()
+            .args(["token", "add", "--key-description", "cryptblk-test:resume"])
+            .arg(&img),
+        b"",
+    );
+    let name = format!("t-token-{}", std::process::id());
+    let sock = dir.path().join("nbd.sock");
+    let in_session = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let mut c = Command::new("keyctl");
+        c.args(["session", "-", "sh", "-c"])
+            .arg(r#"keyctl padd user cryptblk-test:resume @s < "$1" >/dev/null; shift; exec "$@""#)
+            .arg("sh")
+            .arg(&k)
+            .arg(env!("CARGO_BIN_EXE_cryptblk"))
+            .env("CRYPTBLK_RUNTIME_DIR", runtime_dir());
+        for a in args {
+            c.arg(a);
+        }
+        run(&mut c, b"")
+    };
+    let o = in_session(&[&"open", &"-v", &img, &name, &"--nbd", &sock]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _served = Served::volume(name.clone());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Key slot 0 unlocked."));
+    run_ok(cryptblk().args(["luksSuspend", &name]), b"");
+    let (c, err) = code(cryptblk().args(["luksResume", "--token-only", &name]));
+    assert_eq!(c, 2, "{err}");
+    assert_eq!(status(&name)["suspended"], true);
+    let o = in_session(&[&"luksResume", &"--token-only", &name]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(status(&name)["suspended"], false);
+}

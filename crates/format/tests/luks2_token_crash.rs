@@ -35,8 +35,11 @@ fn token_updates_survive_a_crash_at_every_write() {
     type Op = fn(&mut Luks2Header);
     let ops: [(&str, Op); 2] = [
         ("import", |h| {
-            h.import_token(Some(3), json!({"type": "clevis", "keyslots": ["0"], "jwe": {}}))
-                .unwrap();
+            h.import_token(
+                Some(3),
+                json!({"type": "clevis", "keyslots": ["0"], "jwe": {}}),
+            )
+            .unwrap();
         }),
         ("remove", |h| h.remove_token(0).unwrap()),
     ];
@@ -80,6 +83,9 @@ fn token_updates_survive_a_crash_at_every_write() {
                 crashes += 1;
             }
         }
-        assert!(crashes >= 2, "{name}: the write issued fewer writes than expected");
+        assert!(
+            crashes >= 2,
+            "{name}: the write issued fewer writes than expected"
+        );
     }
 }
