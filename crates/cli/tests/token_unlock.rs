@@ -315,6 +315,89 @@ fn clevis_tang() {
     );
 }
 
+/// `clevis luks bind ... sss`: a threshold of tang shares. t=2 of two shares opens with the
+/// server up and falls back, naming the shares, with it down; t=1 with a dead server first
+/// skips to the live one.
+#[test]
+fn clevis_sss_of_tang() {
+    let dir = tempdir();
+    let Some((img, k)) = image(dir.path()) else {
+        return;
+    };
+    let Some(_) = tool("clevis") else { return };
+    let Some(tang) = Tang::start(dir.path()) else {
+        return;
+    };
+    let adv = write_file(
+        dir.path(),
+        "adv.jws",
+        run_ok(
+            Command::new("curl").args(["-sf", &format!("{}/adv", tang.url)]),
+            b"",
+        )
+        .as_bytes(),
+    );
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let bind = |cfg: String| {
+        run_ok(
+            Command::new("clevis")
+                .args(["luks", "bind", "-y", "-k"])
+                .arg(&k)
+                .arg("-d")
+                .arg(&img)
+                .args(["sss", &cfg]),
+            b"",
+        );
+    };
+    bind(format!(
+        r#"{{"t":2,"pins":{{"tang":[{{"url":"{0}"}},{{"url":"{0}"}}]}}}}"#,
+        tang.url
+    ));
+    bind(format!(
+        r#"{{"t":1,"pins":{{"tang":[{{"url":"{dead}","adv":"{}"}},{{"url":"{}"}}]}}}}"#,
+        adv.display(),
+        tang.url
+    ));
+    // Token 0 (t=2) and token 1 (t=1, first share unreachable) each open.
+    for id in ["0", "1"] {
+        let o = run(
+            cryptblk()
+                .args([
+                    "open",
+                    "--test-passphrase",
+                    "--token-only",
+                    "-v",
+                    "--token-id",
+                    id,
+                ])
+                .arg(&img),
+            b"",
+        );
+        assert!(
+            o.status.success(),
+            "token {id}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    same_volume_key(&img, &k, &["--token-only", "--token-id", "0"], b"");
+    drop(tang);
+    let o = run(
+        cryptblk()
+            .args(["open", "--test-passphrase", "--token-id", "0"])
+            .arg(&img),
+        b"the passphrase\n",
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("clevis sss: 0 of the 2 shares needed (share 0: tang server"),
+        "{err}"
+    );
+}
+
 /// `cryptblk enroll --tang` writes what clevis reads: `clevis luks pass` recovers the
 /// passphrase through the server and cryptsetup accepts it; cryptblk opens it by token.
 #[test]

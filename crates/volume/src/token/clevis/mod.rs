@@ -1,13 +1,15 @@
 //! `clevis`: the token `clevis luks bind` writes. Its `jwe` member is a JWE (flattened JSON
 //! serialization) whose plaintext is the keyslot's passphrase; the protected header's
 //! `clevis.pin` says how the content key is recovered. cryptblk speaks the `tang` pin
-//! ([`tang`]): an ECDH-ES JWE whose key agreement is finished by a tang server.
+//! ([`tang`]): an ECDH-ES JWE whose key agreement is finished by a tang server, and the
+//! `sss` pin ([`sss`]): a threshold of nested JWEs (of any pin cryptblk speaks).
 //!
 //! The JWE is unwrapped here rather than with a JOSE crate: clevis's tang JWEs need the
 //! ECDH shared point from the tang exchange instead of a private key, which the maintained
 //! JOSE crates do not accept as input; the pieces themselves (Concat KDF, AES-GCM, the
 //! curves) are RustCrypto's.
 
+pub mod sss;
 pub mod tang;
 
 use super::TokenHandler;
@@ -116,6 +118,10 @@ pub fn decrypt(jwe: &Jwe) -> Result<SecretBytes> {
     match jwe.pin() {
         "tang" => {
             let cek = tang::recover_cek(jwe)?;
+            open_content(jwe, &cek)
+        }
+        "sss" => {
+            let cek = sss::recover_cek(jwe)?;
             open_content(jwe, &cek)
         }
         "" => Err(bad("the JWE names no clevis pin")),
