@@ -47,6 +47,19 @@ want ceph-osd ceph-osd
 want ceph-mgr ceph-mgr
 [ -e /usr/include/rbd/librbd.h ] || need_pkgs+=(librbd-dev)
 [ -n "$(ls /usr/lib/*/qemu/block-rbd.so 2>/dev/null)" ] || need_pkgs+=(qemu-block-extra)
+# LUKS2 tokens (tests/token_*.rs): clevis binds and tang serves (tangd behind socat), keyctl
+# fills the kernel keyring, systemd-cryptenroll (systemd) enrolls recovery keys; swtpm and
+# tpm2-tools for TPM2 work.
+want clevis clevis
+want clevis-luks-bind clevis-luks
+want jose jose
+[ -x /usr/libexec/tangd ] || need_pkgs+=(tang)
+want socat socat
+want keyctl keyutils
+want curl curl
+want swtpm swtpm
+want swtpm_setup swtpm-tools
+want tpm2_startup tpm2-tools
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)
 [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_pkgs+=(libclang-dev)
 

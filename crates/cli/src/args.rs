@@ -194,6 +194,9 @@ pub struct Opts {
     /// TrueCrypt/VeraCrypt options (cryptsetup's names).
     #[command(flatten)]
     pub tcrypt: TcryptOpts,
+    /// LUKS2 token options (the `token` action and unlock by token).
+    #[command(flatten)]
+    pub token: TokenOpts,
 }
 
 /// cryptsetup's TCRYPT options; global like cryptsetup's.
@@ -217,6 +220,44 @@ pub struct TcryptOpts {
     /// TCRYPT: VeraCrypt Personal Iterations Multiplier.
     #[arg(long, global = true, value_name = "PIM")]
     pub veracrypt_pim: Option<u32>,
+}
+
+/// cryptsetup's LUKS2 token options.
+#[derive(Args, Debug, Default, Clone)]
+pub struct TokenOpts {
+    /// Token number: the token to act on, or the only token to unlock with.
+    #[arg(long, global = true)]
+    pub token_id: Option<u32>,
+    /// Unlock with tokens only: no passphrase prompt after them.
+    #[arg(long, global = true)]
+    pub token_only: bool,
+    /// Unlock only with tokens of this type.
+    #[arg(long, global = true)]
+    pub token_type: Option<String>,
+    /// token add|import: replace the token with --token-id.
+    #[arg(long, global = true)]
+    pub token_replace: bool,
+    /// token import|export: read or write the token JSON here ('-': standard input/output).
+    #[arg(long, global = true)]
+    pub json_file: Option<PathBuf>,
+    /// token add: the kernel keyring description of a luks2-keyring token's passphrase.
+    #[arg(long, global = true)]
+    pub key_description: Option<String>,
+}
+
+/// `token` actions, as cryptsetup's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TokenOp {
+    /// Add a luks2-keyring token (--key-description).
+    Add,
+    /// Remove the token --token-id.
+    Remove,
+    /// Store a token's JSON (--json-file or standard input).
+    Import,
+    /// Write a token's JSON (--json-file or standard output).
+    Export,
+    /// Remove keyslot --key-slot from token --token-id.
+    Unassign,
 }
 
 /// integritysetup's options (`integrity format|open`); global like cryptsetup's.
@@ -514,6 +555,30 @@ pub enum Action {
     /// inline, through the engine, NBD and FUSE+loop, with tables and charts.
     #[command(name = "bench")]
     Bench(BenchArgs),
+    /// Manage LUKS2 tokens: add|remove|import|export|unassign.
+    #[command(name = "token")]
+    Token {
+        /// What to do.
+        #[arg(value_enum)]
+        op: TokenOp,
+        /// Device or header file.
+        device: PathBuf,
+    },
+    /// Bind a LUKS2 volume to a tang server as `clevis luks bind ... tang` does: a new
+    /// keyslot with a random passphrase and a clevis token that recovers it through the
+    /// server (opens with cryptblk, clevis and systemd-cryptsetup's clevis support).
+    #[command(name = "enroll")]
+    Enroll {
+        /// The tang server's URL (http://host[:port]).
+        #[arg(long)]
+        tang: String,
+        /// Trust the server only if this signing key thumbprint (tang-show-keys) is
+        /// advertised; otherwise the thumbprints are shown and confirmed (-q trusts them).
+        #[arg(long, value_name = "THUMBPRINT")]
+        tang_thumbprint: Option<String>,
+        /// Device or header file.
+        device: PathBuf,
+    },
     /// Internal: the daemon serving one mapping (reads its spec from standard input).
     #[command(name = "__serve", hide = true)]
     Serve,

@@ -119,6 +119,12 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Close { name } => serving::close(name),
         Action::Status { name } => serving::status(name, json),
         Action::Refresh { name, perf } => luks::refresh(o, name, perf),
+        Action::Token { op, device } => actions::token::token(o, *op, device),
+        Action::Enroll {
+            tang,
+            tang_thumbprint,
+            device,
+        } => actions::token::enroll_tang(o, tang, tang_thumbprint.as_deref(), device),
         Action::Serve => Err(Failure::usage("__serve is internal")),
     }
 }

@@ -53,6 +53,7 @@ pub mod resize;
 pub mod segment;
 pub mod suspend;
 pub mod tcrypt;
+pub mod token;
 pub mod verity;
 
 pub use error::{ErrorClass, Result, VolumeError};

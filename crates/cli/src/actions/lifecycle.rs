@@ -54,6 +54,14 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
         vol.verify_volume_key(vk.as_bytes())?;
         return lib::resume_with_key(&st, vk.as_bytes());
     }
+    let purpose = cryptblk_format::luks2::UnlockPurpose::Activate;
+    if let Some((slot, vk)) = super::token::try_tokens(opts, &vol, &header, purpose)? {
+        lib::resume_with_key(&st, vk.as_bytes())?;
+        if opts.verbose {
+            eprintln!("Key slot {slot} unlocked.");
+        }
+        return Ok(());
+    }
     let pass = volume::read_secret(
         &volume::key_source(opts, None),
         volume::limits(opts),

@@ -203,7 +203,7 @@ fn new_passphrase_for_format(opts: &Opts, key_file: Option<&Path>) -> Result<Sec
 }
 
 /// Unlocks a LUKS volume for `open`/`luksDump --dump-volume-key`/`decrypt`: a volume key
-/// file, or a passphrase.
+/// file, a token (see [`super::token::try_tokens`]), or a passphrase.
 pub fn unlock(
     opts: &Opts,
     vol: &Volume,
@@ -214,6 +214,9 @@ pub fn unlock(
         let vk = volume::read_volume_key_file(p)?;
         vol.verify_volume_key(vk.as_bytes())?;
         return Ok((None, vk));
+    }
+    if let Some((slot, key)) = super::token::try_tokens(opts, vol, device, purpose)? {
+        return Ok((Some(slot), key));
     }
     let pass = volume::read_secret(
         &volume::key_source(opts, None),
@@ -464,18 +467,22 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
         vol.verify_volume_key(vk.as_bytes())?;
         (None, vk)
     } else {
-        let pass = volume::read_secret(
-            &volume::key_source(opts, None),
-            volume::limits(opts),
-            "Enter any existing passphrase: ",
-        )?;
         let purpose = if opts.unbound {
             UnlockPurpose::Unbound
         } else {
             UnlockPurpose::Verify
         };
-        let (s, k) = vol.unlock(pass.as_bytes(), None, purpose)?;
-        (Some(s), k)
+        if let Some((s, k)) = super::token::try_tokens(opts, &vol, device, purpose)? {
+            (Some(s), k)
+        } else {
+            let pass = volume::read_secret(
+                &volume::key_source(opts, None),
+                volume::limits(opts),
+                "Enter any existing passphrase: ",
+            )?;
+            let (s, k) = vol.unlock(pass.as_bytes(), None, purpose)?;
+            (Some(s), k)
+        }
     };
     let _ = existing_slot;
     let new = volume::read_new_secret(new_key_file, "Enter new passphrase for key slot: ")?;

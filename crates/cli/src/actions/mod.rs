@@ -10,5 +10,6 @@ pub mod offline;
 pub mod reencrypt;
 pub mod serving;
 pub mod tcrypt;
+pub mod token;
 pub mod verity;
 pub mod volume;

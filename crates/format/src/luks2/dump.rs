@@ -170,6 +170,7 @@ pub(super) fn dump(h: &Luks2Header) -> String {
         if t["type"] == "luks2-keyring" {
             let _ = writeln!(o, "\tKey description: {}", s(&t["key_description"]));
         }
+        systemd_token(&mut o, t);
         for k in strings(t.get("keyslots")) {
             let _ = writeln!(o, "\tKeyslot:    {k}");
         }
@@ -278,4 +279,113 @@ pub(super) fn unbound_key(h: &Luks2Header, device: &str, slot: usize, key: &[u8]
     o.push_str("Unbound Key:\t");
     key_hex(&mut o, key);
     o
+}
+
+/// The continuation of a value on the next line in the systemd token plugins' dumps.
+const SD_SEP: &str = "\n\t            ";
+
+/// Bytes in hex as systemd's token plugins print them: 16 to a line, no trailing space,
+/// "(null)" for nothing.
+fn sd_hex(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "(null)".into();
+    }
+    bytes
+        .chunks(16)
+        .map(|c| {
+            c.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join(SD_SEP)
+}
+
+fn sd_b64(v: &Value) -> Vec<u8> {
+    v.as_str()
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .unwrap_or_default()
+}
+
+/// PCR numbers joined with '+', "n/a" for none.
+fn sd_pcrs(v: &Value) -> String {
+    let list: Vec<String> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|n| n.to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    if list.is_empty() {
+        "n/a".into()
+    } else {
+        list.join("+")
+    }
+}
+
+fn sd_bool(v: &Value, default: bool) -> &'static str {
+    if v.as_bool().unwrap_or(default) {
+        "true"
+    } else {
+        "false"
+    }
+}
+
+/// The lines the systemd token plugins Debian's systemd 252 installs (and cryptsetup loads)
+/// add to luksDump for `systemd-tpm2`, `systemd-fido2` and `systemd-pkcs11` tokens; field
+/// names, defaults and layout as cryptsetup 2.6 prints them with those plugins.
+fn systemd_token(o: &mut String, t: &Value) {
+    match t["type"].as_str() {
+        Some("systemd-tpm2") => {
+            let bank = t["tpm2-pcr-bank"].as_str().unwrap_or("n/a");
+            let policy = t["tpm2-policy-hash"]
+                .as_str()
+                .and_then(|h| hex::decode(h).ok())
+                .unwrap_or_default();
+            let _ = writeln!(o, "\ttpm2-hash-pcrs:   {}", sd_pcrs(&t["tpm2-pcrs"]));
+            let _ = writeln!(o, "\ttpm2-pcr-bank:    {bank}");
+            let _ = writeln!(
+                o,
+                "\ttpm2-pubkey:{SD_SEP}{}",
+                sd_hex(&sd_b64(&t["tpm2_pubkey"]))
+            );
+            let _ = writeln!(o, "\ttpm2-pubkey-pcrs: {}", sd_pcrs(&t["tpm2_pubkey_pcrs"]));
+            let _ = writeln!(
+                o,
+                "\ttpm2-primary-alg: {}",
+                t["tpm2-primary-alg"].as_str().unwrap_or("ecc")
+            );
+            let _ = writeln!(
+                o,
+                "\ttpm2-blob:        {}",
+                sd_hex(&sd_b64(&t["tpm2-blob"]))
+            );
+            let _ = writeln!(o, "\ttpm2-policy-hash:{SD_SEP}{}", sd_hex(&policy));
+            let _ = writeln!(o, "\ttpm2-pin:         {}", sd_bool(&t["tpm2-pin"], false));
+        }
+        Some("systemd-fido2") => {
+            let _ = writeln!(
+                o,
+                "\tfido2-credential:{SD_SEP}{}",
+                sd_hex(&sd_b64(&t["fido2-credential"]))
+            );
+            let _ = writeln!(o, "\tfido2-salt: {}", sd_hex(&sd_b64(&t["fido2-salt"])));
+            let _ = writeln!(o, "\tfido2-rp:   {}", s(&t["fido2-rp"]));
+            for (k, default) in [
+                ("fido2-clientPin-required", true),
+                ("fido2-up-required", true),
+                ("fido2-uv-required", false),
+            ] {
+                let _ = writeln!(o, "\t{k}:{SD_SEP}{}", sd_bool(&t[k], default));
+            }
+        }
+        Some("systemd-pkcs11") => {
+            let _ = writeln!(o, "\tpkcs11-uri: {}", s(&t["pkcs11-uri"]));
+            let _ = writeln!(o, "\tpkcs11-key: {}", sd_hex(&sd_b64(&t["pkcs11-key"])));
+        }
+        _ => {}
+    }
 }

@@ -741,11 +741,12 @@ impl Luks2Header {
         self.json["tokens"].get(id.to_string())
     }
 
-    /// Removes a token (takes effect on the next write).
+    /// Removes a token (takes effect on the next write). The other tokens keep their order
+    /// in the JSON, as json-c keeps it.
     pub fn remove_token(&mut self, id: usize) -> Result<()> {
         self.json["tokens"]
             .as_object_mut()
-            .and_then(|t| t.remove(&id.to_string()))
+            .and_then(|t| t.shift_remove(&id.to_string()))
             .map(|_| ())
             .ok_or_else(|| FormatError::InvalidParameter(format!("token {id} is not in use")))
     }

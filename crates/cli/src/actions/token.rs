@@ -1,0 +1,260 @@
+//! cryptsetup's `token` action (add, remove, import, export, unassign) and the unlock-by-token
+//! step every action that takes a key goes through first.
+
+use super::volume;
+use crate::args::{Opts, TokenOp};
+use crate::exit::{ActionResult, Failure};
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::keyfile::{KeyFileLimits, KeySource};
+use cryptblk_format::luks2::UnlockPurpose;
+use cryptblk_volume::token::{self as lib, TokenChoice};
+use cryptblk_volume::{ErrorClass, Volume};
+use std::io::{Read, Write};
+use std::path::Path;
+
+/// `token <op> <device>`.
+pub fn token(opts: &Opts, op: TokenOp, device: &Path) -> ActionResult {
+    let t = &opts.token;
+    let id = t.token_id.map(|i| i as usize);
+    let slot = opts.key_slot.map(|s| s as usize);
+    if opts.unbound && op != TokenOp::Add {
+        return Err(Failure::usage(
+            "Option --unbound is valid only with token add action.",
+        ));
+    }
+    if opts.unbound && slot.is_some() {
+        return Err(Failure::usage(
+            "Options --key-slot and --unbound cannot be combined.",
+        ));
+    }
+    let need_id = || {
+        id.ok_or_else(|| {
+            Failure::usage("Action requires specific token. Use --token-id parameter.")
+        })
+    };
+    let header = volume::header_path(opts, device);
+    match op {
+        TokenOp::Add => {
+            let desc = t.key_description.as_deref().ok_or_else(|| {
+                Failure::usage("--key-description parameter is mandatory for token add action.")
+            })?;
+            let mut vol = load(opts, device, true)?;
+            let n = lib::add_keyring(
+                &mut vol,
+                header,
+                desc,
+                id,
+                slot,
+                opts.unbound,
+                t.token_replace,
+            )?;
+            if opts.verbose {
+                eprintln!("Token {n} created.");
+            }
+            Ok(())
+        }
+        TokenOp::Remove => {
+            let id = need_id()?;
+            let mut vol = load(opts, device, true)?;
+            lib::remove(&mut vol, header, id)?;
+            if opts.verbose {
+                eprintln!("Token {id} removed.");
+            }
+            Ok(())
+        }
+        TokenOp::Import => {
+            let mut vol = load(opts, device, true)?;
+            let text = read_json(t.json_file.as_deref())?;
+            let n = lib::import(&mut vol, header, &text, id, slot, t.token_replace)?;
+            if opts.verbose {
+                eprintln!("Token {n} created.");
+            }
+            Ok(())
+        }
+        TokenOp::Export => {
+            let id = need_id()?;
+            let vol = load(opts, device, false)?;
+            let text = lib::export(&vol, header, id)?;
+            write_json(t.json_file.as_deref(), &text)
+        }
+        TokenOp::Unassign => {
+            let id = need_id()?;
+            let slot = slot.ok_or_else(|| {
+                Failure::usage("Action requires specific keyslot. Use --key-slot parameter.")
+            })?;
+            let mut vol = load(opts, device, true)?;
+            lib::unassign(&mut vol, header, id, slot)
+        }
+    }
+}
+
+/// The volume's header; the action is LUKS2-only, so a device without a LUKS header is
+/// named "not a valid LUKS2 device", as cryptsetup names it.
+fn load(opts: &Opts, device: &Path, write: bool) -> Result<Volume, Failure> {
+    volume::load(opts, device, write).map_err(|e| {
+        if e.message.ends_with("is not a valid LUKS device.") {
+            cryptblk_volume::luks::not_luks2(volume::header_path(opts, device))
+        } else {
+            e
+        }
+    })
+}
+
+/// Token JSON from `--json-file` (`-` or none: standard input), at most the largest JSON
+/// area LUKS2 has.
+fn read_json(file: Option<&Path>) -> Result<Vec<u8>, Failure> {
+    const LIMIT: u64 = 4 << 20;
+    let mut text = Vec::new();
+    let res = match file {
+        Some(p) if p != Path::new("-") => {
+            std::fs::File::open(p).and_then(|f| f.take(LIMIT).read_to_end(&mut text))
+        }
+        _ => std::io::stdin().lock().take(LIMIT).read_to_end(&mut text),
+    };
+    res.map_err(|_| Failure::usage("Failed to import token from file."))?;
+    Ok(text)
+}
+
+fn write_json(file: Option<&Path>, text: &str) -> ActionResult {
+    match file {
+        Some(p) if p != Path::new("-") => std::fs::write(p, text)
+            .map_err(|e| Failure::usage(format!("Failed to write token to {}: {e}", p.display()))),
+        _ => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())
+                .and_then(|_| out.flush())
+                .map_err(|e| Failure::usage(format!("Failed to write token: {e}")))
+        }
+    }
+}
+
+/// The token options as a library choice.
+pub fn choice(opts: &Opts) -> TokenChoice {
+    TokenChoice {
+        id: opts.token.token_id.map(|i| i as usize),
+        type_name: opts.token.token_type.clone(),
+        only: opts.token.token_only,
+    }
+}
+
+/// cryptsetup's order for an action that needs a key: when no key file or volume key file
+/// is given (or token options are), tokens are tried first. Returns the keyslot and volume
+/// key a token opened, or None to go on to the passphrase: then the reasons tokens failed
+/// have been printed. With `--token-only` a miss is the error.
+pub fn try_tokens(
+    opts: &Opts,
+    vol: &Volume,
+    device: &Path,
+    purpose: UnlockPurpose,
+) -> Result<Option<(usize, SecretBytes)>, Failure> {
+    let choice = choice(opts);
+    let given_key = opts.key_file.is_some() || opts.volume_key_file.is_some();
+    if given_key && !choice.explicit() {
+        return Ok(None);
+    }
+    let Some(h) = vol.luks2() else {
+        if choice.explicit() {
+            return Err(cryptblk_volume::luks::not_luks2(device));
+        }
+        return Ok(None);
+    };
+    if h.token_ids().is_empty() && !choice.explicit() {
+        return Ok(None);
+    }
+    let mut ask = |what: &str| -> cryptblk_volume::Result<SecretBytes> {
+        volume::read_secret(
+            &KeySource::Passphrase,
+            KeyFileLimits::default(),
+            &format!("Enter {what} for {}: ", device.display()),
+        )
+    };
+    match lib::unlock(vol, &choice, purpose, &mut ask)? {
+        Ok(u) => Ok(Some((u.slot, u.key))),
+        Err(miss) => {
+            if choice.only {
+                let msg = if miss.reasons.is_empty() {
+                    "No usable token is available.".to_string()
+                } else {
+                    miss.reasons.join(" ")
+                };
+                return Err(Failure::new(
+                    miss.class.unwrap_or(ErrorClass::WrongParameters),
+                    msg,
+                ));
+            }
+            for r in &miss.reasons {
+                eprintln!("{r}");
+            }
+            if !miss.reasons.is_empty() {
+                eprintln!(
+                    "No token opened {}; using a passphrase instead.",
+                    device.display()
+                );
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// `enroll --tang URL <device>`: checks the server's advertisement (signatures, and the
+/// thumbprint given or confirmed), unlocks with an existing passphrase (or key file or
+/// volume key file), then adds the keyslot and clevis token.
+pub fn enroll_tang(
+    opts: &Opts,
+    url: &str,
+    thumbprint: Option<&str>,
+    device: &Path,
+) -> ActionResult {
+    let mut vol = load(opts, device, true)?;
+    let adv = lib::clevis::tang::advertisement(url)?;
+    match thumbprint {
+        Some(t) if adv.signing.iter().any(|s| s == t) => {}
+        Some(t) => {
+            return Err(Failure::usage(format!(
+                "The tang server {url} does not advertise signing key {t} (it advertises {}).",
+                adv.signing.join(", ")
+            )))
+        }
+        None => volume::confirm(
+            opts,
+            &format!(
+                "The tang server {url} advertises signing key(s) {}.\nTrust them for this volume?",
+                adv.signing.join(", ")
+            ),
+        )?,
+    }
+    let vk = if let Some(p) = &opts.volume_key_file {
+        let vk = volume::read_volume_key_file(p)?;
+        vol.verify_volume_key(vk.as_bytes())?;
+        vk
+    } else {
+        let pass = volume::read_secret(
+            &volume::key_source(opts, None),
+            volume::limits(opts),
+            "Enter existing LUKS password: ",
+        )?;
+        vol.unlock(pass.as_bytes(), None, UnlockPurpose::Verify)?.1
+    };
+    let mut params = volume::keyslot_params(opts)?;
+    if opts.pbkdf.is_none() && opts.pbkdf_force_iterations.is_none() && opts.iter_time.is_none() {
+        // A random 256-bit passphrase gains nothing from a slow KDF: clevis and
+        // systemd-cryptenroll use PBKDF2 with 1000 iterations for theirs, and so does this.
+        params.pbkdf = cryptblk_format::kdf::PbkdfRequest::pbkdf2(volume::hash_opt(opts)?)
+            .with_forced_iterations(1000);
+    }
+    let id = opts.token.token_id.map(|i| i as usize);
+    let (slot, token) = lib::enroll_tang(
+        &mut vol,
+        volume::header_path(opts, device),
+        &vk,
+        &params,
+        url,
+        &adv,
+        id,
+    )?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} created.");
+        eprintln!("Token {token} created.");
+    }
+    Ok(())
+}
