@@ -29,11 +29,17 @@ const MAX_DISCARD_SECTORS: u32 = 1 << 22;
 
 /// What every connection's backend shares with the export: the device and its geometry.
 pub(crate) struct Shared {
+    /// The exported device.
     pub device: Arc<dyn BlockDevice>,
+    /// Virtqueues offered.
     pub queues: u16,
+    /// Largest virtqueue size offered.
     pub queue_size: u16,
+    /// Offer `VIRTIO_BLK_F_RO` and refuse writes.
     pub read_only: bool,
+    /// Offer DISCARD and WRITE_ZEROES.
     pub discard: bool,
+    /// GET_ID's answer (at most 20 bytes).
     pub serial: Vec<u8>,
     /// Device size in bytes, updated by `Export::resized`.
     pub size: AtomicU64,
@@ -101,6 +107,7 @@ pub(crate) struct BlkBackend {
 }
 
 impl BlkBackend {
+    /// A backend for one new frontend connection.
     pub fn new(shared: Arc<Shared>) -> Self {
         BlkBackend {
             shared,

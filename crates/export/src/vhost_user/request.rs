@@ -34,9 +34,13 @@ pub(crate) const ID_BYTES: usize = 20;
 
 /// What the request handler needs to know about the export.
 pub(crate) struct Target<'a> {
+    /// The device requests go to.
     pub device: &'a dyn BlockDevice,
+    /// Writes, discards and write-zeroes fail (`VIRTIO_BLK_F_RO` was offered).
     pub read_only: bool,
+    /// DISCARD and WRITE_ZEROES were offered (the device takes them).
     pub discard: bool,
+    /// What GET_ID answers.
     pub serial: &'a [u8],
 }
 
@@ -219,7 +223,10 @@ fn execute(
 /// it only as a device DMA buffer (read into it, or write from it), as a hardware disk would:
 /// a guest that changes a buffer while its request is in flight gets undefined data, never
 /// host memory outside its own.
-unsafe fn guest_slice(mem: &GuestMemoryMmap, seg: &Segment) -> Option<&'static mut [u8]> {
+// Guest memory is shared and mutable behind any `&GuestMemoryMmap` (the guest writes it at
+// will), as an `UnsafeCell` is: a mutable view from a shared reference is its nature.
+#[allow(clippy::mut_from_ref)]
+unsafe fn guest_slice<'m>(mem: &'m GuestMemoryMmap, seg: &Segment) -> Option<&'m mut [u8]> {
     let slice = mem.get_slice(seg.addr, seg.len).ok()?;
     let ptr = slice.ptr_guard_mut().as_ptr();
     // SAFETY: `get_slice` checked that the whole range is mapped in one region; the mapping
@@ -228,15 +235,70 @@ unsafe fn guest_slice(mem: &GuestMemoryMmap, seg: &Segment) -> Option<&'static m
     Some(unsafe { std::slice::from_raw_parts_mut(ptr, seg.len) })
 }
 
-/// Whether every segment can be handed to the device as it is: whole logical blocks, each
-/// in one guest memory region.
-fn direct_ok(segments: &[Segment], block: usize) -> bool {
-    segments.iter().all(|s| s.len.is_multiple_of(block))
+/// Below this average segment size, one device call through a bounce buffer beats one call
+/// per segment: a guest's 1 MiB request often arrives as 256 separate 4 KiB pages, and a
+/// call per page costs a system call and the crypt pipeline's per-call setup each.
+const DIRECT_MIN_SEGMENT: usize = 64 << 10;
+
+/// Merges segments that follow each other in guest memory (pages the guest allocated
+/// together), so they reach the device as one buffer.
+fn coalesce(segments: &[Segment]) -> Vec<Segment> {
+    let mut out: Vec<Segment> = Vec::with_capacity(segments.len());
+    for s in segments {
+        if let Some(last) = out.last_mut() {
+            if last.writable == s.writable && last.addr.checked_add(last.len as u64) == Some(s.addr)
+            {
+                last.len += s.len;
+                continue;
+            }
+        }
+        out.push(*s);
+    }
+    out
+}
+
+/// The guest slices of `segments` if they can go to the device as they are: whole logical
+/// blocks each, each in one guest memory region, and few enough to be worth a call each.
+#[allow(clippy::mut_from_ref)] // guest memory, as in `guest_slice`
+fn direct_slices<'m>(
+    mem: &'m GuestMemoryMmap,
+    segments: &[Segment],
+    total: usize,
+    block: usize,
+) -> Option<Vec<&'m mut [u8]>> {
+    if segments.len() > 1 && total / segments.len() < DIRECT_MIN_SEGMENT {
+        return None;
+    }
+    if !segments.iter().all(|s| s.len.is_multiple_of(block)) {
+        return None;
+    }
+    // SAFETY: see `guest_slice`; the slices are dropped before the request is answered.
+    segments
+        .iter()
+        .map(|s| unsafe { guest_slice(mem, s) })
+        .collect()
+}
+
+thread_local! {
+    /// Each queue thread's bounce buffer, kept between requests (no allocation and zeroing
+    /// per request).
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's bounce buffer, `len` bytes long.
+fn with_bounce<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    BOUNCE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        f(&mut b[..len])
+    })
 }
 
 /// Reads `total` bytes at `offset` into the segments: straight into guest memory (crypt
-/// decrypts in place there) when each segment is whole blocks, through one bounce buffer
-/// otherwise.
+/// decrypts in place there) when the segments are whole blocks and large, through this
+/// thread's bounce buffer in one device call otherwise.
 fn read(
     mem: &GuestMemoryMmap,
     offset: u64,
@@ -245,38 +307,31 @@ fn read(
     block: usize,
     device: &dyn BlockDevice,
 ) -> Result<(), Failure> {
-    if direct_ok(segments, block) {
-        let mut slices = Vec::with_capacity(segments.len());
-        for s in segments {
-            // SAFETY: see `guest_slice`; the slices are dropped before this request ends.
-            match unsafe { guest_slice(mem, s) } {
-                Some(sl) => slices.push(sl),
-                None => break,
-            }
+    let segments = coalesce(segments);
+    if let Some(slices) = direct_slices(mem, &segments, total, block) {
+        let mut pos = offset;
+        for sl in slices {
+            device.read_at(pos, sl)?;
+            pos += sl.len() as u64;
         }
-        if slices.len() == segments.len() {
-            let mut pos = offset;
-            for sl in slices {
-                device.read_at(pos, sl)?;
-                pos += sl.len() as u64;
-            }
-            return Ok(());
+        return Ok(());
+    }
+    with_bounce(total, |bounce| {
+        device.read_at(offset, bounce)?;
+        let mut pos = 0;
+        for s in &segments {
+            mem.write_slice(&bounce[pos..pos + s.len], s.addr)
+                .map_err(|e| Failure::Io(io::Error::other(e)))?;
+            pos += s.len;
         }
-    }
-    let mut bounce = vec![0u8; total];
-    device.read_at(offset, &mut bounce)?;
-    let mut pos = 0;
-    for s in segments {
-        mem.write_slice(&bounce[pos..pos + s.len], s.addr)
-            .map_err(|e| Failure::Io(io::Error::other(e)))?;
-        pos += s.len;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
-/// Writes the segments' `total` bytes at `offset`, straight from guest memory when each
-/// segment is whole blocks (crypt encrypts into its own scratch buffer, never into the
-/// guest's), gathered into one buffer otherwise.
+/// Writes the segments' `total` bytes at `offset`: from guest memory as it is when it is one
+/// buffer of whole blocks (crypt encrypts into its own scratch buffer, never into the
+/// guest's), else gathered into this thread's bounce buffer, which crypt then encrypts in
+/// place (the same one copy, one device call).
 fn write(
     mem: &GuestMemoryMmap,
     offset: u64,
@@ -285,28 +340,23 @@ fn write(
     block: usize,
     device: &dyn BlockDevice,
 ) -> Result<(), Failure> {
-    if direct_ok(segments, block) {
-        let mut slices = Vec::with_capacity(segments.len());
-        for s in segments {
-            // SAFETY: see `guest_slice`; only read from, and dropped before the request ends.
-            match unsafe { guest_slice(mem, s) } {
-                Some(sl) => slices.push(&*sl),
-                None => break,
-            }
-        }
-        if slices.len() == segments.len() {
-            let mut pos = offset;
-            for sl in slices {
-                device.write_at(pos, sl, WriteFlags::default())?;
-                pos += sl.len() as u64;
-            }
+    let segments = coalesce(segments);
+    if segments.len() == 1 {
+        if let Some(slices) = direct_slices(mem, &segments, total, block) {
+            device.write_at(offset, &*slices[0], WriteFlags::default())?;
             return Ok(());
         }
     }
-    let mut buf = gather(mem, segments, false)?;
-    debug_assert_eq!(buf.len(), total);
-    device.write_at_scratch(offset, &mut buf, WriteFlags::default())?;
-    Ok(())
+    with_bounce(total, |buf| {
+        let mut pos = 0;
+        for s in &segments {
+            mem.read_slice(&mut buf[pos..pos + s.len], s.addr)
+                .map_err(|e| Failure::Io(io::Error::other(e)))?;
+            pos += s.len;
+        }
+        device.write_at_scratch(offset, buf, WriteFlags::default())?;
+        Ok(())
+    })
 }
 
 /// Copies the (device-readable) segments into one buffer.
