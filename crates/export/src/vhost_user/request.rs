@@ -235,9 +235,10 @@ unsafe fn guest_slice<'m>(mem: &'m GuestMemoryMmap, seg: &Segment) -> Option<&'m
     Some(unsafe { std::slice::from_raw_parts_mut(ptr, seg.len) })
 }
 
-/// Below this average segment size, one device call through a bounce buffer beats one call
-/// per segment: a guest's 1 MiB request often arrives as 256 separate 4 KiB pages, and a
-/// call per page costs a system call and the crypt pipeline's per-call setup each.
+/// Below this average segment size a request goes to the device in one call through a
+/// bounce buffer rather than one call per segment: a guest's 1 MiB request often arrives as
+/// 256 separate 4 KiB pages, and each call costs a system call on the backing file and the
+/// crypt pipeline's per-call setup, where the bounce costs one memory copy of the data.
 const DIRECT_MIN_SEGMENT: usize = 64 << 10;
 
 /// Merges segments that follow each other in guest memory (pages the guest allocated
