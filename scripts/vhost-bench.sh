@@ -20,7 +20,7 @@ if [ -z "$B" ]; then
   if [ -x target/release/cryptblk ]; then B=$PWD/target/release/cryptblk; else
     cargo build -q -p cryptblk --bin cryptblk; B=$PWD/target/debug/cryptblk; fi
 fi
-command -v qemu-storage-daemon >/dev/null || { echo "qemu-storage-daemon is needed (apt-get install qemu-system-x86)"; exit 1; }
+command -v qemu-storage-daemon >/dev/null || { echo "qemu-storage-daemon is needed (scripts/install-deps.sh, or apt-get install qemu-system-common)"; exit 1; }
 
 W=$(mktemp -d /var/tmp/cryptblk-vhost-bench.XXXXXX)
 export CRYPTBLK_RUNTIME_DIR=$W/run
