@@ -196,6 +196,10 @@ impl VhostUserExport {
             }
         }
         let _ = self.wake.write(1);
+        // The serving thread may sit in a blocking accept (a client that connected and left
+        // before it was accepted makes the framework wait for the next one): a connection of
+        // our own ends that wait, and the thread then sees `stopping`.
+        drop(UnixStream::connect(&self.socket));
         let _ = server.join();
         let _ = fs::remove_file(&self.socket);
         self.shared
@@ -322,6 +326,9 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, control: &Mutex<Control>,
         };
         if let Err(e) = daemon.start(&mut listener) {
             log::error!("vhost-user-blk: cannot accept the frontend: {e}");
+            // A persistent failure (out of descriptors) would otherwise spin on a listener
+            // that stays readable.
+            std::thread::sleep(std::time::Duration::from_millis(100));
             continue;
         }
         {
