@@ -31,6 +31,8 @@ want qemu-storage-daemon qemu-system-common
 # The kernel lab (../shared/lab) needs these on the host; installing them here, in the same
 # apt run, keeps qemu-system and qemu-utils at versions that agree.
 want qemu-system-x86_64 qemu-system-x86
+# scripts/vhost-bench.sh's baseline: QEMU's own vhost-user-blk server.
+want qemu-storage-daemon qemu-system-common
 want busybox busybox-static
 want zstd zstd
 want cpio cpio

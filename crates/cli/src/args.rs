@@ -725,11 +725,17 @@ pub struct ExportArgs {
     #[arg(long)]
     pub ublk: bool,
     /// ublk: hardware queues, each served by its own thread (default: one per CPU).
-    #[arg(long, value_name = "N", requires = "ublk")]
+    /// vhost-user: virtqueues offered, each served by its own thread (1-64, default 1).
+    #[arg(long, value_name = "N")]
     pub queues: Option<u16>,
     /// ublk: requests in flight per queue (default 64).
     #[arg(long, value_name = "N", requires = "ublk")]
     pub queue_depth: Option<u16>,
+    /// Serve as a vhost-user-blk device on the Unix socket SOCKET (created 0600), which a
+    /// hypervisor attaches as a VM's virtio-blk disk (QEMU: -chardev socket,path=SOCKET
+    /// -device vhost-user-blk-pci; guest RAM must be shared memory).
+    #[arg(long, value_name = "SOCKET")]
+    pub vhost_user: Option<PathBuf>,
     /// Stay in the foreground instead of leaving a daemon.
     #[arg(long)]
     pub foreground: bool,

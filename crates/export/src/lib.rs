@@ -1,6 +1,7 @@
 //! Exports that serve a [`cryptblk_dm::device::BlockDevice`] to real clients:
 //! an NBD server ([`NbdServer`]), a FUSE mount holding one file ([`FuseExport`]) and, with
-//! the `ublk` feature (default), a kernel block device `/dev/ublkbN` (`UblkExport`).
+//! the `ublk` feature (default), a kernel block device `/dev/ublkbN` (`UblkExport`), and a
+//! vhost-user-blk socket a hypervisor attaches as a VM's disk ([`VhostUserExport`]).
 //!
 //! Every export implements [`Export`]: it is ready when it has started, [`Export::describe`]
 //! says where clients find it, [`Export::resized`] passes on a change of the device's size,
@@ -52,6 +53,7 @@ pub mod fuse;
 pub mod nbd;
 #[cfg(feature = "ublk")]
 pub mod ublk;
+pub mod vhost_user;
 
 pub use aligned::AlignedIo;
 pub use error::ExportError;
@@ -60,6 +62,7 @@ pub use fuse::{FuseConfig, FuseDescription, FuseExport};
 pub use nbd::{NbdConfig, NbdDescription, NbdListen, NbdServer, NbdStopper};
 #[cfg(feature = "ublk")]
 pub use ublk::{UblkConfig, UblkDescription, UblkExport};
+pub use vhost_user::{VhostUserConfig, VhostUserDescription, VhostUserExport};
 
 // The registry: one line per export kind (variant, config, description, doc).
 exports! {
@@ -67,6 +70,7 @@ exports! {
     Fuse(FuseConfig) -> FuseDescription: "A FUSE mount holding the device as one file.",
     #[cfg(feature = "ublk")]
     Ublk(UblkConfig) -> UblkDescription: "The kernel block device `/dev/ublkbN`.",
+    VhostUser(VhostUserConfig) -> VhostUserDescription: "A vhost-user-blk socket a hypervisor attaches as a virtio-blk disk.",
 }
 
 #[cfg(test)]
@@ -98,6 +102,13 @@ mod tests {
                     depth: 64,
                 }),
                 r#"{"kind":"ublk","dev":"/dev/ublkb3","queues":2,"depth":64}"#,
+            ),
+            (
+                ExportDescription::VhostUser(VhostUserDescription {
+                    socket: "/run/vm.sock".into(),
+                    queues: 2,
+                }),
+                r#"{"kind":"vhostuser","socket":"/run/vm.sock","queues":2}"#,
             ),
             (ExportDescription::None, r#"{"kind":"none"}"#),
         ];

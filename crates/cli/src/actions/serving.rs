@@ -47,6 +47,11 @@ fn describe(facts: &Value) -> String {
             facts["name"].as_str().unwrap_or(""),
             export["file"].as_str().unwrap_or("")
         ),
+        Some("vhostuser") => format!(
+            "{} on vhost-user socket {}",
+            facts["name"].as_str().unwrap_or(""),
+            export["socket"].as_str().unwrap_or("")
+        ),
         Some("ublk") => format!(
             "{} as {}",
             facts["name"].as_str().unwrap_or(""),
@@ -58,6 +63,34 @@ fn describe(facts: &Value) -> String {
 
 /// The export the user asked for (at most one).
 pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
+    if let Some(socket) = &export.vhost_user {
+        if export.nbd.is_some() || export.fuse.is_some() || export.ublk {
+            return Err(Failure::usage(
+                "choose one export: --nbd, --fuse, --ublk or --vhost-user",
+            ));
+        }
+        let queues = export
+            .queues
+            .unwrap_or(cryptblk_export::vhost_user::DEFAULT_QUEUES);
+        if queues == 0 || queues > cryptblk_export::vhost_user::MAX_QUEUES {
+            return Err(Failure::usage(format!(
+                "--queues {queues} out of range for --vhost-user (1-{})",
+                cryptblk_export::vhost_user::MAX_QUEUES
+            )));
+        }
+        let abs = if socket.is_absolute() {
+            socket.clone()
+        } else {
+            std::env::current_dir()?.join(socket)
+        };
+        return Ok(ExportSpec::VhostUser {
+            socket: abs,
+            queues,
+        });
+    }
+    if export.queues.is_some() && !export.ublk {
+        return Err(Failure::usage("--queues needs --ublk or --vhost-user"));
+    }
     if export.ublk {
         if export.nbd.is_some() || export.fuse.is_some() {
             return Err(Failure::usage("choose one export: --nbd, --fuse or --ublk"));
@@ -99,7 +132,7 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
             Ok(ExportSpec::Fuse(abs))
         }
         (None, None) => Err(Failure::usage(
-            "no export given: use --nbd <socket|host:port>, --fuse <dir> or --ublk",
+            "no export given: use --nbd <socket|host:port>, --fuse <dir>, --ublk or --vhost-user <socket>",
         )),
     }
 }
@@ -470,6 +503,9 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
     match &a.export {
         ExportDescription::Nbd(n) => println!("  export:      nbd {}", n.uri),
         ExportDescription::Fuse(f) => println!("  export:      fuse {}", f.file.display()),
+        ExportDescription::VhostUser(v) => {
+            println!("  export:      vhost-user {}", v.socket.display())
+        }
         // The plain report never named ublk devices or their absence.
         ExportDescription::Ublk(_) | ExportDescription::None => {}
     }

@@ -44,6 +44,13 @@ pub enum ExportSpec {
         /// Requests in flight per queue.
         depth: u16,
     },
+    /// A vhost-user-blk device on the Unix socket at this path.
+    VhostUser {
+        /// The socket a hypervisor connects to.
+        socket: PathBuf,
+        /// Virtqueues offered (threads).
+        queues: u16,
+    },
     /// No export: only the control socket (useful for stacking and tests).
     None,
 }

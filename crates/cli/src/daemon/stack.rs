@@ -8,6 +8,7 @@ use cryptblk_dm::{BlockDevice, Mapping, Registry, TableSpec};
 use cryptblk_export::fuse::FuseConfig;
 use cryptblk_export::nbd::{NbdConfig, NbdListen};
 use cryptblk_export::ublk::UblkConfig;
+use cryptblk_export::vhost_user::VhostUserConfig;
 use cryptblk_export::{Export, ExportConfig, ExportDescription};
 use cryptblk_volume::control::Response;
 use cryptblk_volume::lock::DataLocks;
@@ -62,6 +63,13 @@ fn start_export(
                 ExportConfig::Ublk(cfg),
                 "cannot start ublk export".to_string(),
             )
+        }
+        ExportSpec::VhostUser { socket, queues } => {
+            let mut cfg = VhostUserConfig::new(socket);
+            cfg.queues = *queues;
+            cfg.read_only = spec.readonly;
+            let what = format!("cannot start vhost-user export on {}", socket.display());
+            (ExportConfig::VhostUser(cfg), what)
         }
         ExportSpec::None => (ExportConfig::None, String::new()),
     };

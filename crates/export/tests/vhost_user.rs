@@ -1,0 +1,679 @@
+//! The vhost-user-blk export driven by a test frontend (rust-vmm's `vhost` frontend side,
+//! guest memory in a memfd shared with the export, split virtqueues laid out here as a
+//! virtio driver lays them out): the protocol without a VM. A real guest (QEMU, the Linux
+//! virtio-blk driver) is the lab's test.
+
+mod common;
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use common::{pattern, require_tool, run, MemDisk, TempDir};
+use cryptblk_dm::{BlockDevice, Registry};
+use cryptblk_export::{ExportConfig, ExportDescription, VhostUserConfig, VhostUserExport};
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_blk::*;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
+                   f0e0d0c0b0a090807060504030201000ffeeddccbbaa99887766554433221100";
+const MIB: u64 = 1 << 20;
+
+/// Guest memory: rings in the first MiB (64 KiB per queue), each queue's buffers in its own
+/// 4 MiB after that.
+const MEM_SIZE: u64 = 64 * MIB;
+const QUEUE_SIZE: u16 = 256;
+const VRING_DESC_F_NEXT: u16 = 1;
+const VRING_DESC_F_WRITE: u16 = 2;
+
+/// One split virtqueue as a driver sees it; one request in flight at a time.
+struct Vq {
+    mem: Arc<GuestMemoryMmap>,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    data: u64,
+    next_avail: u16,
+    last_used: u16,
+    kick: EventFd,
+    call: EventFd,
+}
+
+/// A buffer of a request: guest address, length, device-writable.
+type Buf = (u64, u32, bool);
+
+impl Vq {
+    /// Places the chain, kicks, waits for the answer; returns the used length.
+    fn submit(&mut self, chain: &[Buf]) -> u32 {
+        let m = &self.mem;
+        for (i, &(addr, len, write)) in chain.iter().enumerate() {
+            let d = GuestAddress(self.desc + 16 * i as u64);
+            let mut flags = if write { VRING_DESC_F_WRITE } else { 0 };
+            if i + 1 < chain.len() {
+                flags |= VRING_DESC_F_NEXT;
+            }
+            m.write_obj(addr, d).unwrap();
+            m.write_obj(len, d.unchecked_add_(8)).unwrap();
+            m.write_obj(flags, d.unchecked_add_(12)).unwrap();
+            m.write_obj((i + 1) as u16, d.unchecked_add_(14)).unwrap();
+        }
+        let slot = u64::from(self.next_avail % QUEUE_SIZE);
+        m.write_obj(0u16, GuestAddress(self.avail + 4 + 2 * slot))
+            .unwrap();
+        fence(Ordering::SeqCst);
+        self.next_avail = self.next_avail.wrapping_add(1);
+        m.write_obj(self.next_avail, GuestAddress(self.avail + 2))
+            .unwrap();
+        fence(Ordering::SeqCst);
+        self.kick.write(1).unwrap();
+        loop {
+            let idx: u16 = m.read_obj(GuestAddress(self.used + 2)).unwrap();
+            if idx != self.last_used {
+                break;
+            }
+            self.call.read().unwrap();
+        }
+        fence(Ordering::SeqCst);
+        let elem = self.used + 4 + 8 * u64::from(self.last_used % QUEUE_SIZE);
+        let id: u32 = m.read_obj(GuestAddress(elem)).unwrap();
+        let len: u32 = m.read_obj(GuestAddress(elem + 4)).unwrap();
+        assert_eq!(id, 0, "the answer names the chain we sent");
+        self.last_used = self.last_used.wrapping_add(1);
+        len
+    }
+
+    fn header(&self, kind: u32, sector: u64) -> Buf {
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&kind.to_le_bytes());
+        h[8..16].copy_from_slice(&sector.to_le_bytes());
+        self.mem.write_slice(&h, GuestAddress(self.data)).unwrap();
+        (self.data, 16, false)
+    }
+
+    fn status_buf(&self) -> Buf {
+        self.mem
+            .write_obj(0xffu8, GuestAddress(self.data + 16))
+            .unwrap();
+        (self.data + 16, 1, true)
+    }
+
+    fn status(&self) -> u32 {
+        u32::from(
+            self.mem
+                .read_obj::<u8>(GuestAddress(self.data + 16))
+                .unwrap(),
+        )
+    }
+
+    /// Buffer area of this queue (after its header and status).
+    fn buf(&self) -> u64 {
+        self.data + 4096
+    }
+
+    /// Writes `data` at `sector`, split into buffers of the given lengths.
+    fn write_split(&mut self, sector: u64, data: &[u8], split: &[usize]) -> u32 {
+        assert_eq!(split.iter().sum::<usize>(), data.len());
+        let mut chain = vec![self.header(VIRTIO_BLK_T_OUT, sector)];
+        let (mut pos, mut addr) = (0, self.buf());
+        for &n in split {
+            self.mem
+                .write_slice(&data[pos..pos + n], GuestAddress(addr))
+                .unwrap();
+            chain.push((addr, n as u32, false));
+            // A gap between buffers, so no two are contiguous in guest memory.
+            addr += n as u64 + 512;
+            pos += n;
+        }
+        chain.push(self.status_buf());
+        assert_eq!(
+            self.submit(&chain),
+            1,
+            "a write returns only its status byte"
+        );
+        self.status()
+    }
+
+    fn write(&mut self, sector: u64, data: &[u8]) -> u32 {
+        self.write_split(sector, data, &[data.len()])
+    }
+
+    /// Reads `len` bytes at `sector` into buffers of the given lengths.
+    fn read_split(&mut self, sector: u64, split: &[usize]) -> (u32, Vec<u8>) {
+        let mut chain = vec![self.header(VIRTIO_BLK_T_IN, sector)];
+        let mut addr = self.buf();
+        let mut places = Vec::new();
+        for &n in split {
+            self.mem
+                .write_slice(&vec![0x5a; n], GuestAddress(addr))
+                .unwrap();
+            chain.push((addr, n as u32, true));
+            places.push((addr, n));
+            addr += n as u64 + 512;
+        }
+        chain.push(self.status_buf());
+        let used = self.submit(&chain);
+        let mut out = Vec::new();
+        for (a, n) in places {
+            let mut b = vec![0u8; n];
+            self.mem.read_slice(&mut b, GuestAddress(a)).unwrap();
+            out.extend_from_slice(&b);
+        }
+        let status = self.status();
+        if status == VIRTIO_BLK_S_OK {
+            assert_eq!(used as usize, out.len() + 1, "used length = data + status");
+        }
+        (status, out)
+    }
+
+    fn read(&mut self, sector: u64, len: usize) -> (u32, Vec<u8>) {
+        self.read_split(sector, &[len])
+    }
+
+    /// A request without data (FLUSH) or of an unknown type.
+    fn bare(&mut self, kind: u32) -> u32 {
+        let chain = [self.header(kind, 0), self.status_buf()];
+        self.submit(&chain);
+        self.status()
+    }
+
+    fn get_id(&mut self) -> (u32, Vec<u8>) {
+        let buf = self.buf();
+        self.mem.write_slice(&[0u8; 20], GuestAddress(buf)).unwrap();
+        let chain = [
+            self.header(VIRTIO_BLK_T_GET_ID, 0),
+            (buf, 20, true),
+            self.status_buf(),
+        ];
+        self.submit(&chain);
+        let mut id = vec![0u8; 20];
+        self.mem.read_slice(&mut id, GuestAddress(buf)).unwrap();
+        (self.status(), id)
+    }
+
+    /// DISCARD or WRITE_ZEROES of `sectors` sectors at `sector`.
+    fn ranged(&mut self, kind: u32, sector: u64, sectors: u32) -> u32 {
+        let mut r = [0u8; 16];
+        r[0..8].copy_from_slice(&sector.to_le_bytes());
+        r[8..12].copy_from_slice(&sectors.to_le_bytes());
+        self.mem.write_slice(&r, GuestAddress(self.buf())).unwrap();
+        let chain = [
+            self.header(kind, 0),
+            (self.buf(), 16, false),
+            self.status_buf(),
+        ];
+        self.submit(&chain);
+        self.status()
+    }
+}
+
+/// `GuestAddress + n` without the `Address` trait's name clash in this file.
+trait AddN {
+    fn unchecked_add_(self, n: u64) -> GuestAddress;
+}
+impl AddN for GuestAddress {
+    fn unchecked_add_(self, n: u64) -> GuestAddress {
+        GuestAddress(self.0 + n)
+    }
+}
+
+/// A connected test frontend: negotiated features, the device's config, its queues.
+struct Guest {
+    _frontend: Frontend,
+    features: u64,
+    config: virtio_blk_config,
+    queues: Vec<Vq>,
+}
+
+fn memfd_memory() -> Arc<GuestMemoryMmap> {
+    // SAFETY: memfd_create with a valid C string; the fd is owned by the File from here on.
+    let fd = unsafe { libc::memfd_create(c"cryptblk-test-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` is a new descriptor nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(MEM_SIZE).unwrap();
+    Arc::new(
+        GuestMemoryMmap::<()>::from_ranges_with_files(&[(
+            GuestAddress(0),
+            MEM_SIZE as usize,
+            Some(FileOffset::new(file, 0)),
+        )])
+        .unwrap(),
+    )
+}
+
+/// Connects as QEMU does: owner, features (EVENT_IDX left out: this driver never updates
+/// `used_event`), protocol features, config, memory table, then each queue.
+fn connect(socket: &Path, queues: u16) -> Guest {
+    let mem = memfd_memory();
+    let mut fe = Frontend::connect(socket, u64::from(queues)).unwrap();
+    fe.set_owner().unwrap();
+    let offered = fe.get_features().unwrap();
+    let features = offered & !(1 << VIRTIO_RING_F_EVENT_IDX);
+    fe.set_features(features).unwrap();
+    let proto = fe.get_protocol_features().unwrap();
+    assert!(proto.contains(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ));
+    fe.set_protocol_features(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ)
+        .unwrap();
+    assert_eq!(fe.get_queue_num().unwrap(), u64::from(queues));
+    let size = std::mem::size_of::<virtio_blk_config>();
+    let (_, bytes) = fe
+        .get_config(
+            0,
+            size as u32,
+            VhostUserConfigFlags::empty(),
+            &vec![0u8; size],
+        )
+        .unwrap();
+    assert_eq!(bytes.len(), size);
+    // SAFETY: `virtio_blk_config` is packed plain integers; `bytes` has exactly its size.
+    let config: virtio_blk_config =
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<virtio_blk_config>()) };
+
+    let host = mem.get_host_address(GuestAddress(0)).unwrap() as u64;
+    let region = mem.find_region(GuestAddress(0)).unwrap();
+    fe.set_mem_table(&[VhostUserMemoryRegionInfo::from_guest_region(region).unwrap()])
+        .unwrap();
+
+    let mut vqs = Vec::new();
+    for q in 0..queues {
+        let base = u64::from(q) * 0x10000;
+        let vq = Vq {
+            mem: mem.clone(),
+            desc: base,
+            avail: base + 0x1000,
+            used: base + 0x2000,
+            data: MIB + u64::from(q) * 4 * MIB,
+            next_avail: 0,
+            last_used: 0,
+            kick: EventFd::new(0).unwrap(),
+            call: EventFd::new(0).unwrap(),
+        };
+        let i = usize::from(q);
+        fe.set_vring_num(i, QUEUE_SIZE).unwrap();
+        fe.set_vring_addr(
+            i,
+            &VringConfigData {
+                queue_max_size: QUEUE_SIZE,
+                queue_size: QUEUE_SIZE,
+                flags: 0,
+                desc_table_addr: host + vq.desc,
+                used_ring_addr: host + vq.used,
+                avail_ring_addr: host + vq.avail,
+                log_addr: None,
+            },
+        )
+        .unwrap();
+        fe.set_vring_base(i, 0).unwrap();
+        fe.set_vring_call(i, &vq.call).unwrap();
+        fe.set_vring_kick(i, &vq.kick).unwrap();
+        fe.set_vring_enable(i, true).unwrap();
+        vqs.push(vq);
+    }
+    Guest {
+        _frontend: fe,
+        features,
+        config,
+        queues: vqs,
+    }
+}
+
+fn has(features: u64, bit: u32) -> bool {
+    features & (1 << bit) != 0
+}
+
+fn crypt(reg: &Registry, name: &str, file: &Path, size: u64, extra: &str) -> Arc<dyn BlockDevice> {
+    std::fs::write(file, vec![0u8; size as usize]).unwrap();
+    let table = format!(
+        "0 {} crypt aes-xts-plain64 {KEY} 0 {} 0{extra}",
+        size / 512,
+        file.display()
+    );
+    reg.create(name, &table).unwrap()
+}
+
+/// Decrypts `len` bytes at `offset` of a dm-crypt aes-xts-plain64 image with pyca
+/// `cryptography` (tweak: the 512-byte sector number, little-endian; one XTS data unit per
+/// `sector_size` bytes): an implementation that shares nothing with cryptblk.
+fn independent_decrypt(image: &Path, offset: u64, len: usize, sector_size: u32) -> Option<Vec<u8>> {
+    const PY: &str = r#"
+import sys
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+path, off, n, key, ss = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bytes.fromhex(sys.argv[4]), int(sys.argv[5])
+f = open(path, "rb"); f.seek(off); data = f.read(n)
+out = bytearray()
+for i in range(0, n, ss):
+    d = Cipher(algorithms.AES(key), modes.XTS(((off + i) // 512).to_bytes(16, "little"))).decryptor()
+    out += d.update(data[i:i + ss]) + d.finalize()
+sys.stdout.buffer.write(out)
+"#;
+    if !require_tool("python3", "PYTHON3") {
+        return None;
+    }
+    let probe = Command::new("python3")
+        .args(["-c", "import cryptography.hazmat.primitives.ciphers"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !probe {
+        if std::env::var("CRYPTBLK_SKIP_PYCRYPTOGRAPHY").as_deref() == Ok("1") {
+            eprintln!("SKIPPED: independent decryption (python3 cryptography missing)");
+            return None;
+        }
+        panic!("python3 with pyca cryptography is required (or CRYPTBLK_SKIP_PYCRYPTOGRAPHY=1)");
+    }
+    let out = run(Command::new("python3").args(["-c", PY]).arg(image).args([
+        &offset.to_string(),
+        &len.to_string(),
+        KEY,
+        &sector_size.to_string(),
+    ]));
+    Some(out.stdout)
+}
+
+#[test]
+fn protocol_requests_and_data_dm_crypt_reads() {
+    let dir = TempDir::new("vhost-basic");
+    let reg = Registry::new();
+    let backing = dir.join("cipher.img");
+    let dev = crypt(&reg, "vu", &backing, 16 * MIB, "");
+    let socket = dir.join("vu.sock");
+    let export =
+        cryptblk_export::start(ExportConfig::VhostUser(VhostUserConfig::new(&socket)), dev)
+            .unwrap();
+    assert_eq!(
+        export.describe(),
+        ExportDescription::VhostUser(cryptblk_export::VhostUserDescription {
+            socket: socket.clone(),
+            queues: 1,
+        })
+    );
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "only the owner may attach the disk");
+
+    let mut g = connect(&socket, 1);
+    for bit in [
+        VIRTIO_F_VERSION_1,
+        VIRTIO_BLK_F_BLK_SIZE,
+        VIRTIO_BLK_F_SEG_MAX,
+        VIRTIO_BLK_F_FLUSH,
+        VIRTIO_BLK_F_MQ,
+    ] {
+        assert!(has(g.features, bit), "feature bit {bit} offered");
+    }
+    for bit in [
+        VIRTIO_BLK_F_RO,
+        VIRTIO_BLK_F_DISCARD,
+        VIRTIO_BLK_F_WRITE_ZEROES,
+    ] {
+        assert!(!has(g.features, bit), "feature bit {bit} not offered");
+    }
+    let c = g.config;
+    assert_eq!({ c.capacity }, 16 * MIB / 512);
+    assert_eq!({ c.blk_size }, 512);
+    assert_eq!({ c.num_queues }, 1);
+    assert_eq!({ c.seg_max }, u32::from(QUEUE_SIZE) - 2);
+
+    let q = &mut g.queues[0];
+    let data = pattern(7, 256 << 10);
+    // Whole-block buffers (served in place) and odd splits (through the bounce buffer).
+    assert_eq!(
+        q.write_split(8, &data, &[64 << 10, 128 << 10, 64 << 10]),
+        VIRTIO_BLK_S_OK
+    );
+    let odd = pattern(8, 8192);
+    assert_eq!(
+        q.write_split(4096, &odd, &[1000, 3096, 4096]),
+        VIRTIO_BLK_S_OK
+    );
+    let (st, back) = q.read_split(8, &[4096, 200 << 10, 52 << 10]);
+    assert_eq!(st, VIRTIO_BLK_S_OK);
+    assert!(back == data, "read back what was written");
+    // Many page-sized buffers: one device call through the queue's bounce buffer.
+    let (st, back) = q.read_split(8, &[4096; 64]);
+    assert_eq!(st, VIRTIO_BLK_S_OK);
+    assert!(back == data);
+    let pages = pattern(12, 64 << 10);
+    assert_eq!(q.write_split(2048, &pages, &[4096; 16]), VIRTIO_BLK_S_OK);
+    assert!(q.read(2048, pages.len()).1 == pages);
+    let (st, back) = q.read_split(4096, &[100, 8092]);
+    assert_eq!(st, VIRTIO_BLK_S_OK);
+    assert!(back == odd);
+
+    assert_eq!(q.bare(VIRTIO_BLK_T_FLUSH), VIRTIO_BLK_S_OK);
+    let (st, id) = q.get_id();
+    assert_eq!(st, VIRTIO_BLK_S_OK);
+    assert_eq!(&id[..7], b"vu.sock");
+    assert!(id[7..].iter().all(|&b| b == 0));
+    assert_eq!(q.bare(99), VIRTIO_BLK_S_UNSUPP);
+    // The table has no allow_discards: discard is refused as unsupported.
+    assert_eq!(q.ranged(VIRTIO_BLK_T_DISCARD, 0, 8), VIRTIO_BLK_S_UNSUPP);
+    // Past the end, and a length that is not whole sectors.
+    assert_eq!(q.read(16 * MIB / 512, 512).0, VIRTIO_BLK_S_IOERR);
+    assert_eq!(q.read(0, 100).0, VIRTIO_BLK_S_IOERR);
+
+    drop(g);
+    export.stop().unwrap();
+    assert!(!socket.exists(), "stop removes the socket");
+    reg.remove("vu").unwrap();
+
+    let raw = std::fs::read(&backing).unwrap();
+    assert!(
+        raw[4096..8192] != data[..4096],
+        "the backing holds ciphertext"
+    );
+    if let Some(plain) = independent_decrypt(&backing, 8 * 512, data.len(), 512) {
+        assert!(
+            plain == data,
+            "dm-crypt's aes-xts-plain64 reads what the guest wrote"
+        );
+    }
+    if let Some(plain) = independent_decrypt(&backing, 4096 * 512, odd.len(), 512) {
+        assert!(plain == odd);
+    }
+}
+
+#[test]
+fn blk_size_is_the_volume_sector_size() {
+    let dir = TempDir::new("vhost-4k");
+    let reg = Registry::new();
+    let backing = dir.join("cipher.img");
+    let dev = crypt(&reg, "vu4k", &backing, 8 * MIB, " 1 sector_size:4096");
+    let socket = dir.join("vu.sock");
+    let export = VhostUserExport::start(dev, VhostUserConfig::new(&socket)).unwrap();
+    let mut g = connect(&socket, 1);
+    assert_eq!({ g.config.blk_size }, 4096);
+    let q = &mut g.queues[0];
+    let data = pattern(9, 64 << 10);
+    assert_eq!(q.write(16, &data), VIRTIO_BLK_S_OK);
+    // Half a logical block: refused, as the kernel would never send it.
+    assert_eq!(q.write(0, &data[..2048]), VIRTIO_BLK_S_IOERR);
+    assert_eq!(
+        q.read(1, 4096).0,
+        VIRTIO_BLK_S_IOERR,
+        "unaligned start sector"
+    );
+    assert!(q.read(16, data.len()).1 == data);
+    drop(g);
+    export.stop().unwrap();
+    reg.remove("vu4k").unwrap();
+    if let Some(plain) = independent_decrypt(&backing, 16 * 512, data.len(), 4096) {
+        assert!(
+            plain == data,
+            "4096-byte XTS units, as dm-crypt sector_size:4096"
+        );
+    }
+}
+
+#[test]
+fn every_queue_serves_requests_concurrently() {
+    let dir = TempDir::new("vhost-mq");
+    let disk = MemDisk::new(32 * MIB, 512);
+    let socket = dir.join("vu.sock");
+    let mut cfg = VhostUserConfig::new(&socket);
+    cfg.queues = 4;
+    let export = VhostUserExport::start(disk.clone(), cfg).unwrap();
+    let g = connect(&socket, 4);
+    assert_eq!({ g.config.num_queues }, 4);
+    let handles: Vec<_> = g
+        .queues
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut q)| {
+            std::thread::spawn(move || {
+                let base = i as u64 * 8 * MIB / 512;
+                for round in 0..32u64 {
+                    let data = pattern(i as u64 * 100 + round, 64 << 10);
+                    let sector = base + round * 128;
+                    assert_eq!(q.write(sector, &data), VIRTIO_BLK_S_OK);
+                    let (st, back) = q.read(sector, data.len());
+                    assert_eq!(st, VIRTIO_BLK_S_OK);
+                    assert!(back == data, "queue {i} round {round}");
+                }
+                q
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    export.stop().unwrap();
+    let snap = disk.snapshot();
+    for i in 0..4u64 {
+        let at = (i * 8 * MIB + 31 * 128 * 512) as usize;
+        assert!(snap[at..at + (64 << 10)] == pattern(i * 100 + 31, 64 << 10)[..]);
+    }
+}
+
+#[test]
+fn read_only_export_refuses_writes() {
+    let dir = TempDir::new("vhost-ro");
+    let disk = MemDisk::new(4 * MIB, 512);
+    disk.fill(&pattern(3, 4 * MIB as usize));
+    let socket = dir.join("vu.sock");
+    let mut cfg = VhostUserConfig::new(&socket);
+    cfg.read_only = true;
+    let export = VhostUserExport::start(disk.clone(), cfg).unwrap();
+    let mut g = connect(&socket, 1);
+    assert!(has(g.features, VIRTIO_BLK_F_RO));
+    let q = &mut g.queues[0];
+    assert_eq!(q.write(0, &[0u8; 4096]), VIRTIO_BLK_S_IOERR);
+    assert_eq!(
+        q.ranged(VIRTIO_BLK_T_WRITE_ZEROES, 0, 8),
+        VIRTIO_BLK_S_UNSUPP
+    );
+    let (st, back) = q.read(0, 4096);
+    assert_eq!(st, VIRTIO_BLK_S_OK);
+    assert!(back[..] == pattern(3, 4096)[..]);
+    drop(g);
+    export.stop().unwrap();
+    assert!(
+        disk.snapshot() == pattern(3, 4 * MIB as usize),
+        "nothing was written"
+    );
+}
+
+#[test]
+fn discard_and_write_zeroes_when_the_table_allows_them() {
+    let dir = TempDir::new("vhost-discard");
+    let reg = Registry::new();
+    let dev = crypt(
+        &reg,
+        "vud",
+        &dir.join("c.img"),
+        4 * MIB,
+        " 1 allow_discards",
+    );
+    let socket = dir.join("vu.sock");
+    let export = VhostUserExport::start(dev, VhostUserConfig::new(&socket)).unwrap();
+    let mut g = connect(&socket, 1);
+    assert!(has(g.features, VIRTIO_BLK_F_DISCARD) && has(g.features, VIRTIO_BLK_F_WRITE_ZEROES));
+    assert_eq!({ g.config.max_discard_seg }, 1);
+    let q = &mut g.queues[0];
+    assert_eq!(q.write(0, &pattern(4, 16384)), VIRTIO_BLK_S_OK);
+    assert_eq!(q.ranged(VIRTIO_BLK_T_WRITE_ZEROES, 8, 16), VIRTIO_BLK_S_OK);
+    let (_, back) = q.read(0, 16384);
+    assert!(back[..4096] == pattern(4, 4096)[..]);
+    assert!(
+        back[4096..12288].iter().all(|&b| b == 0),
+        "write-zeroes reads as zeros"
+    );
+    assert_eq!(q.ranged(VIRTIO_BLK_T_DISCARD, 0, 8), VIRTIO_BLK_S_OK);
+    drop(g);
+    export.stop().unwrap();
+    reg.remove("vud").unwrap();
+}
+
+#[test]
+fn a_new_frontend_is_served_after_the_first_disconnects() {
+    let dir = TempDir::new("vhost-reconnect");
+    let disk = MemDisk::new(4 * MIB, 512);
+    let socket = dir.join("vu.sock");
+    let mut cfg = VhostUserConfig::new(&socket);
+    cfg.queues = 2;
+    let export = VhostUserExport::start(disk.clone(), cfg).unwrap();
+    let first = pattern(11, 32 << 10);
+    {
+        let mut g = connect(&socket, 2);
+        assert_eq!(g.queues[1].write(64, &first), VIRTIO_BLK_S_OK);
+        // The frontend goes away without any goodbye, as a killed QEMU does.
+    }
+    for round in 0..3u64 {
+        let mut g = connect(&socket, 2);
+        let (st, back) = g.queues[0].read(64, first.len());
+        assert_eq!(st, VIRTIO_BLK_S_OK);
+        assert!(
+            back == first,
+            "round {round}: the data survived the reconnect"
+        );
+        let more = pattern(20 + round, 4096);
+        assert_eq!(g.queues[1].write(1024 + round * 8, &more), VIRTIO_BLK_S_OK);
+    }
+    // A connection left open is cut by stop.
+    let g = connect(&socket, 2);
+    export.stop().unwrap();
+    drop(g);
+    let snap = disk.snapshot();
+    assert!(snap[64 * 512..64 * 512 + first.len()] == first[..]);
+    for round in 0..3u64 {
+        let at = ((1024 + round * 8) * 512) as usize;
+        assert!(snap[at..at + 4096] == pattern(20 + round, 4096)[..]);
+    }
+    assert!(
+        disk.flushes.load(Ordering::SeqCst) >= 4,
+        "flushed after each frontend"
+    );
+}
+
+#[test]
+fn bad_settings_and_a_live_socket_are_refused() {
+    let dir = TempDir::new("vhost-bad");
+    let disk = MemDisk::new(MIB, 512);
+    let socket = dir.join("vu.sock");
+    let mut cfg = VhostUserConfig::new(&socket);
+    cfg.queues = 0;
+    assert!(VhostUserExport::start(disk.clone(), cfg).is_err());
+    let mut cfg = VhostUserConfig::new(&socket);
+    cfg.queue_size = 100;
+    assert!(VhostUserExport::start(disk.clone(), cfg).is_err());
+    let export = VhostUserExport::start(disk.clone(), VhostUserConfig::new(&socket)).unwrap();
+    let err = VhostUserExport::start(disk.clone(), VhostUserConfig::new(&socket))
+        .err()
+        .expect("a second server on a live socket");
+    assert!(err.to_string().contains("in use"), "{err}");
+    export.stop().unwrap();
+    std::fs::write(dir.join("file"), b"x").unwrap();
+    let err = VhostUserExport::start(disk, VhostUserConfig::new(dir.join("file")))
+        .err()
+        .expect("a regular file is not replaced");
+    assert!(err.to_string().contains("not a socket"), "{err}");
+}
