@@ -51,7 +51,7 @@ impl Elephant {
     /// After CBC decryption of one sector: undoes the diffusers and the sector key.
     pub(crate) fn after_decrypt(&self, iv_sector: u64, sector: &mut [u8]) {
         let mut words = to_words(sector);
-        let d = &mut words[..];
+        let d = &mut words[..sector.len() / 4];
         let n = d.len();
         for i in 0..n * B_CYCLES {
             let v = d[(i + 2) % n] ^ d[(i + 5) % n].rotate_left(RB[i % 4]);
@@ -69,7 +69,7 @@ impl Elephant {
     pub(crate) fn before_encrypt(&self, iv_sector: u64, sector: &mut [u8]) {
         xor_key(sector, &self.sector_key(iv_sector));
         let mut words = to_words(sector);
-        let d = &mut words[..];
+        let d = &mut words[..sector.len() / 4];
         let n = d.len();
         for i in (0..n * A_CYCLES).rev() {
             let v = d[(i + n - 2) % n] ^ d[(i + n - 5) % n].rotate_left(RA[i % 4]);
