@@ -185,7 +185,15 @@ impl DmCipher {
         match dir {
             Direction::Decrypt => {
                 let Sectors { src, dst } = sectors;
-                self.engine.crypt(dir, Sectors { src, dst: &mut *dst }, ss, &ivs)?;
+                self.engine.crypt(
+                    dir,
+                    Sectors {
+                        src,
+                        dst: &mut *dst,
+                    },
+                    ss,
+                    &ivs,
+                )?;
                 for (i, s) in dst.chunks_exact_mut(ss).enumerate() {
                     d.after_decrypt(iv_sector(i), s);
                 }

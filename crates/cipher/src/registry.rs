@@ -178,7 +178,10 @@ pub fn open_cipher_spec(
     // diffuser's sector keys.
     let (key, diffuser) = if spec.iv_mode() == crate::IvMode::Elephant {
         let (data, tweak) = key.split_at(key.len() / 2);
-        (data, Some(crate::elephant::Elephant::new(tweak, opts.sector_size)?))
+        (
+            data,
+            Some(crate::elephant::Elephant::new(tweak, opts.sector_size)?),
+        )
     } else {
         (key, None)
     };

@@ -37,6 +37,9 @@ pub enum VolumeType {
     Luks2,
     /// Plain dm-crypt: no header.
     Plain,
+    /// BitLocker (read with `bitlkDump`, opened with a passphrase, recovery password,
+    /// startup key file or volume key).
+    Bitlk,
 }
 
 /// Keyslot KDFs, as cryptsetup's `--pbkdf`.
@@ -281,6 +284,12 @@ pub enum Action {
     /// Open a volume: with --test-passphrase only check it.
     #[command(name = "open", alias = "luksOpen")]
     Open(OpenArgs),
+    /// Print a BitLocker header (with --dump-volume-key, its volume key).
+    #[command(name = "bitlkDump")]
+    BitlkDump {
+        /// Device or image file.
+        device: PathBuf,
+    },
     /// Print a LUKS header.
     #[command(name = "luksDump")]
     LuksDump {

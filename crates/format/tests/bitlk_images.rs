@@ -63,7 +63,10 @@ fn volume_keys_match_cryptsetup() {
     // One image per encryption method, and each kind of secret.
     let cases: &[(&str, &[u8])] = &[
         ("bitlk-aes-cbc-128.img", b"anaconda"),
-        ("bitlk-aes-cbc-256.img", b"616319-601744-502117-534017-367994-176748-607299-663201"),
+        (
+            "bitlk-aes-cbc-256.img",
+            b"616319-601744-502117-534017-367994-176748-607299-663201",
+        ),
         ("bitlk-aes-xts-256.img", b"anaconda"),
         ("bitlk-aes-cbc-elephant-128.img", b"anaconda"),
         ("bitlk-aes-cbc-elephant-256.img", b"anaconda"),
@@ -73,13 +76,24 @@ fn volume_keys_match_cryptsetup() {
         let img = d.join(name);
         let f = std::fs::File::open(&img).unwrap();
         let h = BitlkHeader::read(&f).unwrap();
-        let vk = h.unlock(&BitlkKey::Secret(secret)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let vk = h
+            .unlock(&BitlkKey::Secret(secret))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let (rc, want) = cryptsetup(
-            &["bitlkDump", "-q", "--dump-volume-key", img.to_str().unwrap()],
+            &[
+                "bitlkDump",
+                "-q",
+                "--dump-volume-key",
+                img.to_str().unwrap(),
+            ],
             secret,
         );
         assert_eq!(rc, 0, "{name}");
-        assert_eq!(h.dump_volume_key(img.to_str().unwrap(), vk.as_bytes()), want, "{name}");
+        assert_eq!(
+            h.dump_volume_key(img.to_str().unwrap(), vk.as_bytes()),
+            want,
+            "{name}"
+        );
     }
     // cryptsetup 2.6.1 cannot use the non-ASCII passphrase (its later versions can): the
     // key it gives for the recovery password is the reference.
@@ -88,11 +102,19 @@ fn volume_keys_match_cryptsetup() {
     let vk = h.unlock(&BitlkKey::Secret("anaconda£".as_bytes())).unwrap();
     let rp = b"671979-070675-187088-665060-078518-143605-111408-569305";
     let (rc, want) = cryptsetup(
-        &["bitlkDump", "-q", "--dump-volume-key", img.to_str().unwrap()],
+        &[
+            "bitlkDump",
+            "-q",
+            "--dump-volume-key",
+            img.to_str().unwrap(),
+        ],
         rp,
     );
     assert_eq!(rc, 0);
-    assert_eq!(h.dump_volume_key(img.to_str().unwrap(), vk.as_bytes()), want);
+    assert_eq!(
+        h.dump_volume_key(img.to_str().unwrap(), vk.as_bytes()),
+        want
+    );
     // The startup key file opens its VMK; the clear key needs no secret.
     let img = d.join("bitlk-aes-xts-128-startup-key.img");
     let h = BitlkHeader::read(&std::fs::File::open(&img).unwrap()).unwrap();
@@ -115,16 +137,23 @@ fn volume_keys_match_cryptsetup() {
 fn wrong_secrets_and_kinds() {
     let Some((dir, _)) = images() else { return };
     let d = dir.join("bitlk-images");
-    let h = BitlkHeader::read(&std::fs::File::open(d.join("bitlk-aes-xts-128.img")).unwrap())
-        .unwrap();
+    let h =
+        BitlkHeader::read(&std::fs::File::open(d.join("bitlk-aes-xts-128.img")).unwrap()).unwrap();
     assert_eq!(h.kind, BitlkKind::Normal);
-    for bad in [&b"anacondA"[..], b"", b"235818-357951-253979-013365-241120-245575-342914-591921"] {
+    for bad in [
+        &b"anacondA"[..],
+        b"",
+        b"235818-357951-253979-013365-241120-245575-342914-591921",
+    ] {
         assert!(matches!(
             h.unlock(&BitlkKey::Secret(bad)),
             Err(FormatError::WrongPassphrase)
         ));
     }
-    assert!(matches!(h.unlock(&BitlkKey::None), Err(FormatError::WrongPassphrase)));
+    assert!(matches!(
+        h.unlock(&BitlkKey::None),
+        Err(FormatError::WrongPassphrase)
+    ));
     let eow = BitlkHeader::read(&std::fs::File::open(d.join("bitlk-aes-xts-128-eow.img")).unwrap())
         .unwrap();
     assert_eq!(eow.kind, BitlkKind::EncryptOnWrite);
@@ -143,7 +172,10 @@ fn damaged_headers_are_refused() {
     let mut head = vec![0u8; (first + 65536) as usize];
     {
         use std::os::unix::fs::FileExt;
-        std::fs::File::open(&src).unwrap().read_exact_at(&mut head, 0).unwrap();
+        std::fs::File::open(&src)
+            .unwrap()
+            .read_exact_at(&mut head, 0)
+            .unwrap();
     }
     // The rest of the volume as zeros: only the layout checks look at the size.
     let size = std::fs::metadata(&src).unwrap().len() as usize;
@@ -157,19 +189,34 @@ fn damaged_headers_are_refused() {
     assert!(BitlkHeader::read(&io(&head)).is_ok());
     // Truncated before the metadata, inside it, and a corrupted signature, size and entry.
     for cut in [100usize, 512, first as usize + 50, first as usize + 200] {
-        assert!(BitlkHeader::read(&io(&head[..cut])).is_err(), "cut at {cut}");
+        assert!(
+            BitlkHeader::read(&io(&head[..cut])).is_err(),
+            "cut at {cut}"
+        );
     }
     let mut bad = head.clone();
     bad[first as usize] ^= 0xff;
-    assert!(matches!(BitlkHeader::read(&io(&bad)), Err(FormatError::Corrupt(_))));
+    assert!(matches!(
+        BitlkHeader::read(&io(&bad)),
+        Err(FormatError::Corrupt(_))
+    ));
     let mut bad = head.clone();
     bad[first as usize + 64..first as usize + 68].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert!(matches!(BitlkHeader::read(&io(&bad)), Err(FormatError::Corrupt(_))));
+    assert!(matches!(
+        BitlkHeader::read(&io(&bad)),
+        Err(FormatError::Corrupt(_))
+    ));
     let mut bad = head.clone();
     bad[first as usize + 112] = 3; // first entry's size below its own header
     bad[first as usize + 113] = 0;
-    assert!(matches!(BitlkHeader::read(&io(&bad)), Err(FormatError::Corrupt(_))));
+    assert!(matches!(
+        BitlkHeader::read(&io(&bad)),
+        Err(FormatError::Corrupt(_))
+    ));
     let mut bad = head.clone();
     bad[3..11].copy_from_slice(b"NTFS    ");
-    assert!(matches!(BitlkHeader::read(&io(&bad)), Err(FormatError::NotLuks)));
+    assert!(matches!(
+        BitlkHeader::read(&io(&bad)),
+        Err(FormatError::NotLuks)
+    ));
 }

@@ -165,3 +165,37 @@ pub fn plan(
         }),
     })
 }
+
+/// Writes the unlocked volume (what `open` serves) to `dst`: the plan's table run by an
+/// in-process dm, so the offline image and the served device are the same bytes.
+pub fn write_plaintext(
+    h: &BitlkHeader,
+    vk: &SecretBytes,
+    device: &Path,
+    dst: &mut dyn std::io::Write,
+    progress: &mut dyn crate::progress::Progress,
+) -> Result<()> {
+    check_activatable(h)?;
+    let t = table(h, vk, device, &[])?;
+    let reg = cryptblk_dm::Registry::new();
+    let table = reg
+        .load_table(&t.to_text(true))
+        .map_err(|e| VolumeError::device(e.to_string()))?;
+    let len = cryptblk_dm::BlockDevice::size(&table);
+    progress.start(Some(len), "decrypting");
+    let result = (|| -> Result<()> {
+        let mut buf = zeroize::Zeroizing::new(vec![0u8; 1 << 20]);
+        let mut pos = 0u64;
+        while pos < len {
+            let n = (len - pos).min(buf.len() as u64) as usize;
+            cryptblk_dm::BlockDevice::read_at(&table, pos, &mut buf[..n])?;
+            dst.write_all(&buf[..n])?;
+            pos += n as u64;
+            progress.update(pos);
+        }
+        dst.flush()?;
+        Ok(())
+    })();
+    progress.finish();
+    result
+}

@@ -135,6 +135,11 @@ fn format_header(
                 "plain volumes have no header to format; use open --type plain",
             ))
         }
+        Some(VolumeType::Bitlk) => {
+            return Err(Failure::usage(
+                "cryptblk does not create BitLocker volumes (it opens them)",
+            ))
+        }
     };
     cryptblk_volume::format::format_header(dev, &req, passphrase)
 }
@@ -221,6 +226,9 @@ pub fn unlock(
 
 /// `open <device> [<name>]`.
 pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
+    if opts.volume_type == Some(VolumeType::Bitlk) {
+        return super::bitlk::open(opts, a);
+    }
     if opts.volume_type == Some(VolumeType::Plain) {
         // cryptsetup ignores --persistent for plain devices (nothing to store it in), but
         // still refuses it with --test-passphrase.

@@ -9,7 +9,7 @@
 //! `{last hash, initial hash, salt, counter (u64)}` 0x100000 times. A startup key file
 //! (`.BEK`) holds an external key entry whose GUID names the VMK it opens.
 
-use super::{entries, value, BitlkHeader, Encryption, EncryptedKey, Protection};
+use super::{entries, value, BitlkHeader, EncryptedKey, Encryption, Protection};
 use crate::error::{FormatError, Result};
 use ccm::aead::generic_array::GenericArray;
 use ccm::aead::{AeadInPlace, KeyInit};
@@ -71,11 +71,8 @@ pub fn recovery_key(text: &[u8]) -> Option<Zeroizing<[u8; 16]>> {
 
 fn passphrase_hash(pass: &[u8]) -> Option<Zeroizing<[u8; 32]>> {
     let text = std::str::from_utf8(pass).ok()?;
-    let utf16: Zeroizing<Vec<u8>> = Zeroizing::new(
-        text.encode_utf16()
-            .flat_map(|u| u.to_le_bytes())
-            .collect(),
-    );
+    let utf16: Zeroizing<Vec<u8>> =
+        Zeroizing::new(text.encode_utf16().flat_map(|u| u.to_le_bytes()).collect());
     let mut once = Zeroizing::new([0u8; 32]);
     once.copy_from_slice(&Sha256::digest(&utf16[..]));
     let mut out = Zeroizing::new([0u8; 32]);

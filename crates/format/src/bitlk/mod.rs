@@ -399,8 +399,7 @@ impl BitlkHeader {
         let volume_size = le64(&head, 16);
         let meta = &head[64..];
         let meta_size = le32(meta, 0) as usize;
-        if !(48..=MAX_METADATA).contains(&meta_size)
-            || first + 64 + meta_size as u64 > device_size
+        if !(48..=MAX_METADATA).contains(&meta_size) || first + 64 + meta_size as u64 > device_size
         {
             return Err(corrupt("metadata size is invalid"));
         }
@@ -464,7 +463,10 @@ impl BitlkHeader {
             .collect();
         areas.push((self.volume_header_offset, self.volume_header_size));
         for &(o, s) in &areas {
-            if !aligned(o) || !aligned(s) || s == 0 || o.checked_add(s).is_none_or(|e| e > self.volume_size)
+            if !aligned(o)
+                || !aligned(s)
+                || s == 0
+                || o.checked_add(s).is_none_or(|e| e > self.volume_size)
             {
                 return Err(corrupt("metadata area lies outside the volume"));
             }
