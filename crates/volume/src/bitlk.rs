@@ -98,7 +98,7 @@ pub fn table(
             &dev,
             dev_from / 512,
         );
-        c.flags = crypt_flags.clone();
+        c.flags = crypt_flags;
         c
     };
     let mut hidden: Vec<(u64, u64)> = h

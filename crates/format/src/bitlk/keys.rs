@@ -61,7 +61,7 @@ pub fn recovery_key(text: &[u8]) -> Option<Zeroizing<[u8; 16]>> {
             return None;
         }
         let v: u32 = g.parse().ok()?;
-        if v % 11 != 0 || v / 11 > 0xffff {
+        if !v.is_multiple_of(11) || v / 11 > 0xffff {
             return None;
         }
         key[2 * i..2 * i + 2].copy_from_slice(&((v / 11) as u16).to_le_bytes());
