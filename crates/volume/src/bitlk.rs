@@ -199,3 +199,89 @@ pub fn write_plaintext(
     progress.finish();
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cryptblk_format::bitlk::{EncryptedKey, Encryption, Vmk};
+
+    fn header(kind: BitlkKind, protections: &[Protection]) -> BitlkHeader {
+        let key = EncryptedKey {
+            nonce: [0; 12],
+            data: vec![0; 60],
+        };
+        BitlkHeader {
+            kind,
+            version: 2,
+            guid: String::new(),
+            sector_size: 512,
+            volume_size: 64 << 20,
+            created: 0,
+            description: String::new(),
+            encryption: Encryption::Xts(128),
+            vmks: protections
+                .iter()
+                .map(|&protection| Vmk {
+                    guid: String::new(),
+                    name: None,
+                    protection,
+                    salt: [0; 16],
+                    key: Some(key.clone()),
+                    clear_key: None,
+                })
+                .collect(),
+            fvek: key.clone(),
+            metadata_offsets: [16 << 20, 32 << 20, 48 << 20],
+            volume_header_offset: (16 << 20) + METADATA_AREA_SIZE,
+            volume_header_size: 8192,
+        }
+    }
+
+    #[test]
+    fn refusals_are_cryptsetups_class() {
+        let tpm = header(BitlkKind::Normal, &[Protection::Tpm, Protection::SmartCard]);
+        let e = check_activatable(&tpm).unwrap_err();
+        assert_eq!(e.code as i32, 1);
+        let eow = header(BitlkKind::EncryptOnWrite, &[Protection::Passphrase]);
+        assert!(check_activatable(&eow)
+            .unwrap_err()
+            .message
+            .contains("encrypt-on-write"));
+        let ok = header(
+            BitlkKind::Normal,
+            &[Protection::Tpm, Protection::RecoveryPassphrase],
+        );
+        assert!(check_activatable(&ok).is_ok());
+    }
+
+    #[test]
+    fn table_hides_metadata_and_moves_the_header_back() {
+        let h = header(BitlkKind::Normal, &[Protection::Passphrase]);
+        let vk = SecretBytes::from_vec(vec![1; 32]);
+        let t = table(&h, &vk, Path::new("/dev/null"), &[]).unwrap();
+        let kinds: Vec<String> = t
+            .to_text(false)
+            .lines()
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .collect();
+        let m = |mib: u64| mib * 2048;
+        let vh = (16 << 20) / 512 + 128;
+        assert_eq!(
+            kinds,
+            vec![
+                "0 16 crypt".to_string(),
+                format!("16 {} crypt", m(16) - 16),
+                format!("{} 128 zero", m(16)),
+                format!("{} 16 zero", m(16) + 128),
+                format!("{} {} crypt", vh + 16, m(32) - vh - 16),
+                format!("{} 128 zero", m(32)),
+                format!("{} {} crypt", m(32) + 128, m(16) - 128),
+                format!("{} 128 zero", m(48)),
+                format!("{} {} crypt", m(48) + 128, m(16) - 128),
+            ]
+        );
+        let first = t.lines[0].target.as_crypt().unwrap();
+        assert_eq!((first.iv_offset, first.offset), (vh, vh));
+        assert_eq!(t.len_sectors(), m(64));
+    }
+}
