@@ -112,9 +112,17 @@ pub(crate) struct DmCipher {
     iv_offset: u64,
     iv_large_sectors: bool,
     implementation: &'static str,
+    /// `elephant`: BitLocker's diffuser around each sector's CBC.
+    diffuser: Option<crate::elephant::Elephant>,
 }
 
 impl DmCipher {
+    /// Adds the Elephant diffuser layer (`elephant` IV mode).
+    pub(crate) fn with_diffuser(mut self, diffuser: Option<crate::elephant::Elephant>) -> Self {
+        self.diffuser = diffuser;
+        self
+    }
+
     pub(crate) fn new(
         engine: Box<dyn ModeEngine>,
         ivgen: IvGenerator,
@@ -128,6 +136,7 @@ impl DmCipher {
             iv_offset: opts.iv_offset,
             iv_large_sectors: opts.iv_large_sectors,
             implementation,
+            diffuser: None,
         }
     }
 
@@ -169,7 +178,39 @@ impl DmCipher {
             first,
             step,
         };
-        self.engine.crypt(dir, sectors, ss, &ivs)
+        let Some(d) = &self.diffuser else {
+            return self.engine.crypt(dir, sectors, ss, &ivs);
+        };
+        let iv_sector = |i: usize| first.wrapping_add((i as u64).wrapping_mul(step));
+        match dir {
+            Direction::Decrypt => {
+                let Sectors { src, dst } = sectors;
+                self.engine.crypt(
+                    dir,
+                    Sectors {
+                        src,
+                        dst: &mut *dst,
+                    },
+                    ss,
+                    &ivs,
+                )?;
+                for (i, s) in dst.chunks_exact_mut(ss).enumerate() {
+                    d.after_decrypt(iv_sector(i), s);
+                }
+                Ok(())
+            }
+            Direction::Encrypt => {
+                // The diffuser works in place: a separate source is copied first.
+                let Sectors { src, dst } = sectors;
+                if let Some(src) = src {
+                    dst.copy_from_slice(src);
+                }
+                for (i, s) in dst.chunks_exact_mut(ss).enumerate() {
+                    d.before_encrypt(iv_sector(i), s);
+                }
+                self.engine.crypt(dir, Sectors::in_place(dst), ss, &ivs)
+            }
+        }
     }
 }
 

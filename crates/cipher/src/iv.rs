@@ -4,7 +4,9 @@
 //! number, `plain64` the 64-bit one, `plain64be` the 64-bit big-endian number in the IV's
 //! last 8 bytes, `essiv:hash` the plain64 IV encrypted with the block cipher keyed by
 //! hash(volume key), `benbi` the big-endian count of cipher blocks (starting at 1) in the
-//! last 8 bytes, `null` all zeros. "Sector" is the IV sector the caller computed (512-byte
+//! last 8 bytes, `null` all zeros, `eboiv` the sector's byte offset (IV sector times the
+//! encryption sector size) as a little-endian block encrypted with the data key (BitLocker's
+//! CBC IV; `elephant` uses it too, see [`crate::elephant`]). "Sector" is the IV sector the caller computed (512-byte
 //! units, or encryption-sector units with `iv_large_sectors`).
 
 use crate::hash::HashAlgorithm;
@@ -26,7 +28,18 @@ pub(crate) enum EssivCipher {
 }
 
 impl EssivCipher {
-    fn encrypt(&self, block: &mut [u8; IV_LEN]) {
+    /// AES keyed with `key` (16, 24 or 32 bytes), for `eboiv` and the elephant tweak key.
+    pub(crate) fn aes(key: &[u8]) -> Result<Self, CipherError> {
+        let bad = || CipherError::Unsupported(format!("AES takes no {}-byte key", key.len()));
+        Ok(match key.len() {
+            16 => Self::Aes128(aes::Aes128::new_from_slice(key).map_err(|_| bad())?),
+            24 => Self::Aes192(aes::Aes192::new_from_slice(key).map_err(|_| bad())?),
+            32 => Self::Aes256(aes::Aes256::new_from_slice(key).map_err(|_| bad())?),
+            _ => return Err(bad()),
+        })
+    }
+
+    pub(crate) fn encrypt(&self, block: &mut [u8; IV_LEN]) {
         let b = GenericArray::from_mut_slice(block);
         match self {
             Self::Aes128(c) => c.encrypt_block(b),
@@ -49,6 +62,8 @@ pub(crate) enum IvGenerator {
     Essiv(Box<EssivCipher>),
     /// Shift that turns 512-byte sectors into cipher blocks: 9 - log2(block size).
     Benbi(u32),
+    /// The byte offset (IV sector times this sector size) encrypted with the data key.
+    Eboiv(Box<EssivCipher>, u64),
 }
 
 impl IvGenerator {
@@ -57,6 +72,7 @@ impl IvGenerator {
         mode: IvMode,
         cipher: BlockCipherName,
         volume_key: &[u8],
+        sector_size: usize,
     ) -> Result<Self, CipherError> {
         Ok(match mode {
             IvMode::None => Self::None,
@@ -70,6 +86,22 @@ impl IvGenerator {
             }
             // Boxed so the enum stays small; ESSIV key schedules are large.
             IvMode::Essiv(hash) => Self::Essiv(Box::new(essiv_cipher(hash, cipher, volume_key)?)),
+            IvMode::Eboiv | IvMode::Elephant => {
+                if cipher != BlockCipherName::Aes {
+                    return Err(CipherError::Unsupported(format!(
+                        "{} IVs need AES, not {}",
+                        mode.spec_name(),
+                        cipher.name()
+                    )));
+                }
+                // elephant's key is the data key and a tweak key of the same size; the IV
+                // uses the data key only.
+                let data_key = match mode {
+                    IvMode::Elephant => &volume_key[..volume_key.len() / 2],
+                    _ => volume_key,
+                };
+                Self::Eboiv(Box::new(EssivCipher::aes(data_key)?), sector_size as u64)
+            }
         })
     }
 
@@ -89,6 +121,10 @@ impl IvGenerator {
             Self::Benbi(shift) => {
                 let count = (iv_sector << shift).wrapping_add(1);
                 iv[8..].copy_from_slice(&count.to_be_bytes());
+            }
+            Self::Eboiv(c, sector_size) => {
+                iv[..8].copy_from_slice(&iv_sector.wrapping_mul(*sector_size).to_le_bytes());
+                c.encrypt(iv);
             }
         }
     }
@@ -153,7 +189,7 @@ mod tests {
         assert!(be[..8].iter().all(|&b| b == 0));
         assert_eq!(iv(&IvGenerator::Null, s), [0; 16]);
         // 16-byte blocks: 32 per 512-byte sector; sector 1 starts at block 32, counted from 1.
-        let benbi = IvGenerator::new(IvMode::Benbi, BlockCipherName::Aes, &[]).unwrap();
+        let benbi = IvGenerator::new(IvMode::Benbi, BlockCipherName::Aes, &[], 512).unwrap();
         assert_eq!(iv(&benbi, 1)[8..], 33u64.to_be_bytes());
     }
 
@@ -163,6 +199,7 @@ mod tests {
             IvMode::Essiv(HashAlgorithm::Sha1),
             BlockCipherName::Aes,
             &[0; 32],
+            512,
         );
         assert!(matches!(e, Err(CipherError::Unsupported(_))));
     }

@@ -14,6 +14,7 @@ pub mod aead;
 mod awslc;
 mod block;
 mod dmcipher;
+mod elephant;
 pub mod hash;
 mod iv;
 mod locked;

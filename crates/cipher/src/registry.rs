@@ -178,7 +178,18 @@ pub fn open_cipher_spec(
 ) -> Result<Box<dyn SectorCipher>, CipherError> {
     opts.check()?;
     spec.check_key_size(key.len())?;
-    let ivgen = IvGenerator::new(spec.iv_mode(), spec.cipher(), key)?;
+    let ivgen = IvGenerator::new(spec.iv_mode(), spec.cipher(), key, opts.sector_size)?;
+    // elephant: the CBC engine takes the data key; the tweak key (second half) keys the
+    // diffuser's sector keys.
+    let (key, diffuser) = if spec.iv_mode() == crate::IvMode::Elephant {
+        let (data, tweak) = key.split_at(key.len() / 2);
+        (
+            data,
+            Some(crate::elephant::Elephant::new(tweak, opts.sector_size)?),
+        )
+    } else {
+        (key, None)
+    };
     let (engine, name) = match &opts.implementation {
         Some(name) => {
             let imp = REGISTRY
@@ -210,5 +221,7 @@ pub fn open_cipher_spec(
             found.ok_or(last)?
         }
     };
-    Ok(Box::new(DmCipher::new(engine, ivgen, opts, name)))
+    Ok(Box::new(
+        DmCipher::new(engine, ivgen, opts, name).with_diffuser(diffuser),
+    ))
 }

@@ -126,6 +126,12 @@ pub enum IvMode {
     Essiv(HashAlgorithm),
     /// Big-endian narrow block count, starting at 1 (`benbi`).
     Benbi,
+    /// The sector's byte offset (IV sector times the encryption sector size), little-endian,
+    /// encrypted with the data key (`eboiv`, BitLocker's CBC IV).
+    Eboiv,
+    /// BitLocker's Elephant diffuser around CBC with `eboiv` IVs (`elephant`): the key is the
+    /// data key followed by a tweak key of the same size.
+    Elephant,
 }
 
 impl IvMode {
@@ -139,6 +145,8 @@ impl IvMode {
             Self::Plain64Be => "plain64be".into(),
             Self::Essiv(h) => format!("essiv:{}", h.name()),
             Self::Benbi => "benbi".into(),
+            Self::Eboiv => "eboiv".into(),
+            Self::Elephant => "elephant".into(),
         }
     }
 
@@ -153,6 +161,8 @@ impl IvMode {
             ("plain64", None) => Self::Plain64,
             ("plain64be", None) => Self::Plain64Be,
             ("benbi", None) => Self::Benbi,
+            ("eboiv", None) => Self::Eboiv,
+            ("elephant", None) => Self::Elephant,
             ("essiv", Some(h)) => Self::Essiv(HashAlgorithm::from_name(h).ok()?),
             _ => return None,
         };
@@ -220,6 +230,10 @@ impl CipherSpec {
             (_, Some(i)) => IvMode::parse(i).ok_or_else(unknown)?,
         };
         if cipher == BlockCipherName::Null && chain != ChainMode::Ecb {
+            return Err(unknown());
+        }
+        // The kernel's elephant diffuser exists only for AES in CBC mode, as BitLocker uses it.
+        if iv == IvMode::Elephant && (cipher != BlockCipherName::Aes || chain != ChainMode::Cbc) {
             return Err(unknown());
         }
         Ok(Self { cipher, chain, iv })
@@ -294,6 +308,10 @@ impl CipherSpec {
     /// key plus a 16-byte tweak key, `cipher_null` an empty key.
     pub fn valid_key_sizes(&self) -> Vec<usize> {
         let base = self.cipher.key_sizes();
+        if self.iv == IvMode::Elephant {
+            // dm-crypt accepts AES-128 and AES-256 data keys, each followed by its tweak key.
+            return vec![32, 64];
+        }
         match (self.cipher, self.chain) {
             (BlockCipherName::Null, _) => vec![0],
             (_, ChainMode::Xts) => base.iter().map(|k| 2 * k).collect(),
@@ -403,6 +421,10 @@ mod tests {
         assert_eq!(p("aes-cbc-null").iv_mode(), IvMode::Null);
         assert_eq!(p("aes-xts-essiv:sha256").chain_mode(), ChainMode::Xts);
         assert_eq!(p("aes:1-cbc-plain").spec_string(), "aes-cbc-plain");
+        assert_eq!(p("aes-cbc-eboiv").iv_mode(), IvMode::Eboiv);
+        assert_eq!(p("aes-cbc-elephant").valid_key_sizes(), vec![32, 64]);
+        assert!(CipherSpec::parse("aes-xts-elephant").is_err());
+        assert!(CipherSpec::parse("serpent-cbc-elephant").is_err());
     }
 
     #[test]

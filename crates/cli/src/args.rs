@@ -53,6 +53,9 @@ pub enum VolumeType {
     Plain,
     /// TrueCrypt or VeraCrypt (cryptsetup's TCRYPT): open, decrypt, tcryptDump.
     Tcrypt,
+    /// BitLocker (read with `bitlkDump`, opened with a passphrase, recovery password,
+    /// startup key file or volume key).
+    Bitlk,
 }
 
 /// Keyslot KDFs, as cryptsetup's `--pbkdf`.
@@ -371,6 +374,12 @@ pub enum Action {
     /// Print a TrueCrypt/VeraCrypt header (asks for the passphrase).
     #[command(name = "tcryptDump")]
     TcryptDump {
+        /// Device or image file.
+        device: PathBuf,
+    },
+    /// Print a BitLocker header (with --dump-volume-key, its volume key).
+    #[command(name = "bitlkDump")]
+    BitlkDump {
         /// Device or image file.
         device: PathBuf,
     },

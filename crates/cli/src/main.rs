@@ -77,6 +77,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Open(a) => luks::open(o, a),
         Action::LuksDump { device } => luks::dump(o, device),
         Action::TcryptDump { device } => actions::tcrypt::dump(o, device),
+        Action::BitlkDump { device } => actions::bitlk::dump(o, device),
         Action::LuksAddKey {
             device,
             new_key_file,

@@ -5,6 +5,7 @@
 //! (passphrase and key-file reading), [`hdrio`] (crash-testable header I/O) and [`error`].
 
 pub mod af;
+pub mod bitlk;
 pub mod error;
 pub mod hdrio;
 pub mod kdf;

@@ -36,6 +36,7 @@
 //! ```
 
 pub mod activation;
+pub mod bitlk;
 pub mod control;
 pub mod device;
 pub mod error;

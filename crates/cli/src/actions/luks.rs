@@ -140,6 +140,11 @@ fn format_header(
                 "TCRYPT headers cannot be formatted (cryptsetup never writes them either)",
             ))
         }
+        Some(VolumeType::Bitlk) => {
+            return Err(Failure::usage(
+                "cryptblk does not create BitLocker volumes (it opens them)",
+            ))
+        }
     };
     cryptblk_volume::format::format_header(dev, &req, passphrase)
 }
@@ -231,6 +236,9 @@ pub fn unlock(
 pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.volume_type == Some(VolumeType::Tcrypt) {
         return super::tcrypt::open(opts, a);
+    }
+    if opts.volume_type == Some(VolumeType::Bitlk) {
+        return super::bitlk::open(opts, a);
     }
     if opts.volume_type == Some(VolumeType::Plain) {
         // cryptsetup ignores --persistent for plain devices (nothing to store it in), but

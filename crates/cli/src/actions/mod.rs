@@ -1,6 +1,7 @@
 //! One module per family of actions.
 
 pub mod bench;
+pub mod bitlk;
 pub mod info;
 pub mod integrity;
 pub mod lifecycle;

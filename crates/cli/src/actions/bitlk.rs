@@ -1,0 +1,130 @@
+//! BitLocker: `bitlkDump`, `open --type bitlk` and `decrypt --type bitlk`, as cryptsetup's
+//! BITLK support (passphrase, recovery password, startup key file with `--key-file`, clear
+//! key, or `--volume-key-file`).
+
+use super::volume;
+use crate::args::{OpenArgs, Opts};
+use crate::daemon::ServeSpec;
+use crate::exit::{ActionResult, Failure};
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::bitlk::{BitlkHeader, BitlkKey};
+use cryptblk_volume::bitlk;
+use std::path::Path;
+
+/// The volume key: `--volume-key-file`, else a clear key, else the passphrase, recovery
+/// password or startup key file (`--key-file`) read as cryptsetup reads passphrases.
+fn volume_key(opts: &Opts, h: &BitlkHeader, device: &Path) -> Result<SecretBytes, Failure> {
+    if let Some(p) = &opts.volume_key_file {
+        let vk = volume::read_volume_key_file(p)?;
+        bitlk::check_volume_key(h, &vk)?;
+        return Ok(vk);
+    }
+    if h.has_clear_key() {
+        return bitlk::unlock(h, &BitlkKey::None);
+    }
+    let secret = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    bitlk::unlock(h, &BitlkKey::Secret(secret.as_bytes()))
+}
+
+/// `bitlkDump <device>` (with `--dump-volume-key`, the volume key, printed or with
+/// `--volume-key-file` stored in that file).
+pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
+    let h = bitlk::load(device)?;
+    let dev = device.display().to_string();
+    if !opts.dump_volume_key {
+        print!("{}", h.dump(&dev));
+        return Ok(());
+    }
+    volume::confirm(
+        opts,
+        "Header dump with volume key is sensitive information\nwhich allows access to encrypted partition without a passphrase.",
+    )?;
+    // Here --volume-key-file names where the key goes, not where it comes from.
+    let from = Opts {
+        volume_key_file: None,
+        ..opts.clone()
+    };
+    let vk = volume_key(&from, &h, device)?;
+    let text = h.dump_volume_key(&dev, vk.as_bytes());
+    match &opts.volume_key_file {
+        None => print!("{text}"),
+        Some(out) => {
+            // The header lines without the key, then where the key went (as cryptsetup).
+            let head: String = text
+                .lines()
+                .take_while(|l| !l.starts_with("MK dump:"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            print!("{head}");
+            write_private(out, vk.as_bytes())?;
+            println!("Key stored to file {}.", out.display());
+        }
+    }
+    Ok(())
+}
+
+/// Writes `key` to a new file readable only by its owner.
+fn write_private(path: &Path, key: &[u8]) -> ActionResult {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Failure::usage(format!("Cannot write to file {}: {e}", path.display())))?;
+    f.write_all(key)?;
+    Ok(())
+}
+
+/// `open --type bitlk <device> <name>`.
+pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
+    let h = bitlk::load(&a.device)?;
+    bitlk::check_activatable(&h)?;
+    if opts.test_passphrase && opts.volume_key_file.is_some() {
+        // A BitLocker volume key cannot be checked against the header, so there is nothing
+        // to test (cryptsetup fails this with exit 1 too).
+        return Err(Failure::usage(
+            "A BITLK volume key cannot be verified with --test-passphrase.",
+        ));
+    }
+    let vk = volume_key(opts, &h, &a.device)?;
+    if opts.test_passphrase {
+        return Ok(());
+    }
+    let name = a
+        .name
+        .as_deref()
+        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
+    cryptblk_volume::control::check_name(name)?;
+    let plan = bitlk::plan(&h, &vk, &a.device, name, &a.perf.table_flags())?;
+    let spec = ServeSpec {
+        name: plan.name.clone(),
+        table: plan.table.to_string(),
+        export: super::serving::export_spec(&a.export)?,
+        readonly: opts.readonly,
+        info: plan.info.clone(),
+    };
+    super::serving::start(spec, &a.export, opts.json)
+}
+
+/// `decrypt --type bitlk <device> <output>`: the volume as `open` would show it.
+pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
+    let h = bitlk::load(device)?;
+    bitlk::check_activatable(&h)?;
+    let vk = volume_key(opts, &h, device)?;
+    let mut out = cryptblk_volume::offline::Output::create(output)?;
+    bitlk::write_plaintext(
+        &h,
+        &vk,
+        device,
+        out.writer(),
+        &mut crate::progress::Bar::new(true),
+    )?;
+    out.commit()
+}
