@@ -620,7 +620,9 @@ impl Luks2Header {
     pub(super) fn drop_keyslot_json(&mut self, slot: usize) {
         let name = slot.to_string();
         if let Some(ks) = self.json["keyslots"].as_object_mut() {
-            ks.remove(&name);
+            // shift_remove keeps the other keyslots in their order, as cryptsetup's JSON does
+            // (remove would swap the last keyslot into the hole).
+            ks.shift_remove(&name);
         }
         let unref = |v: &mut Value| {
             if let Some(a) = v.get_mut("keyslots").and_then(Value::as_array_mut) {
