@@ -279,11 +279,7 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
             "an unbound keyslot cannot activate a device (use --test-passphrase)",
         ));
     }
-    let name = a
-        .name
-        .as_deref()
-        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
-    cryptblk_volume::control::check_name(name)?;
+    let name = mapping_name(a)?;
     let flags = persistent::effective(opts, &a.perf, &vol.stored_flags());
     let header = header_location(opts, &a.device);
     let at = plan::LuksLocation {
@@ -293,6 +289,21 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     let plan = plan::luks(&vol, &vk, at, name, &flags.library())?;
     let spec = serve_spec(plan, opts, a)?;
     start_persistent(opts, a, &vol, spec, &flags)
+}
+
+/// The mapping name `open` was given, refused unless it is a valid volume name.
+pub(super) fn mapping_name(a: &OpenArgs) -> Result<&str, Failure> {
+    let name = a
+        .name
+        .as_deref()
+        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
+    cryptblk_volume::control::check_name(name)?;
+    Ok(name)
+}
+
+/// Serves `plan` through the export `open` was given, as a new daemon.
+pub(super) fn serve_plan(plan: plan::ActivationPlan, opts: &Opts, a: &OpenArgs) -> ActionResult {
+    super::serving::start(serve_spec(plan, opts, a)?, &a.export, opts.json)
 }
 
 /// What the daemon serves for `plan` with the export and read-only mode asked for.
@@ -421,13 +432,9 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.test_passphrase {
         return Ok(());
     }
-    let name = a
-        .name
-        .as_deref()
-        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
-    cryptblk_volume::control::check_name(name)?;
+    let name = mapping_name(a)?;
     let plan = plan::plain(&pv, &a.device, name, &a.perf.table_flags())?;
-    super::serving::start(serve_spec(plan, opts, a)?, &a.export, opts.json)
+    serve_plan(plan, opts, a)
 }
 
 /// `luksDump`.

@@ -3,7 +3,6 @@
 
 use super::volume;
 use crate::args::{OpenArgs, Opts};
-use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, Failure};
 use crate::progress::Bar;
 use cryptblk_cipher::SecretBytes;
@@ -73,20 +72,9 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.test_passphrase {
         return Ok(());
     }
-    let name = a
-        .name
-        .as_deref()
-        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
-    cryptblk_volume::control::check_name(name)?;
+    let name = super::luks::mapping_name(a)?;
     let plan = lib::plan(&vol, &a.device, name, &a.perf.table_flags())?;
-    let spec = ServeSpec {
-        name: plan.name.clone(),
-        table: plan.table.to_string(),
-        export: super::serving::export_spec(&a.export)?,
-        readonly: opts.readonly,
-        info: plan.info.clone(),
-    };
-    super::serving::start(spec, &a.export, opts.json)
+    super::luks::serve_plan(plan, opts, a)
 }
 
 /// `decrypt --type tcrypt <device> <output>`: the decrypted data area, every chain.
