@@ -55,6 +55,12 @@ fn idle_connections_hold_no_threads_and_time_out() {
     ]));
     assert!(!out.contains("fail"), "qemu-io: {out}");
     assert!(disk.snapshot()[65536..131072].iter().all(|&b| b == 0x5a));
+    // qemu-io's own connection closes asynchronously after it exits: wait for that, then
+    // every idle client must still be there.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.connection_count() > IDLE && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(
         server.connection_count(),
         IDLE,

@@ -21,10 +21,26 @@ pub fn cryptblk() -> Command {
 
 /// A runtime directory private to this test process, so parallel tests and a user's own
 /// volumes never see each other's daemons.
+/// The directory is removed when the test process exits.
 pub fn runtime_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cryptblk-test-rt-{}", std::process::id()));
+    static CLEANUP: std::sync::Once = std::sync::Once::new();
+    let d = runtime_dir_path();
     std::fs::create_dir_all(&d).unwrap();
+    CLEANUP.call_once(|| {
+        // SAFETY: registers a plain extern "C" function with no captured state.
+        unsafe { libc::atexit(remove_runtime_dir) };
+    });
     d
+}
+
+fn runtime_dir_path() -> PathBuf {
+    std::env::temp_dir().join(format!("cryptblk-test-rt-{}", std::process::id()))
+}
+
+/// Runs at exit of the test harness: the daemons the tests started are closed by then, so
+/// what is left are stale sockets and logs.
+extern "C" fn remove_runtime_dir() {
+    let _ = std::fs::remove_dir_all(runtime_dir_path());
 }
 
 /// A tool from PATH that the test needs; panics with a clear message when missing unless

@@ -342,9 +342,12 @@ mod tests {
     use super::*;
 
     fn temp_file(len: u64) -> (PathBuf, File) {
-        let dir = std::env::temp_dir().join(format!("cryptblk-dm-file-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("f{}", rand_suffix()));
+        // A file straight in the temp dir (removed by the test) leaves nothing behind.
+        let path = std::env::temp_dir().join(format!(
+            "cryptblk-dm-file-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
         let f = File::create(&path).unwrap();
         f.set_len(len).unwrap();
         (path, f)

@@ -5,7 +5,9 @@
 //! transmission requests that are ready. Each request then runs as its own pool job, so a
 //! connection has up to `max_in_flight` requests executing at once and their replies go out
 //! in completion order, as the protocol allows (each reply is written whole under the
-//! connection's writer lock). While a step or the in-flight cap keeps the connection busy
+//! connection's writer lock). The exception is a lone request (none other in flight, no
+//! more bytes waiting): the worker that read it executes it, so a queue-depth-1 client pays
+//! one thread wake-up per round trip, not two. While a step or the in-flight cap keeps the connection busy
 //! it is not armed in the event loop, which keeps a connection's requests read in order by
 //! one worker at a time.
 
@@ -327,6 +329,18 @@ impl Conn {
                 state.last_active = Instant::now();
                 seq
             };
+            // A lone request with nothing behind it (a client at queue depth 1) runs right
+            // here: handing it to another worker would add a thread wake-up to every round
+            // trip, the queueing cost this project exists to avoid. Anything pipelined goes
+            // to the pool, so requests still overlap.
+            let lone =
+                !then_close && lock(&self.state).in_flight == 1 && !self.stream.readable_now();
+            if lone {
+                // Watch the socket first: a request that arrives while this one runs (a slow
+                // backing, a pipelining client) is read by another worker, not held behind it.
+                self.release(shared);
+                return self.execute(shared, session, incoming, seq, bytes);
+            }
             // Submitted before anything else is read, so jobs queue in request order.
             let conn = Arc::clone(self);
             let job_shared = Arc::clone(shared);
