@@ -60,6 +60,17 @@ pub fn suspend(name: &str) -> Result<()> {
             "Volume {name} is already suspended."
         )));
     }
+    // Mid-reencryption the table holds two keys; luksResume gives back one.
+    if st
+        .reencryption
+        .as_ref()
+        .is_some_and(|r| r.state != crate::reencrypt::RunState::Finished)
+    {
+        return Err(VolumeError::usage(format!(
+            "Volume {name} is in the middle of a reencryption; luksSuspend is not supported \
+             until it finishes."
+        )));
+    }
     control::request(name, &Request::Suspend)?;
     for sector in crypt_lines(&st) {
         if let Err(e) = message(name, sector, &["key", "wipe"]) {
