@@ -79,13 +79,13 @@ fn resume_keys(
         volume::limits(opts),
         &format!("Enter passphrase for {}: ", device.display()),
     )?;
-    Ok(reencrypt::unlock_keys(
+    reencrypt::unlock_keys(
         h,
         file,
         &state,
         pass.as_bytes(),
         opts.key_slot.map(|s| s as usize),
-    )?)
+    )
 }
 
 /// True when `a` and `b` name the same file (whatever the path).
