@@ -494,12 +494,14 @@ pub enum Action {
         /// Device.
         device: PathBuf,
     },
-    /// Re-encrypt a LUKS2 volume offline under a new volume key (optionally a new
-    /// --cipher, --key-size, --sector-size), or resume a reencryption either tool began.
+    /// Re-encrypt a LUKS2 volume under a new volume key (optionally a new --cipher,
+    /// --key-size, --sector-size), online when it is served, or resume a reencryption
+    /// either tool began.
     #[command(name = "reencrypt")]
     Reencrypt {
-        /// Device.
-        device: PathBuf,
+        /// Device (or the name of the served volume; see --active-name).
+        #[arg(required_unless_present = "active_name")]
+        device: Option<PathBuf>,
         /// Options of the reencryption.
         #[command(flatten)]
         args: ReencryptArgs,
@@ -1163,8 +1165,11 @@ pub struct ReencryptArgs {
     /// Only resume a reencryption already in progress.
     #[arg(long)]
     pub resume_only: bool,
-    /// Accepted for cryptsetup's scripts: cryptblk reencrypts offline whenever no cryptblk
-    /// process serves the volume; also allows a sector size increase offline.
+    /// Reencrypt offline even where a cryptblk daemon could do it online (a served volume
+    /// is then refused as busy); also allows a sector size increase offline.
     #[arg(long)]
     pub force_offline_reencrypt: bool,
+    /// The served volume to reencrypt online, by its mapping name (cryptsetup's option).
+    #[arg(long, value_name = "NAME")]
+    pub active_name: Option<String>,
 }

@@ -108,7 +108,9 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Config { device } => luks::config(o, device),
         Action::Convert { device } => luks::convert(o, device),
         Action::Repair { device } => luks::repair(o, device),
-        Action::Reencrypt { device, args } => actions::reencrypt::reencrypt(o, device, args),
+        Action::Reencrypt { device, args } => {
+            actions::reencrypt_online::reencrypt_action(o, device.as_deref(), args)
+        }
         Action::Benchmark => info::benchmark(o),
         Action::Ciphers => info::ciphers(o),
         Action::Encrypt { input, output } => offline::encrypt(o, input, output),

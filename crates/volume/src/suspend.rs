@@ -60,6 +60,22 @@ pub fn suspend(name: &str) -> Result<()> {
             "Volume {name} is already suspended."
         )));
     }
+    // Mid-reencryption the table holds two keys, and luksResume (which unlocks through a
+    // header with the reencryption requirement) would refuse: the volume would stay held.
+    let running = st
+        .reencryption
+        .as_ref()
+        .is_some_and(|r| r.state != crate::reencrypt::RunState::Finished);
+    let pending = Volume::load(&header_of(&st)?, crate::luks::LuksType::Any, false)
+        .ok()
+        .and_then(|v| v.luks2().map(|h| h.reencryption_in_progress()))
+        .unwrap_or(false);
+    if running || pending {
+        return Err(VolumeError::usage(format!(
+            "Volume {name} is in the middle of a reencryption; luksSuspend is not supported \
+             until it finishes."
+        )));
+    }
     control::request(name, &Request::Suspend)?;
     for sector in crypt_lines(&st) {
         if let Err(e) = message(name, sector, &["key", "wipe"]) {

@@ -1,7 +1,7 @@
 //! cryptsetup's LUKS actions: luksFormat, open, luksDump, key management, header backup,
 //! uuid, isLuks, erase, config.
 
-mod persistent;
+pub(super) mod persistent;
 
 use super::volume::{self, Volume};
 use crate::args::{OpenArgs, Opts, PerfArgs, VolumeType};
@@ -249,14 +249,8 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     persistent::check_options(opts, &a.perf)?;
     let vol = volume::load(opts, &a.device, false)?;
     if !opts.test_passphrase && vol.luks2().is_some_and(|h| h.reencryption_in_progress()) {
-        // cryptsetup would recover the hotzone and map both segments; cryptblk reads such
-        // volumes only offline so far.
-        return Err(Failure::usage(format!(
-            "{} is in the middle of a LUKS2 reencryption: cryptblk cannot activate it yet \
-             ('cryptblk decrypt' reads its data; 'cryptsetup reencrypt --resume-only' \
-             finishes it).",
-            a.device.display()
-        )));
+        // As cryptsetup's activation: recover the hotzone, map both segments.
+        return super::reencrypt_online::open_mid_reencryption(opts, a, vol);
     }
     let purpose = if opts.unbound {
         UnlockPurpose::Unbound

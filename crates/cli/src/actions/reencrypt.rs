@@ -16,7 +16,7 @@ use super::volume;
 /// The passphrases of the keyslots to carry over: `--key-slot`'s one, the only active
 /// keyslot's, or (on a terminal or standard input) one per active keyslot as cryptsetup
 /// asks for them.
-fn passphrases(
+pub(super) fn passphrases(
     opts: &Opts,
     h: &cryptblk_format::luks2::Luks2Header,
 ) -> Result<Vec<(usize, SecretBytes)>, Failure> {
@@ -55,7 +55,8 @@ fn passphrases(
         .collect()
 }
 
-fn summary(
+/// The JSON line `--json` prints for an offline run (or an online `--init-only`).
+pub(super) fn summary(
     device: &Path,
     status: &str,
     out: &reencrypt::RunOutcome,

@@ -510,6 +510,22 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         ExportDescription::Ublk(_) | ExportDescription::None => {}
     }
     println!("  status:      {}", a.status.trim());
+    if let Some(r) = &a.reencryption {
+        let state = serde_json::to_value(r.state).unwrap_or_default();
+        println!(
+            "  reencrypt:   {}, {:.1}% ({} of {} bytes{}){}",
+            state.as_str().unwrap_or("?"),
+            r.done as f64 * 100.0 / r.total.max(1) as f64,
+            r.done,
+            r.total,
+            if r.bytes_per_sec > 0 {
+                format!(", {} bytes/s", r.bytes_per_sec)
+            } else {
+                String::new()
+            },
+            r.error.as_ref().map_or(String::new(), |e| format!(": {e}"))
+        );
+    }
     for b in &a.backings {
         println!("  backing:     {} errors={}", b.device, b.errors);
     }

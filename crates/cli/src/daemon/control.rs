@@ -4,11 +4,12 @@
 
 use super::stack::Stack;
 use crate::exit::{ExitCode, Failure};
-use cryptblk_cipher::SecretText;
+use cryptblk_cipher::{SecretBytes, SecretText};
 use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
 use cryptblk_volume::control::{
     self as client, BackingStatus, Pipeline, Request, Response, Status,
 };
+use cryptblk_volume::reencrypt::{ReencryptKeys, RunOptions};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -278,6 +279,22 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
     };
     let dm_err =
         |e: cryptblk_dm::DmError| Response::error(ExitCode::WrongParameters, e.to_string());
+    // While an online reencryption runs its thread owns the top table (and the hotzone's):
+    // a reload, refresh, suspend or key message would race it.
+    let changes_table = matches!(
+        req,
+        Request::Suspend
+            | Request::Resume
+            | Request::Reload { .. }
+            | Request::Refresh { .. }
+            | Request::Message { .. }
+    );
+    if changes_table && stack.reencrypting() {
+        return Response::error(
+            ExitCode::Busy,
+            format!("Device {} is being reencrypted.", spec.name),
+        );
+    }
     match req {
         Request::Status => {
             let info = mapping.info();
@@ -334,12 +351,54 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                     .into_iter()
                     .map(|(device, errors)| BackingStatus { device, errors })
                     .collect(),
+                reencryption: if is_top {
+                    stack.reencryption_progress()
+                } else {
+                    None
+                },
             }))
         }
         Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),
         Request::Close => {
+            // A running reencryption finishes its step first, so the header on disk is a
+            // finished step that either tool resumes.
+            stack.stop_reencryption();
             stopping.store(true, Ordering::SeqCst);
             Response::Done
+        }
+        Request::Reencrypt { .. } if !is_top => Response::error(
+            ExitCode::WrongParameters,
+            format!("{target} is not the volume's top mapping"),
+        ),
+        Request::Reencrypt {
+            old_key,
+            new_key,
+            max_hotzone,
+            device_block,
+        } => {
+            // "" is a key the data no longer needs (the old one at the very end).
+            let key = |hex: &str| -> Result<Option<SecretBytes>, Response> {
+                if hex.is_empty() {
+                    return Ok(None);
+                }
+                let mut k = SecretBytes::zeroed(hex.len() / 2);
+                hex::decode_to_slice(hex, k.as_mut_bytes()).map_err(|_| {
+                    Response::error(ExitCode::WrongParameters, "malformed volume key")
+                })?;
+                Ok(Some(k))
+            };
+            let keys = match (key(old_key), key(new_key)) {
+                (Ok(old), Ok(new)) => ReencryptKeys { old, new },
+                (Err(r), _) | (_, Err(r)) => return r,
+            };
+            let opts = RunOptions {
+                max_hotzone: *max_hotzone,
+                device_block: (*device_block).max(512),
+            };
+            match stack.start_reencryption(keys, opts) {
+                Ok(()) => Response::Done,
+                Err(f) => Response::error(f.code, f.message),
+            }
         }
         Request::Suspend => match mapping.suspend() {
             Ok(()) => Response::Done,

@@ -12,6 +12,9 @@ use cryptblk_export::vhost_user::VhostUserConfig;
 use cryptblk_export::{Export, ExportConfig, ExportDescription};
 use cryptblk_volume::control::Response;
 use cryptblk_volume::lock::DataLocks;
+use cryptblk_volume::reencrypt::{
+    OnlineJob, OnlineRequest, ReencryptKeys, ReencryptProgress, RunOptions,
+};
 use std::sync::{Arc, Mutex};
 
 /// Starts the export `spec` asks for on `device`, through the export registry.
@@ -79,7 +82,8 @@ fn start_export(
 /// The mappings and the export of one daemon.
 pub(super) struct Stack {
     spec: ServeSpec,
-    registry: Registry,
+    /// Shared with an online reencryption's thread, which swaps the top table.
+    registry: Arc<Registry>,
     /// The top (exported) mapping.
     mapping: Arc<Mapping>,
     export: Box<dyn Export>,
@@ -87,6 +91,8 @@ pub(super) struct Stack {
     lower: Vec<String>,
     /// The data locks on every file the tables use, held until the stack is closed.
     locks: Mutex<DataLocks>,
+    /// An online reencryption started on this daemon (running or done).
+    reencryption: Mutex<Option<OnlineJob>>,
 }
 
 impl Stack {
@@ -99,10 +105,10 @@ impl Stack {
     ) -> Result<Stack, Failure> {
         // A read-only volume opens every backing O_RDONLY, and its targets load read-only (an
         // integrity target then never writes: no journal replay to disk, no bitmap).
-        let registry = Registry::with_file_options(FileOptions {
+        let registry = Arc::new(Registry::with_file_options(FileOptions {
             read_only: spec.readonly,
             ..FileOptions::default()
-        });
+        }));
         let mut locks = DataLocks::new();
         {
             let keyless = lower_tables(&spec.info);
@@ -150,7 +156,79 @@ impl Stack {
             export,
             lower,
             locks: Mutex::new(locks),
+            reencryption: Mutex::new(None),
         })
+    }
+
+    /// Starts an online reencryption of the top mapping (see
+    /// [`cryptblk_volume::reencrypt::online`]); refused while one runs.
+    pub(super) fn start_reencryption(
+        &self,
+        keys: ReencryptKeys,
+        opts: RunOptions,
+    ) -> Result<(), Failure> {
+        let mut job = self.reencryption.lock().unwrap_or_else(|e| e.into_inner());
+        if job.as_ref().is_some_and(|j| j.is_running()) {
+            return Err(Failure::new(
+                ExitCode::Busy,
+                format!("Device {} is already being reencrypted.", self.spec.name),
+            ));
+        }
+        if self.spec.readonly {
+            return Err(Failure::usage(format!(
+                "Device {} is active read-only; it cannot be reencrypted online.",
+                self.spec.name
+            )));
+        }
+        let header = self.spec.info["header"]
+            .as_str()
+            .or_else(|| self.spec.info["device"].as_str())
+            .ok_or_else(|| Failure::usage(format!("{} is not a LUKS2 volume", self.spec.name)))?;
+        *job = Some(OnlineJob::start(
+            self.registry.clone(),
+            OnlineRequest {
+                name: self.spec.name.clone(),
+                header: header.into(),
+                keys,
+                opts,
+            },
+        )?);
+        Ok(())
+    }
+
+    /// True while an online reencryption runs (the table is the reencryption's alone).
+    pub(super) fn reencrypting(&self) -> bool {
+        self.reencryption
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|j| j.is_running())
+    }
+
+    /// The reencryption `status` reports: this daemon's run, else the state the volume
+    /// was opened in (`info.reencryption`), else none.
+    pub(super) fn reencryption_progress(&self) -> Option<ReencryptProgress> {
+        if let Some(j) = self
+            .reencryption
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            return Some(j.progress());
+        }
+        serde_json::from_value(self.spec.info.get("reencryption")?.clone()).ok()
+    }
+
+    /// Stops an online reencryption after its current step (`close`).
+    pub(super) fn stop_reencryption(&self) {
+        if let Some(j) = self
+            .reencryption
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            j.stop();
+        }
     }
 
     /// Locks the files a table about to be loaded into this stack uses (`dm reload`), as
@@ -254,7 +332,10 @@ impl Stack {
             export,
             lower,
             locks,
+            reencryption,
         } = self;
+        // Its thread holds the registry and may hold the hotzone: end it first.
+        drop(reencryption);
         let flushed = mapping.flush();
         let stopped = export.stop();
         drop(mapping);

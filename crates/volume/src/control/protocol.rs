@@ -59,12 +59,33 @@ pub enum Request {
         /// wiped on drop).
         message: Vec<String>,
     },
+    /// Start re-keying the served LUKS2 volume in the background (online reencryption);
+    /// its header must already hold the reencryption (`reencrypt` keyslot and segments).
+    /// Answered once the run started; `status` reports its progress.
+    Reencrypt {
+        /// The old volume key in hex (never shown in `Debug`, wiped on drop).
+        old_key: String,
+        /// The new volume key in hex (never shown in `Debug`, wiped on drop).
+        new_key: String,
+        /// `--hotzone-size` in bytes.
+        #[serde(default)]
+        max_hotzone: Option<u64>,
+        /// The data device's block size (hotzones align to it).
+        #[serde(default)]
+        device_block: u32,
+    },
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
         match self {
             Request::Reload { table } => zeroize::Zeroize::zeroize(table),
+            Request::Reencrypt {
+                old_key, new_key, ..
+            } => {
+                old_key.zeroize();
+                new_key.zeroize();
+            }
             Request::Message { message, .. } => {
                 message.iter_mut().for_each(zeroize::Zeroize::zeroize)
             }
@@ -89,6 +110,10 @@ impl fmt::Debug for Request {
             // The words may hold a key (`key set <hex>`).
             Request::Message { sector, .. } => {
                 write!(f, "Message {{ sector: {sector}, .. }}")
+            }
+            // Both fields are volume keys.
+            Request::Reencrypt { max_hotzone, .. } => {
+                write!(f, "Reencrypt {{ max_hotzone: {max_hotzone:?}, .. }}")
             }
         }
     }
@@ -229,6 +254,10 @@ pub struct Status {
     /// from daemons that predate it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backings: Vec<BackingStatus>,
+    /// A LUKS2 reencryption of the served volume (opened mid-reencryption or re-keyed
+    /// online) and its progress; left out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reencryption: Option<crate::reencrypt::ReencryptProgress>,
 }
 
 /// A remote backing store (`rbd:...`) in a [`Status`].
@@ -396,9 +425,11 @@ impl Response {
                 let m: MessageAnswer = serde_json::from_value(value).map_err(malformed)?;
                 Response::Message(m.reply)
             }
-            Request::Close | Request::Suspend | Request::Resume | Request::Reload { .. } => {
-                Response::Done
-            }
+            Request::Close
+            | Request::Suspend
+            | Request::Resume
+            | Request::Reload { .. }
+            | Request::Reencrypt { .. } => Response::Done,
         })
     }
 
@@ -452,6 +483,7 @@ mod tests {
             lower: vec!["v_dif".into()],
             pid: 42,
             backings: Vec::new(),
+            reencryption: None,
         }
     }
 

@@ -10,13 +10,16 @@
 //! - [`repair`]: recovery written back (`repair`): the hotzone rewritten under the new key
 //!   and the header of a finished step;
 //! - [`init`]: starting a re-key (new keyslots, the reencryption metadata);
-//! - [`run`]: running or resuming a forward re-key step by step.
+//! - [`run`]: running or resuming a forward re-key step by step;
+//! - [`online`]: the same steps in a daemon while the volume is served, and the table
+//!   that serves a volume mid-reencryption.
 //!
 //! What is not here yet: backward direction, data shifts (`--encrypt` with
-//! `--reduce-device-size`, `--decrypt`), detached headers, online reencryption.
+//! `--reduce-device-size`, `--decrypt`), detached headers.
 
 pub mod init;
 pub mod keys;
+pub mod online;
 pub mod read;
 pub mod recovery;
 pub mod repair;
@@ -25,6 +28,7 @@ pub mod state;
 
 pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
+pub use online::{OnlineJob, OnlineRequest, ReencryptProgress, RunState};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;
 pub use run::{run, RunOptions, RunOutcome};

@@ -107,7 +107,7 @@ pub fn hotzone_length(state: &ReencryptState, opts: &RunOptions) -> Result<u64> 
 }
 
 /// The end of the data area: the device size, which must hold whole encryption sectors.
-fn data_end(state: &ReencryptState, io: &dyn HeaderIo) -> Result<u64> {
+pub(crate) fn data_end(state: &ReencryptState, io: &dyn HeaderIo) -> Result<u64> {
     let size = io.size().map_err(io_err("reading the device size"))?;
     let start = state.fin.offset.min(state.previous.offset);
     let ss = u64::from(state.previous.sector_size.max(state.fin.sector_size));
@@ -139,7 +139,7 @@ pub fn check_checksum_blocks(resilience: &Resilience, data_size: u64) -> Result<
 
 /// Re-encrypts `[offset, offset + len)` from old to new in chunks (read, decrypt, encrypt,
 /// write) and syncs.
-fn rewrite(
+pub(crate) fn rewrite(
     io: &dyn HeaderIo,
     ciphers: &Ciphers,
     offset: u64,
@@ -165,7 +165,12 @@ fn rewrite(
 }
 
 /// Writes the hotzone's resilience data (step 1) and syncs.
-fn protect(state: &ReencryptState, io: &dyn HeaderIo, offset: u64, len: u64) -> Result<()> {
+pub(crate) fn protect(
+    state: &ReencryptState,
+    io: &dyn HeaderIo,
+    offset: u64,
+    len: u64,
+) -> Result<()> {
     let ks = &state.keyslot;
     match &ks.resilience {
         Resilience::None => return Ok(()),
@@ -221,7 +226,7 @@ fn protect(state: &ReencryptState, io: &dyn HeaderIo, offset: u64, len: u64) -> 
 
 /// Writes the final header in one write, then wipes the removed keyslots' areas (the old
 /// key's keyslots and the resilience area).
-fn finish(h: &mut Luks2Header, io: &dyn HeaderIo) -> Result<()> {
+pub(crate) fn finish(h: &mut Luks2Header, io: &dyn HeaderIo) -> Result<()> {
     let areas = h.finish_reencryption()?;
     h.write_reencryption(io)?;
     wipe_areas(io, &areas)?;
@@ -232,7 +237,11 @@ fn finish(h: &mut Luks2Header, io: &dyn HeaderIo) -> Result<()> {
 /// was cut while removing the old key's keyslots, and the passphrase opens none of those
 /// left) the digest cannot be computed; then only a reencryption whose data is all new may
 /// go on (to its final header), which needs no old key.
-fn verify_digest(h: &Luks2Header, state: &ReencryptState, keys: &ReencryptKeys) -> Result<()> {
+pub(crate) fn verify_digest(
+    h: &Luks2Header,
+    state: &ReencryptState,
+    keys: &ReencryptKeys,
+) -> Result<()> {
     if keys.old.is_none() {
         if state.segments.iter().any(|s| s.side != Side::New) {
             return Err(VolumeError::device(

@@ -1,0 +1,404 @@
+//! Online LUKS2 reencryption (`reencrypt` of a volume a cryptblk daemon serves) and `open`
+//! of a volume mid-reencryption; offline runs are [`super::reencrypt`]'s. The work is
+//! [`cryptblk_volume::reencrypt`]'s (the online steps run in the daemon: see
+//! [`cryptblk_volume::reencrypt::online`]).
+
+use super::reencrypt::{passphrases, reencrypt, summary};
+use super::volume;
+use crate::args::{OpenArgs, Opts, ReencryptArgs, ResilienceArg};
+use crate::exit::{ActionResult, ExitCode, Failure};
+use crate::progress::Bar;
+use cryptblk_cipher::hash::HashAlgorithm;
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::luks2::Luks2Header;
+use cryptblk_volume::control::{self, Request, Status};
+use cryptblk_volume::reencrypt::{
+    self, online, InitParams, ReencryptKeys, ReencryptState, ResilienceChoice, RunState,
+};
+use cryptblk_volume::{LuksType, Progress, Volume};
+use std::path::{Path, PathBuf};
+
+/// The `--hotzone-size` limit, checked as cryptsetup checks it.
+fn max_hotzone(a: &ReencryptArgs) -> Result<Option<u64>, Failure> {
+    let max_hotzone = a
+        .hotzone_size
+        .as_deref()
+        .map(|t| cryptblk_volume::format::parse_bytes(t, "--hotzone-size"))
+        .transpose()?;
+    if max_hotzone.is_some_and(|n| n == 0 || n % 512 != 0) {
+        return Err(Failure::usage(
+            "Invalid max reencryption hotzone size specification.",
+        ));
+    }
+    Ok(max_hotzone)
+}
+
+/// The parameters of a new re-key from the command line.
+fn init_params(opts: &Opts, a: &ReencryptArgs, device_block: u32) -> Result<InitParams, Failure> {
+    let resilience_hash = match &a.resilience_hash {
+        Some(name) => HashAlgorithm::from_name(name)
+            .map_err(|_| Failure::usage(format!("Hash algorithm {name} is not available.")))?,
+        None => HashAlgorithm::Sha256,
+    };
+    let pbkdf_chosen = opts.pbkdf.is_some()
+        || opts.hash.is_some()
+        || opts.pbkdf_force_iterations.is_some()
+        || opts.iter_time.is_some();
+    Ok(InitParams {
+        cipher: opts.cipher.clone(),
+        key_size: opts.key_size.map(|b| b as usize / 8),
+        sector_size: opts.sector_size,
+        resilience: match a.resilience {
+            None | Some(ResilienceArg::Checksum) => ResilienceChoice::Checksum,
+            Some(ResilienceArg::Journal) => ResilienceChoice::Journal,
+            Some(ResilienceArg::None) => ResilienceChoice::None,
+        },
+        resilience_hash,
+        pbkdf: if pbkdf_chosen {
+            Some(volume::pbkdf_request(opts, false)?)
+        } else {
+            None
+        },
+        device_block,
+        one_keyslot: opts.key_slot.is_some(),
+    })
+}
+
+/// Both keys of the reencryption `h` holds, from one passphrase.
+fn resume_keys(
+    opts: &Opts,
+    h: &Luks2Header,
+    file: &std::fs::File,
+    device: &Path,
+) -> Result<ReencryptKeys, Failure> {
+    let state = ReencryptState::of(h)?.ok_or_else(|| {
+        Failure::device("LUKS2 reencryption requirement without reencryption metadata")
+    })?;
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    reencrypt::unlock_keys(
+        h,
+        file,
+        &state,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+    )
+}
+
+/// True when `a` and `b` name the same file (whatever the path).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The served volume `reencrypt` is about: `--active-name`, a positional argument that is
+/// the name of a served volume rather than a file, or the daemon serving `device`'s header.
+fn served_volume(device: Option<&Path>, active: Option<&str>) -> Result<Option<Status>, Failure> {
+    if let Some(name) = active {
+        return Ok(Some(control::status(name)?));
+    }
+    let Some(device) = device else {
+        return Ok(None);
+    };
+    if !device.exists() {
+        if let Some(name) = device.to_str() {
+            if control::check_name(name).is_ok() {
+                if let Ok(st) = control::status(name) {
+                    return Ok(Some(st));
+                }
+            }
+        }
+        return Ok(None);
+    }
+    for name in control::list().unwrap_or_default() {
+        let Ok(st) = control::status(&name) else {
+            continue;
+        };
+        let serves = ["header", "device"]
+            .iter()
+            .filter_map(|k| st.info[*k].as_str())
+            .any(|p| same_file(Path::new(p), device));
+        if serves && st.info["type"].is_string() {
+            return Ok(Some(st));
+        }
+    }
+    Ok(None)
+}
+
+/// `reencrypt [DEVICE]`: a re-key of a LUKS2 volume, online through its daemon when a
+/// cryptblk daemon serves it (unless `--force-offline-reencrypt`), else [`reencrypt`].
+pub fn reencrypt_action(opts: &Opts, device: Option<&Path>, a: &ReencryptArgs) -> ActionResult {
+    if !a.force_offline_reencrypt && opts.header.is_none() {
+        if let Some(st) = served_volume(device, a.active_name.as_deref())? {
+            return online_reencrypt(opts, st, a);
+        }
+    }
+    let device = match (device, &a.active_name) {
+        (Some(d), _) => d,
+        (None, Some(_)) => {
+            return Err(Failure::usage(
+                "Options --active-name and --force-offline-reencrypt cannot be combined.",
+            ))
+        }
+        (None, None) => return Err(Failure::usage("reencrypt needs a device")),
+    };
+    reencrypt(opts, device, a)
+}
+
+/// The JSON line `--json` prints for an online run that ended.
+fn online_summary(name: &str, device: &str, p: &reencrypt::ReencryptProgress, first: u64) {
+    let v = serde_json::json!({
+        "device": device,
+        "name": name,
+        "online": true,
+        "status": "finished",
+        "data_size": p.total,
+        "bytes": p.total.saturating_sub(first),
+        "steps": p.steps,
+        "hotzone_size": p.hotzone,
+    });
+    println!("{v}");
+}
+
+/// Online re-key of the served volume `st`: the header work (new keyslots and the
+/// reencryption metadata, or unlocking both keys to resume) happens here, under the header
+/// lock; then the daemon is handed both keys and runs the steps while it serves, and this
+/// waits for the end, drawing the progress its `status` reports.
+fn online_reencrypt(opts: &Opts, st: Status, a: &ReencryptArgs) -> ActionResult {
+    if a.init_only && a.resume_only {
+        return Err(Failure::usage(
+            "Options --init-only and --resume-only cannot be combined.",
+        ));
+    }
+    let name = st.name.clone();
+    match st.info["type"].as_str() {
+        Some("LUKS2") => {}
+        Some("LUKS1") => {
+            return Err(Failure::usage(
+                "LUKS1 reencryption is not supported by cryptblk yet.",
+            ))
+        }
+        _ => {
+            return Err(Failure::new(
+                ExitCode::WrongDevice,
+                format!("{name} is not active LUKS2 device name."),
+            ))
+        }
+    }
+    let header = cryptblk_volume::suspend::header_of(&st)?;
+    let data = st.info["device"].as_str().map(PathBuf::from);
+    if !data.as_deref().is_some_and(|d| same_file(d, &header)) {
+        return Err(Failure::usage(
+            "reencryption with a detached header (--header) is not supported yet",
+        ));
+    }
+    if st.readonly {
+        return Err(Failure::usage(format!(
+            "Device {name} is active read-only; it cannot be reencrypted online."
+        )));
+    }
+    if st.suspended {
+        return Err(Failure::new(
+            ExitCode::Busy,
+            format!("Volume {name} is suspended; resume it first."),
+        ));
+    }
+    let max_hotzone = max_hotzone(a)?;
+    let Volume::Luks2(mut h, file) = Volume::load(&header, LuksType::Luks2, true)? else {
+        return Err(Failure::usage("reencryption needs a LUKS2 header"));
+    };
+    // Serialises with other header writers; released before the daemon takes it.
+    cryptblk_volume::lock::lock_header(&file, true)
+        .map_err(|e| Failure::device(format!("cannot lock the header: {e}")))?;
+    let device_block = reencrypt::init::device_block_size(&file);
+    let keys = if h.reencryption_in_progress() {
+        if a.init_only {
+            return Err(Failure::usage(
+                "LUKS2 reencryption already initialized. Aborting operation.",
+            ));
+        }
+        resume_keys(opts, &h, &file, &header)?
+    } else {
+        if a.resume_only {
+            return Err(Failure::usage("Device reencryption not in progress."));
+        }
+        let params = init_params(opts, a, device_block)?;
+        let pass = passphrases(opts, &h)?;
+        let init = reencrypt::init(&mut h, &file, &pass, &params)?;
+        if opts.verbose {
+            for (_, n) in &init.keyslots {
+                eprintln!("Key slot {n} created.");
+            }
+        }
+        if a.init_only {
+            if opts.json {
+                summary(
+                    &header,
+                    "initialized",
+                    &reencrypt::RunOutcome::default(),
+                    Some(&init),
+                );
+            }
+            return Ok(());
+        }
+        ReencryptKeys {
+            old: Some(init.old_key.clone()),
+            new: Some(init.new_key.clone()),
+        }
+    };
+    drop(file);
+    // unlock_keys made sure each key the data still needs is there; an old key no data
+    // needs any more travels as "".
+    let hex = |k: &Option<SecretBytes>| {
+        k.as_ref()
+            .map_or(String::new(), |k| k.to_hex().as_str().to_owned())
+    };
+    control::request(
+        &name,
+        &Request::Reencrypt {
+            old_key: hex(&keys.old),
+            new_key: hex(&keys.new),
+            max_hotzone,
+            device_block,
+        },
+    )?;
+    drop(keys);
+    wait_online(opts, &name, &header)
+}
+
+/// Follows the daemon's run of `name` to its end, drawing its progress.
+fn wait_online(opts: &Opts, name: &str, header: &Path) -> ActionResult {
+    let mut bar = Bar::new(true);
+    let mut first = None;
+    let interrupted = || {
+        Failure::usage(format!(
+            "Reencryption of {name} was interrupted; its state on disk is resumable \
+             ('cryptblk reencrypt --resume-only', online or offline)."
+        ))
+    };
+    let result = loop {
+        let p = match control::status(name) {
+            Ok(Status {
+                reencryption: Some(p),
+                ..
+            }) => p,
+            // The daemon closed (or died): the header holds a finished step.
+            _ => break Err(interrupted()),
+        };
+        let start = *first.get_or_insert_with(|| {
+            bar.start(Some(p.total), "reencrypting");
+            p.done
+        });
+        bar.update(p.done);
+        match p.state {
+            RunState::Running => {}
+            RunState::Finished => {
+                if opts.json {
+                    online_summary(name, &header.display().to_string(), &p, start);
+                }
+                break Ok(());
+            }
+            RunState::Failed => {
+                break Err(Failure::device(
+                    p.error.unwrap_or_else(|| "the reencryption failed".into()),
+                ))
+            }
+            RunState::Stopped | RunState::Paused => break Err(interrupted()),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    bar.finish();
+    result
+}
+
+/// `open` of a LUKS2 volume mid-reencryption (cryptsetup's activation): both keys from one
+/// passphrase, the hotzone of a cut step recovered from its resilience data first (its data
+/// rewritten under the new key, the header of the finished step written), then a table of
+/// both segments served: the new key's below the boundary, the old key's above it.
+pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionResult {
+    let name = super::luks::mapping_name(a)?;
+    if opts.header.is_some() {
+        return Err(Failure::usage(
+            "opening a reencryption with a detached header is not supported yet",
+        ));
+    }
+    let flags = super::luks::persistent::effective(opts, &a.perf, &vol.stored_flags());
+    let Volume::Luks2(h, file) = vol else {
+        return Err(Failure::usage("reencryption needs a LUKS2 header"));
+    };
+    let mut state = ReencryptState::of(&h)?.ok_or_else(|| {
+        Failure::device("LUKS2 reencryption requirement without reencryption metadata")
+    })?;
+    let keys = resume_keys(opts, &h, &file, &a.device)?;
+    drop(file);
+    if state.hotzone().is_some() {
+        if opts.readonly {
+            return Err(Failure::usage(
+                "Device requires reencryption recovery. Run repair first.",
+            ));
+        }
+        // Nobody else may write the data while the hotzone is rewritten.
+        let _lock = cryptblk_volume::lock::DataLock::take(&a.device, true)?;
+        let Volume::Luks2(mut h, file) = Volume::load(&a.device, LuksType::Luks2, true)? else {
+            return Err(Failure::usage("reencryption needs a LUKS2 header"));
+        };
+        reencrypt::run::recover(&mut h, &file, &state, &keys)?;
+        match ReencryptState::of(&h)? {
+            Some(s) => state = s,
+            None => {
+                // That was the last hotzone: the volume is re-keyed; open it as any other.
+                drop((_lock, file));
+                let vol = volume::load(opts, &a.device, false)?;
+                let vk = keys
+                    .new
+                    .clone()
+                    .ok_or_else(|| Failure::device("no new volume key"))?;
+                let header = std::fs::canonicalize(&a.device)?;
+                let at = cryptblk_volume::plan::LuksLocation {
+                    device: &a.device,
+                    header: &header,
+                };
+                let plan = cryptblk_volume::plan::luks(&vol, &vk, at, name, &flags.library())?;
+                return super::luks::serve_plan(plan, opts, a);
+            }
+        }
+    }
+    let device = cryptblk_volume::device::table_path(&a.device)?;
+    let dev_size = cryptblk_volume::device::device_size(&a.device)?;
+    let crypt_flags = cryptblk_dm::CryptFlags::parse(&flags.library().crypt.table_flags())
+        .map_err(Failure::usage)?;
+    let table = online::served_table(
+        &state,
+        &keys,
+        &device.display().to_string(),
+        &crypt_flags,
+        dev_size,
+    )?;
+    let start = state.fin.offset.min(state.previous.offset);
+    let path = std::fs::canonicalize(&a.device)?.display().to_string();
+    let key_bits = keys.new.as_ref().map_or(0, |k| k.len() * 8);
+    let info = serde_json::json!({
+        "type": "LUKS2",
+        "uuid": h.uuid(),
+        "cipher": state.fin.encryption,
+        "keysize": format!("{key_bits} bits"),
+        "device": path,
+        "header": path,
+        "sector_size": state.fin.sector_size,
+        "offset": format!("{} sectors", start / 512),
+        "reencryption": online::paused_progress(&state, dev_size),
+    });
+    let plan = cryptblk_volume::plan::ActivationPlan {
+        name: name.to_string(),
+        table,
+        lower: Vec::new(),
+        info,
+    };
+    super::luks::serve_plan(plan, opts, a)
+}
