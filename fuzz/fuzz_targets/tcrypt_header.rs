@@ -1,6 +1,7 @@
 //! Feeds arbitrary decrypted TCRYPT headers to the parser and everything computed from one:
-//! data offset and size on a device of any size, the layers of every cipher chain, the dump
-//! text and the key-file pool. None may panic (the fields come from whoever made the
+//! data offset and size on a device of any size, the volume key and layers of every cipher
+//! chain, its data cipher (the legacy CBC engine included), the dump text and the key-file
+//! pool. None may panic (the fields come from whoever made the
 //! volume); offsets stay inside the device. The first input byte chooses whether the magic
 //! and both CRC32s are fixed up, so the field handling behind the checks is reached.
 #![no_main]
@@ -30,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
         let chain = &TCRYPT_CHAINS[mode as usize % TCRYPT_CHAINS.len()];
         let header_offset = u64::from(mode) * 512;
         let vol = TcryptVolume {
-            volume_key: SecretBytes::from_slice(&header.keys.as_bytes()[..chain.volume_key_len()]),
+            volume_key: chain.volume_key(header.keys.as_bytes()),
             header,
             prf: Prf::Argon2id,
             chain,
@@ -43,7 +44,21 @@ fuzz_target!(|data: &[u8]| {
         if off.saturating_mul(512) <= device_size {
             assert!(off.saturating_mul(512) + len * 512 <= device_size);
         }
-        assert_eq!(vol.layers().len(), chain.ciphers.len());
+        assert_eq!(vol.volume_key.len(), chain.volume_key_len());
+        match vol.layers() {
+            Some(layers) => assert_eq!(layers.len(), chain.ciphers.len()),
+            None => assert!(!chain.kernel_mappable()),
+        }
+        // The whole chain (legacy CBC engine or stacked dm-crypt layers) keys from any key
+        // area and round-trips a sector at the volume's IV offset.
+        let cipher = vol.data_cipher(None).expect("every chain opens over a key area");
+        let mut sector = [0u8; 512];
+        let n = rest.len().min(512);
+        sector[..n].copy_from_slice(&rest[..n]);
+        let orig = sector;
+        cipher.encrypt(u64::from(mode), &mut sector).unwrap();
+        cipher.decrypt(u64::from(mode), &mut sector).unwrap();
+        assert_eq!(sector, orig);
         let _ = vol.dump("fuzz", mode & 8 == 8);
     }
     let files: Vec<SecretBytes> = rest.chunks(97).map(SecretBytes::from_slice).collect();

@@ -102,6 +102,13 @@ impl IvGenerator {
                 };
                 Self::Eboiv(Box::new(EssivCipher::aes(data_key)?), sector_size as u64)
             }
+            // tcw keeps its IVs in its own engine (crate::tcrypt_cbc), which the registry
+            // opens instead of an IV generator and a mode engine.
+            IvMode::Tcw => {
+                return Err(CipherError::Unsupported(
+                    "tcw IVs are made by the TrueCrypt CBC engine".into(),
+                ))
+            }
         })
     }
 
@@ -160,9 +167,12 @@ fn essiv_cipher(
             crate::twofish_fast::Twofish::new_from_slice(salt).map_err(|_| bad())?,
         )),
         // No cryptsetup format pairs ESSIV with the VeraCrypt-only ciphers.
-        BlockCipherName::Camellia | BlockCipherName::Kuznyechik | BlockCipherName::Null => {
-            return Err(bad())
-        }
+        BlockCipherName::Camellia
+        | BlockCipherName::Kuznyechik
+        | BlockCipherName::Blowfish
+        | BlockCipherName::Cast5
+        | BlockCipherName::Des3Ede
+        | BlockCipherName::Null => return Err(bad()),
     })
 }
 

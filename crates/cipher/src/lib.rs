@@ -26,6 +26,7 @@ mod rustcrypto;
 pub mod secret;
 mod serpent_fast;
 pub mod spec;
+pub mod tcrypt_cbc;
 mod twofish_fast;
 
 pub use locked::lock_backend_memory;

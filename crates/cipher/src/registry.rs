@@ -178,6 +178,9 @@ pub fn open_cipher_spec(
 ) -> Result<Box<dyn SectorCipher>, CipherError> {
     opts.check()?;
     spec.check_key_size(key.len())?;
+    if spec.iv_mode() == crate::IvMode::Tcw {
+        return open_tcw(spec, key, opts);
+    }
     let ivgen = IvGenerator::new(spec.iv_mode(), spec.cipher(), key, opts.sector_size)?;
     // elephant: the CBC engine takes the data key; the tweak key (second half) keys the
     // diffuser's sector keys.
@@ -224,4 +227,30 @@ pub fn open_cipher_spec(
     Ok(Box::new(
         DmCipher::new(engine, ivgen, opts, name).with_diffuser(diffuser),
     ))
+}
+
+/// dm-crypt's `tcw`: TrueCrypt's legacy CBC engine over RustCrypto ciphers, the only
+/// implementation. As in the kernel, only 512-byte sectors (its whitening is per sector).
+fn open_tcw(
+    spec: &CipherSpec,
+    key: &[u8],
+    opts: &SectorOptions,
+) -> Result<Box<dyn SectorCipher>, CipherError> {
+    use crate::tcrypt_cbc::{LegacyCipher, TcryptCbc};
+    if let Some(name) = opts
+        .implementation
+        .as_deref()
+        .filter(|n| *n != "rustcrypto")
+    {
+        return Err(CipherError::NoImplementation(format!("{name} for {spec}")));
+    }
+    if opts.sector_size != 512 {
+        return Err(CipherError::Unsupported(format!(
+            "tcw needs 512-byte sectors, not {}",
+            opts.sector_size
+        )));
+    }
+    let cipher = LegacyCipher::from_name(spec.cipher_name())
+        .ok_or_else(|| CipherError::UnknownSpec(spec.spec_string()))?;
+    Ok(Box::new(TcryptCbc::tcw(cipher, key, opts.iv_offset)?))
 }

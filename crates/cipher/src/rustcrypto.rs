@@ -238,6 +238,10 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
         },
         BlockCipherName::Kuznyechik => build::<kuznyechik::Kuznyechik>(chain, key),
         BlockCipherName::Null => Ok(Box::new(crate::dmcipher::NullEngine)),
+        // 64-bit-block ciphers run only in TrueCrypt's CBC engine (crate::tcrypt_cbc).
+        BlockCipherName::Blowfish | BlockCipherName::Cast5 | BlockCipherName::Des3Ede => Err(
+            CipherError::Unsupported(format!("{} outside cbc-tcw", spec.cipher_name())),
+        ),
     }
 }
 

@@ -24,6 +24,12 @@ pub enum BlockCipherName {
     Camellia,
     /// Kuznyechik (GOST R 34.12-2015, 256-bit keys only), a VeraCrypt cipher.
     Kuznyechik,
+    /// Blowfish (64-bit blocks), only in TrueCrypt's `cbc-tcw` mode.
+    Blowfish,
+    /// CAST5 (64-bit blocks), only in TrueCrypt's `cbc-tcw` mode.
+    Cast5,
+    /// Triple DES EDE (64-bit blocks), only in TrueCrypt's `cbc-tcw` mode.
+    Des3Ede,
     /// The identity "cipher" (`cipher_null`): no encryption, key ignored.
     Null,
 }
@@ -37,6 +43,9 @@ impl BlockCipherName {
             Self::Twofish => "twofish",
             Self::Camellia => "camellia",
             Self::Kuznyechik => "kuznyechik",
+            Self::Blowfish => "blowfish",
+            Self::Cast5 => "cast5",
+            Self::Des3Ede => "des3_ede",
             Self::Null => "cipher_null",
         }
     }
@@ -48,6 +57,9 @@ impl BlockCipherName {
             "twofish" => Self::Twofish,
             "camellia" => Self::Camellia,
             "kuznyechik" => Self::Kuznyechik,
+            "blowfish" => Self::Blowfish,
+            "cast5" => Self::Cast5,
+            "des3_ede" => Self::Des3Ede,
             "cipher_null" | "null" => Self::Null,
             _ => return None,
         })
@@ -61,6 +73,10 @@ impl BlockCipherName {
             // The kernel pads shorter Serpent keys; RustCrypto accepts 16..=32 and cryptsetup
             // never creates shorter ones.
             Self::Serpent => &[16, 20, 24, 28, 32],
+            // The key sizes TrueCrypt and cryptsetup use (the kernel takes more).
+            Self::Blowfish => &[16, 24, 32, 40, 48, 56],
+            Self::Cast5 => &[16],
+            Self::Des3Ede => &[24],
             Self::Null => &[0],
         }
     }
@@ -69,6 +85,7 @@ impl BlockCipherName {
     pub fn block_size(self) -> usize {
         match self {
             Self::Null => 1,
+            Self::Blowfish | Self::Cast5 | Self::Des3Ede => 8,
             _ => 16,
         }
     }
@@ -132,6 +149,10 @@ pub enum IvMode {
     /// BitLocker's Elephant diffuser around CBC with `eboiv` IVs (`elephant`): the key is the
     /// data key followed by a tweak key of the same size.
     Elephant,
+    /// TrueCrypt's legacy CBC (`tcw`): the IV seed XOR the sector number, and whitening of
+    /// the ciphertext derived from the sector by CRC32; the key is the cipher key followed
+    /// by the IV seed (one block) and 16 whitening bytes. See [`crate::tcrypt_cbc`].
+    Tcw,
 }
 
 impl IvMode {
@@ -147,6 +168,7 @@ impl IvMode {
             Self::Benbi => "benbi".into(),
             Self::Eboiv => "eboiv".into(),
             Self::Elephant => "elephant".into(),
+            Self::Tcw => "tcw".into(),
         }
     }
 
@@ -163,6 +185,7 @@ impl IvMode {
             ("benbi", None) => Self::Benbi,
             ("eboiv", None) => Self::Eboiv,
             ("elephant", None) => Self::Elephant,
+            ("tcw", None) => Self::Tcw,
             ("essiv", Some(h)) => Self::Essiv(HashAlgorithm::from_name(h).ok()?),
             _ => return None,
         };
@@ -236,6 +259,26 @@ impl CipherSpec {
         if iv == IvMode::Elephant && (cipher != BlockCipherName::Aes || chain != ChainMode::Cbc) {
             return Err(unknown());
         }
+        // dm-crypt's tcw is CBC only; cryptblk has TrueCrypt's ciphers there, and its 64-bit
+        // block ciphers nowhere else.
+        let tcw_cipher = matches!(
+            cipher,
+            BlockCipherName::Aes
+                | BlockCipherName::Serpent
+                | BlockCipherName::Twofish
+                | BlockCipherName::Blowfish
+                | BlockCipherName::Cast5
+                | BlockCipherName::Des3Ede
+        );
+        if iv == IvMode::Tcw && (chain != ChainMode::Cbc || !tcw_cipher) {
+            return Err(unknown());
+        }
+        if cipher.block_size() == 8 && iv != IvMode::Tcw {
+            return Err(CipherError::Unsupported(format!(
+                "{} is implemented only in TrueCrypt's cbc-tcw mode",
+                cipher.name()
+            )));
+        }
         Ok(Self { cipher, chain, iv })
     }
 
@@ -300,7 +343,7 @@ impl CipherSpec {
     pub fn iv_size(&self) -> usize {
         match self.chain {
             ChainMode::Ecb => 0,
-            _ => 16,
+            _ => self.cipher.block_size(),
         }
     }
 
@@ -312,6 +355,11 @@ impl CipherSpec {
             // dm-crypt accepts AES-128 and AES-256 data keys, each followed by its tweak key.
             return vec![32, 64];
         }
+        if self.iv == IvMode::Tcw {
+            // The cipher key, then the IV seed (one block) and 16 whitening bytes.
+            let extra = self.cipher.block_size() + crate::tcrypt_cbc::WHITENING_SEED_LEN;
+            return base.iter().map(|k| k + extra).collect();
+        }
         match (self.cipher, self.chain) {
             (BlockCipherName::Null, _) => vec![0],
             (_, ChainMode::Xts) => base.iter().map(|k| 2 * k).collect(),
@@ -322,6 +370,9 @@ impl CipherSpec {
 
     /// The key size cryptsetup picks by default (XTS: 2x256 bits; others: 256 bits).
     pub fn default_key_size(&self) -> usize {
+        if self.iv == IvMode::Tcw {
+            return self.valid_key_sizes().last().copied().unwrap_or(0);
+        }
         match (self.cipher, self.chain) {
             (BlockCipherName::Null, _) => 0,
             (_, ChainMode::Xts) => 64,
@@ -425,6 +476,14 @@ mod tests {
         assert_eq!(p("aes-cbc-elephant").valid_key_sizes(), vec![32, 64]);
         assert!(CipherSpec::parse("aes-xts-elephant").is_err());
         assert!(CipherSpec::parse("serpent-cbc-elephant").is_err());
+        let t = p("cast5-cbc-tcw");
+        assert_eq!((t.iv_mode(), t.iv_size()), (IvMode::Tcw, 8));
+        assert_eq!(t.valid_key_sizes(), vec![16 + 8 + 16]);
+        assert_eq!(p("aes-cbc-tcw").valid_key_sizes(), vec![48, 56, 64]);
+        assert_eq!(p("des3_ede-cbc-tcw").default_key_size(), 48);
+        assert!(CipherSpec::parse("aes-xts-tcw").is_err());
+        assert!(CipherSpec::parse("camellia-cbc-tcw").is_err());
+        assert!(CipherSpec::parse("blowfish-cbc-plain").is_err());
     }
 
     #[test]

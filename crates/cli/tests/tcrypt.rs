@@ -1,5 +1,6 @@
 //! TrueCrypt/VeraCrypt through the binary: tcryptDump against cryptsetup's, `open --type
-//! tcrypt` served over NBD, `decrypt --type tcrypt` of chains and hidden volumes, and bad
+//! tcrypt` served over NBD (one cipher, a three-cipher chain stacked as cryptsetup stacks
+//! it, a legacy CBC volume), `decrypt --type tcrypt` of chains and hidden volumes, and bad
 //! input (wrong passphrase, missing key file, truncated and corrupted headers) with
 //! cryptsetup's messages and exit codes. The images are cryptsetup's (TrueCrypt iteration
 //! counts: fast).
@@ -165,20 +166,103 @@ fn tcrypt_open_over_nbd_and_decrypt() {
         );
         assert_eq!(blkid_uuid(&out), uuid, "{image}");
     }
-    // Activation of a chain is refused in one line, before anything is served.
+    // Chains are served as cryptsetup stacks them (one crypt mapping per cipher, the lower
+    // ones <name>_1 and <name>_2 in the same daemon), and a legacy TrueCrypt 1.0 CAST5
+    // volume through dm-crypt's cbc-tcw: the NBD export reads as `decrypt` does.
+    for (image, opts, name, layers) in [
+        ("tc_5-sha512-xts-serpent-twofish-aes", &[][..], "chain", 3),
+        (
+            "tc_3-ripemd160-xts-aes-twofish-serpent",
+            &["-h", "ripemd160"][..],
+            "chain3",
+            3,
+        ),
+        (
+            "vc_1-sha512-xts-kuznyechik-camellia",
+            &["-h", "sha512"][..],
+            "vc2",
+            2,
+        ),
+        ("tc_1-sha1-cbc-cast5", &["-h", "sha1"][..], "tc1", 1),
+    ] {
+        let sock = tmp.path().join(format!("{name}.sock"));
+        run_ok(
+            cryptblk()
+                .args(["open", "--type", "tcrypt", "-r"])
+                .args(opts)
+                .arg(imgs.join(image))
+                .arg(name)
+                .arg("--nbd")
+                .arg(&sock),
+            PASS,
+        );
+        let served = Served::volume(name);
+        let via_nbd = tmp.path().join(format!("{name}.nbd.img"));
+        run_ok(
+            Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&via_nbd),
+            b"",
+        );
+        let st = status(name);
+        assert_eq!(st["info"]["type"], "TCRYPT", "{st}");
+        for i in 1..layers {
+            let lower = format!("{name}_{i}");
+            let (rc, _, err) = cb(&[&"dm", &"status", &lower], b"");
+            assert_eq!(rc, 0, "{lower} is served: {err}");
+        }
+        drop(served);
+        if layers > 1 {
+            let (rc, _, _) = cb(&[&"dm", &"status", &format!("{name}_1")], b"");
+            assert_ne!(rc, 0, "closing {name} removes {name}_1");
+        }
+        assert_eq!(blkid_uuid(&via_nbd), "DEAD-BABE", "{image}");
+        let plain = tmp.path().join(format!("{name}.plain.img"));
+        run_ok(
+            cryptblk()
+                .args(["decrypt", "--type", "tcrypt"])
+                .args(opts)
+                .arg(imgs.join(image))
+                .arg(&plain),
+            PASS,
+        );
+        assert_eq!(
+            sha256(&plain),
+            sha256(&via_nbd),
+            "{image}: NBD reads as decrypt"
+        );
+        let _ = std::fs::remove_file(&plain);
+        let _ = std::fs::remove_file(&via_nbd);
+    }
+    // The legacy CBC cascades have no dm-crypt mode: refused in one line as by cryptsetup,
+    // before anything is served; `decrypt` reads them (its engine is checked against pyca
+    // in crates/cipher/tests/tcrypt_cbc_pyca.rs).
+    let cascade = imgs.join("tc_2-ripemd160-cbc-aes-twofish-serpent");
     let (rc, _, err) = cb(
         &[
             &"open",
             &"--type",
             &"tcrypt",
-            &imgs.join("tc_5-sha512-xts-serpent-twofish-aes"),
-            &"chain",
+            &"-h",
+            &"ripemd160",
+            &cascade,
+            &"legacy",
             &"--nbd",
-            &tmp.path().join("chain.sock"),
+            &tmp.path().join("legacy.sock"),
         ],
         PASS,
     );
     assert_eq!((rc, err.lines().count()), (1, 1), "{err}");
+    assert!(err.contains("legacy mode"), "{err}");
+    // (This image's data area is zeros, as cryptsetup ships it: only the size can be checked.)
+    let _ = std::fs::remove_file(&out);
+    run_ok(
+        cryptblk()
+            .args(["decrypt", "--type", "tcrypt", "-h", "ripemd160"])
+            .arg(&cascade)
+            .arg(&out),
+        PASS,
+    );
+    let len = std::fs::metadata(&out).unwrap().len();
+    assert_eq!(len, std::fs::metadata(&cascade).unwrap().len() - 512);
 }
 
 #[test]

@@ -154,6 +154,7 @@ pub fn plan(
         name: name.to_string(),
         table: t.to_text(true),
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info: json!({
             "type": "BITLK",
             "uuid": h.guid,

@@ -417,6 +417,7 @@ pub fn plan(
         name: name.to_string(),
         table,
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info: json!({
             "type": "INTEGRITY",
             "device": dpath.display().to_string(),

@@ -1,7 +1,7 @@
 //! Activation plans: what an unlocked volume becomes when it is activated, before anything is
-//! served. A plan holds the tables of the mappings to create (the top one keyed, lower ones
-//! keyless) and the facts `status` reports; the daemon (or a program embedding the library)
-//! builds the dm stack from it.
+//! served. A plan holds the tables of the mappings to create (the top one keyed; lower ones
+//! keyless, or keyed for the layers of a TCRYPT cipher chain) and the facts `status` reports;
+//! the daemon (or a program embedding the library) builds the dm stack from it.
 
 use crate::activation::Activation;
 use crate::error::{Result, VolumeError};
@@ -23,6 +23,16 @@ pub struct LowerMapping {
     pub table: String,
 }
 
+/// A mapping below the top one whose table holds a key (one layer of a TCRYPT cipher
+/// chain, as cryptsetup stacks `<name>_1`, `<name>_2`): it travels like the top table, only
+/// through the daemon's pipe, never in `info`.
+pub struct KeyedLower {
+    /// Mapping name.
+    pub name: String,
+    /// Its dm table, key included.
+    pub table: Zeroizing<String>,
+}
+
 /// What activating one volume creates.
 pub struct ActivationPlan {
     /// Name of the top mapping.
@@ -31,6 +41,8 @@ pub struct ActivationPlan {
     pub table: Zeroizing<String>,
     /// Keyless mappings the top one stacks on, in creation order.
     pub lower: Vec<LowerMapping>,
+    /// Keyed mappings the top one stacks on, in creation order (after `lower`).
+    pub keyed_lower: Vec<KeyedLower>,
     /// Facts for `status` (type, UUID, cipher, devices): never secrets.
     pub info: Value,
 }
@@ -112,6 +124,7 @@ pub fn luks(
                 name: st.lower_name.clone(),
                 table: st.lower_table.clone(),
             }],
+            keyed_lower: Vec::new(),
             info,
         });
     }
@@ -120,6 +133,7 @@ pub fn luks(
         name: name.to_string(),
         table,
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info: json!({
             "type": vol.type_name(),
             "uuid": vol.uuid(),
@@ -154,6 +168,7 @@ pub fn plain(
         name: name.to_string(),
         table,
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info: json!({
             "type": "PLAIN",
             "cipher": seg.cipher,

@@ -2,15 +2,18 @@
 //! [`cryptblk_format::tcrypt`], the data segment, the cipher chain as one sector cipher (for
 //! offline decryption) and the activation plan.
 //!
-//! cryptsetup maps a chain of ciphers as one dm-crypt device per cipher, stacked. A plan here
-//! carries its key only in the top table (lower tables are keyless by design), so a
-//! single-cipher volume activates through one crypt table and a chain is refused for
-//! activation with a clear message; `decrypt` reads every chain through [`ChainCipher`].
+//! cryptsetup maps a chain of ciphers as one dm-crypt device per cipher, stacked: the last
+//! cipher of the chain on the device as `<name>_<n-1>`, each other one over the device
+//! below it, the first as `<name>`. The plan here does the same: the lower crypt tables
+//! hold keys, so they travel in [`ActivationPlan::keyed_lower`] (never in `info`). The
+//! legacy CBC cascades and TrueCrypt's Blowfish have no dm-crypt mode; as cryptsetup, they
+//! are refused for activation, and `decrypt` reads them.
 
 use crate::error::{ErrorClass, Result, VolumeError};
-use crate::plan::ActivationPlan;
+use crate::plan::{ActivationPlan, KeyedLower};
 use crate::segment::Segment;
-use cryptblk_cipher::{CipherError, SectorCipher, SectorOptions};
+use cryptblk_cipher::SectorCipher;
+use cryptblk_dm::{CryptConfig, CryptFlags, CryptKey, TableSpec};
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::tcrypt::{self, TcryptParams, TcryptVolume};
 use cryptblk_format::FormatError;
@@ -36,11 +39,16 @@ pub fn unlock(path: &Path, params: &TcryptParams) -> Result<TcryptVolume> {
     })
 }
 
-/// The data segment of the volume's first (outermost) layer; the others share its offsets.
+/// The data segment of the volume's outermost layer (the one on the device; the others
+/// share its IV offset and length). Its cipher is the chain's mode for the legacy cascades,
+/// which have no dm-crypt specification.
 pub fn segment(vol: &TcryptVolume) -> Segment {
-    let layers = vol.layers();
+    let cipher = match vol.layers() {
+        Some(l) if !l.is_empty() => l[0].spec.clone(),
+        _ => format!("{}-{}", vol.chain.name, vol.chain.mode.spec()),
+    };
     Segment {
-        cipher: layers[0].spec.clone(),
+        cipher,
         offset: vol.data_offset_sectors() * 512,
         size: Some(vol.data_size_sectors() * 512),
         iv_offset: vol.iv_offset_sectors(),
@@ -49,91 +57,68 @@ pub fn segment(vol: &TcryptVolume) -> Segment {
     }
 }
 
-/// A cipher chain as one sector cipher: reads decrypt with the outermost cipher first,
-/// writes encrypt with the innermost first, each layer with the same sector numbers, as the
-/// stacked dm-crypt devices do.
-pub struct ChainCipher {
-    layers: Vec<Box<dyn SectorCipher>>,
+/// The whole chain as one sector cipher (every mode), for offline decryption.
+pub fn data_cipher(
+    vol: &TcryptVolume,
+    implementation: Option<String>,
+) -> Result<Box<dyn SectorCipher>> {
+    Ok(vol.data_cipher(implementation)?)
 }
 
-impl ChainCipher {
-    /// The chain of `vol`, each layer keyed from the header's key area; `iv_offset` is added
-    /// to every sector number.
-    pub fn new(
-        vol: &TcryptVolume,
-        iv_offset: u64,
-        implementation: Option<String>,
-    ) -> Result<ChainCipher> {
-        let layers = vol
-            .layers()
-            .iter()
-            .map(|l| {
-                cryptblk_cipher::open_cipher(
-                    &l.spec,
-                    l.key.as_bytes(),
-                    &SectorOptions {
-                        sector_size: 512,
-                        iv_offset,
-                        iv_large_sectors: false,
-                        implementation: implementation.clone(),
-                    },
-                )
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(ChainCipher { layers })
-    }
-}
-
-impl SectorCipher for ChainCipher {
-    fn sector_size(&self) -> usize {
-        512
-    }
-
-    fn encrypt(&self, sector: u64, buf: &mut [u8]) -> std::result::Result<(), CipherError> {
-        for l in self.layers.iter().rev() {
-            l.encrypt(sector, buf)?;
-        }
-        Ok(())
-    }
-
-    fn decrypt(&self, sector: u64, buf: &mut [u8]) -> std::result::Result<(), CipherError> {
-        for l in &self.layers {
-            l.decrypt(sector, buf)?;
-        }
-        Ok(())
-    }
-
-    fn implementation(&self) -> &str {
-        self.layers.first().map_or("", |l| l.implementation())
-    }
-}
-
-/// The activation plan of an unlocked volume on `device`: one crypt table for a single
-/// cipher. A chain of ciphers is refused (see the module notes).
+/// The activation plan of an unlocked volume on `device`, as cryptsetup stacks it: the
+/// chain's last cipher on the device (`<name>_<n-1>`), each earlier one over the mapping
+/// below it, the first as `name`. A chain the kernel cannot map is refused with
+/// cryptsetup's message (exit 1).
 pub fn plan(
     vol: &TcryptVolume,
     device: &Path,
     name: &str,
     crypt_flags: &[String],
 ) -> Result<ActivationPlan> {
-    let layers = vol.layers();
-    if layers.len() != 1 {
+    let Some(layers) = vol.layers() else {
         return Err(VolumeError::usage(format!(
-            "Activation of the TCRYPT cipher chain {} (one dm-crypt layer per cipher) is not \
-             supported yet; 'cryptblk decrypt --type tcrypt' reads it.",
-            vol.chain.name
+            "Kernel does not support activation for this TCRYPT legacy mode ({}-{}); \
+             'cryptblk decrypt --type tcrypt' reads it.",
+            vol.chain.name,
+            vol.chain.mode.spec()
         )));
-    }
+    };
     let seg = segment(vol);
-    let table = seg.crypt_table(&layers[0].key, device, crypt_flags)?;
+    let n = layers.len();
+    // layers[0] is read first: it sits on the device, with the data offset.
+    let bottom = seg.crypt_table(&layers[0].key, device, crypt_flags)?;
+    let len = seg.mapped_len(0, device)? / 512;
+    let flags = CryptFlags::parse(crypt_flags).map_err(VolumeError::usage)?;
+    let lower_name = |i: usize| format!("{name}_{i}");
+    let mut keyed_lower = Vec::new();
+    let mut table = bottom;
+    for (i, layer) in layers.iter().enumerate().skip(1) {
+        // The mapping below this one is layers[i - 1], named for its depth.
+        keyed_lower.push(KeyedLower {
+            name: lower_name(n - i),
+            table,
+        });
+        let mut cfg = CryptConfig::new(
+            &layer.spec,
+            CryptKey::for_cipher(&layer.spec, &layer.key),
+            seg.iv_offset,
+            &format!("/dev/mapper/{}", lower_name(n - i)),
+            0,
+        );
+        cfg.flags = flags;
+        cfg.flags.sector_size = 512;
+        table = TableSpec::single(len, cfg).to_text(true);
+    }
     Ok(ActivationPlan {
         name: name.to_string(),
         table,
         lower: Vec::new(),
+        keyed_lower,
         info: json!({
             "type": "TCRYPT",
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", layers[0].key.len() * 8),
+            // As cryptsetup's status: the chain and its mode.
+            "cipher": format!("{}-{}", vol.chain.name, vol.chain.mode.spec()),
+            "keysize": format!("{} bits", vol.volume_key.len() * 8),
             "device": device.display().to_string(),
             "sector_size": 512,
             "offset": format!("{} sectors", seg.offset / 512),

@@ -137,6 +137,7 @@ pub fn plan(
         name: name.to_string(),
         table: TableSpec::single(sectors, line).to_text(true),
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info: json!({ "type": "VERITY", "device": data.display().to_string() }),
     })
 }

@@ -296,8 +296,21 @@ pub(super) fn mapping_name(a: &OpenArgs) -> Result<&str, Failure> {
 }
 
 /// Serves `plan` through the export `open` was given, as a new daemon.
-pub(super) fn serve_plan(plan: plan::ActivationPlan, opts: &Opts, a: &OpenArgs) -> ActionResult {
-    super::serving::start(serve_spec(plan, opts, a)?, &a.export, opts.json)
+pub(super) fn serve_plan(
+    mut plan: plan::ActivationPlan,
+    opts: &Opts,
+    a: &OpenArgs,
+) -> ActionResult {
+    // Keyed lower mappings (a TCRYPT chain's layers) go through the daemon's pipe with the
+    // top table, created first in the same daemon.
+    let lower = std::mem::take(&mut plan.keyed_lower)
+        .into_iter()
+        .map(|l| crate::daemon::LowerTable {
+            name: l.name,
+            table: l.table.to_string(),
+        })
+        .collect();
+    super::serving::start_stack(serve_spec(plan, opts, a)?, lower, &a.export, opts.json)
 }
 
 /// What the daemon serves for `plan` with the export and read-only mode asked for.

@@ -16,7 +16,7 @@ pub fn start(spec: ServeSpec, export: &ExportArgs, json_out: bool) -> ActionResu
 }
 
 /// Like [`start`], with lower mappings created first in the same daemon.
-fn start_stack(
+pub(super) fn start_stack(
     spec: ServeSpec,
     lower: Vec<LowerTable>,
     export: &ExportArgs,

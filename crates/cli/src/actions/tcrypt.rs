@@ -65,7 +65,8 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
     Ok(())
 }
 
-/// `open --type tcrypt`: serves the volume (a single cipher; chains are refused, see
+/// `open --type tcrypt`: serves the volume, a chain of ciphers as cryptsetup stacks it (one
+/// crypt mapping per cipher; the legacy CBC cascades are refused as by cryptsetup, see
 /// [`cryptblk_volume::tcrypt`]); with `--test-passphrase` only checks the passphrase.
 pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     let vol = unlock(opts, &a.device)?;
@@ -77,14 +78,21 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     super::luks::serve_plan(plan, opts, a)
 }
 
-/// `decrypt --type tcrypt <device> <output>`: the decrypted data area, every chain.
+/// `decrypt --type tcrypt <device> <output>`: the decrypted data area, every chain and mode.
 pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
     let vol = unlock(opts, device)?;
     let seg = lib::segment(&vol);
-    let cipher = lib::ChainCipher::new(&vol, seg.iv_offset, opts.cipher_implementation.clone())?;
+    let cipher = lib::data_cipher(&vol, opts.cipher_implementation.clone())?;
     let data = File::open(device)?;
     let len = seg.size.unwrap_or(0);
     let mut dst = Output::create(output)?;
-    offline::decrypt_segment(&cipher, &seg, &data, len, dst.writer(), &mut Bar::new(true))?;
+    offline::decrypt_segment(
+        cipher.as_ref(),
+        &seg,
+        &data,
+        len,
+        dst.writer(),
+        &mut Bar::new(true),
+    )?;
     dst.commit()
 }

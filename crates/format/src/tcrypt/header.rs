@@ -53,9 +53,9 @@ impl TcryptHeader {
             return None;
         }
         let version = be16(plain, 68);
-        // Version 3 and later protect the key area with a CRC32; version 4 and later also
-        // the fields before it.
-        if version >= 3 && crc32fast::hash(&plain[256..512]) != be32(plain, 72) {
+        // Every version protects the key area with a CRC32 (cryptsetup checks it for all);
+        // version 4 and later also the fields before it.
+        if crc32fast::hash(&plain[256..512]) != be32(plain, 72) {
             return None;
         }
         if version >= 4 && crc32fast::hash(&plain[64..252]) != be32(plain, 252) {

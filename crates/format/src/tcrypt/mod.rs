@@ -78,8 +78,8 @@ pub struct TcryptVolume {
     pub prf: Prf,
     /// The cipher chain and mode of header and data.
     pub chain: &'static CipherChain,
-    /// The master key area of the header as the chain uses it
-    /// ([`CipherChain::volume_key_len`] bytes).
+    /// The volume key as cryptsetup reports it: each cipher's dm-crypt key, one after the
+    /// other ([`CipherChain::volume_key`], [`CipherChain::volume_key_len`] bytes).
     pub volume_key: SecretBytes,
     /// Byte offset of the header that opened.
     pub header_offset: u64,
@@ -113,18 +113,38 @@ impl TcryptVolume {
     }
 
     /// The IV offset of the data mapping. XTS counts sectors from the start of the device
-    /// (or drive, for system encryption); LRW counts blocks from the start of the data.
+    /// (or drive, for system encryption); LRW counts blocks from the start of the data; the
+    /// legacy CBC modes count from the header's master key offset, which formats that
+    /// record none put at the second sector (as cryptsetup does, for hidden volumes too).
     pub fn iv_offset_sectors(&self) -> u64 {
         match self.chain.mode {
             ChainMode::Xts => self.data_offset_sectors(),
             ChainMode::Lrw => 0,
+            _ if self.header.mk_offset == 0 => HEADER_LEN as u64 / 512,
+            _ => self.header.mk_offset / 512,
         }
     }
 
-    /// The data layers in the order a read applies them (outermost cipher first), as
-    /// cryptsetup stacks one dm-crypt device per cipher.
-    pub fn layers(&self) -> Vec<TcryptLayer> {
-        self.chain.layers(self.volume_key.as_bytes())
+    /// The dm-crypt layers in the order a read applies them (outermost cipher first), as
+    /// cryptsetup stacks one dm-crypt device per cipher; `None` for the legacy cascades and
+    /// TrueCrypt's Blowfish, which the kernel cannot map.
+    pub fn layers(&self) -> Option<Vec<TcryptLayer>> {
+        self.chain.layers(self.header.keys.as_bytes())
+    }
+
+    /// The whole data chain as one sector cipher with this volume's IV offset (every mode,
+    /// the legacy cascades included); `implementation` as in [`SectorOptions`].
+    ///
+    /// [`SectorOptions`]: cryptblk_cipher::SectorOptions
+    pub fn data_cipher(
+        &self,
+        implementation: Option<String>,
+    ) -> Result<Box<dyn cryptblk_cipher::SectorCipher>> {
+        self.chain.data_cipher(
+            self.header.keys.as_bytes(),
+            self.iv_offset_sectors(),
+            implementation,
+        )
     }
 
     /// The `tcryptDump` text; with `volume_key` the key-dump form of `--dump-volume-key`.
