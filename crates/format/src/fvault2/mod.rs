@@ -156,7 +156,12 @@ fn pv_header(h: &[u8; PV_HEADER_SIZE]) -> Result<PvHeader> {
 /// replacing earlier ones (as cryptsetup keeps the last of each type).
 #[derive(Default)]
 struct Found {
-    keys: Option<([u8; 16], u32, [u8; WRAPPED_KEY_SIZE], [u8; WRAPPED_KEY_SIZE])>,
+    keys: Option<(
+        [u8; 16],
+        u32,
+        [u8; WRAPPED_KEY_SIZE],
+        [u8; WRAPPED_KEY_SIZE],
+    )>,
     lv: Option<(u64, [u8; 16])>,
     lv_block: Option<u32>,
 }
@@ -263,7 +268,12 @@ impl Fvault2Header {
 
     /// Decrypts the metadata blocks from `start` until an all-zero one (or `blocks` of them)
     /// and collects what the three block types cryptsetup uses hold.
-    fn encrypted_metadata(io: &dyn HeaderIo, pv: &PvHeader, start: u64, blocks: u64) -> Result<Found> {
+    fn encrypted_metadata(
+        io: &dyn HeaderIo,
+        pv: &PvHeader,
+        start: u64,
+        blocks: u64,
+    ) -> Result<Found> {
         let xts = xts_mode::Xts128::new(
             aes::Aes128::new(GenericArray::from_slice(&pv.metadata_key[..16])),
             aes::Aes128::new(GenericArray::from_slice(&pv.metadata_key[16..])),
@@ -339,7 +349,11 @@ impl Fvault2Header {
         let _ = writeln!(s, "Cipher:               \t{CIPHER}");
         let _ = writeln!(s, "Cipher mode:          \t{CIPHER_MODE}");
         let _ = writeln!(s, "PBKDF2 iterations:    \t{}", self.pbkdf2_iterations);
-        let _ = writeln!(s, "PBKDF2 salt:          \t{}", hex_spaced(&self.pbkdf2_salt));
+        let _ = writeln!(
+            s,
+            "PBKDF2 salt:          \t{}",
+            hex_spaced(&self.pbkdf2_salt)
+        );
         s
     }
 

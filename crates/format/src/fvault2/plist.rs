@@ -10,11 +10,7 @@
 
 /// True when `text` starts with `pattern`, a `.` in the pattern matching any one byte.
 fn matches_at(text: &[u8], pattern: &[u8]) -> bool {
-    text.len() >= pattern.len()
-        && pattern
-            .iter()
-            .zip(text)
-            .all(|(&p, &t)| p == b'.' || p == t)
+    text.len() >= pattern.len() && pattern.iter().zip(text).all(|(&p, &t)| p == b'.' || p == t)
 }
 
 /// The value of the first `<key>key</key><ty ...>value</ty>` in `xml` with a non-empty
@@ -132,13 +128,14 @@ mod tests {
         assert_eq!(search(xml, "A", "data"), Some(&b"QUJD"[..]));
         assert_eq!(search(xml, "B", "data"), None);
         // A value must be closed by the same element.
-        assert_eq!(
-            search(b"<key>A</key><data>x</string>", "A", "data"),
-            None
-        );
+        assert_eq!(search(b"<key>A</key><data>x</string>", "A", "data"), None);
         // The dots of a key are wildcards in cryptsetup's ERE.
         assert_eq!(
-            search(b"<key>comXapple</key><string>v</string>", "com.apple", "string"),
+            search(
+                b"<key>comXapple</key><string>v</string>",
+                "com.apple",
+                "string"
+            ),
             Some(&b"v"[..])
         );
         // The element name is a prefix match (`<T[^>]*>`).
