@@ -152,16 +152,19 @@ fn pv_header(h: &[u8; PV_HEADER_SIZE]) -> Result<PvHeader> {
     })
 }
 
+/// Salt, iterations, wrapped KEK and wrapped volume key, from block 0x0019.
+type Keys = (
+    [u8; 16],
+    u32,
+    [u8; WRAPPED_KEY_SIZE],
+    [u8; WRAPPED_KEY_SIZE],
+);
+
 /// What the encrypted metadata blocks contribute, each found at most once or later ones
 /// replacing earlier ones (as cryptsetup keeps the last of each type).
 #[derive(Default)]
 struct Found {
-    keys: Option<(
-        [u8; 16],
-        u32,
-        [u8; WRAPPED_KEY_SIZE],
-        [u8; WRAPPED_KEY_SIZE],
-    )>,
+    keys: Option<Keys>,
     lv: Option<(u64, [u8; 16])>,
     lv_block: Option<u32>,
 }
