@@ -56,6 +56,9 @@ pub enum VolumeType {
     /// BitLocker (read with `bitlkDump`, opened with a passphrase, recovery password,
     /// startup key file or volume key).
     Bitlk,
+    /// FileVault2 (CoreStorage; read with `fvault2Dump`, opened with the passphrase or the
+    /// volume key).
+    Fvault2,
 }
 
 /// Keyslot KDFs, as cryptsetup's `--pbkdf`.
@@ -380,6 +383,12 @@ pub enum Action {
     /// Print a BitLocker header (with --dump-volume-key, its volume key).
     #[command(name = "bitlkDump")]
     BitlkDump {
+        /// Device or image file.
+        device: PathBuf,
+    },
+    /// Print a FileVault2 header (with --dump-volume-key, its volume key).
+    #[command(name = "fvault2Dump")]
+    Fvault2Dump {
         /// Device or image file.
         device: PathBuf,
     },

@@ -78,6 +78,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::LuksDump { device } => luks::dump(o, device),
         Action::TcryptDump { device } => actions::tcrypt::dump(o, device),
         Action::BitlkDump { device } => actions::bitlk::dump(o, device),
+        Action::Fvault2Dump { device } => actions::fvault2::dump(o, device),
         Action::LuksAddKey {
             device,
             new_key_file,

@@ -1,4 +1,5 @@
-//! On-disk volume formats: LUKS1, LUKS2 and plain dm-crypt.
+//! On-disk volume formats: LUKS1, LUKS2 and plain dm-crypt; BitLocker, TrueCrypt/VeraCrypt and
+//! FileVault2 (read and unlock only).
 //!
 //! Shared keyslot machinery lives in small modules used by every format: [`af`] (the
 //! anti-forensic splitter), [`kdf`] (PBKDF2/Argon2 and their calibration), [`keyfile`]
@@ -7,6 +8,7 @@
 pub mod af;
 pub mod bitlk;
 pub mod error;
+pub mod fvault2;
 pub mod hdrio;
 pub mod kdf;
 pub mod keyfile;

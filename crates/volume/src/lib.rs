@@ -41,6 +41,7 @@ pub mod control;
 pub mod device;
 pub mod error;
 pub mod format;
+pub mod fvault2;
 pub mod integrity;
 pub mod lock;
 pub mod luks;

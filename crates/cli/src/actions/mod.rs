@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bitlk;
+pub mod fvault2;
 pub mod info;
 pub mod integrity;
 pub mod lifecycle;
