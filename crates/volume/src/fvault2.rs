@@ -96,6 +96,7 @@ pub fn plan(
         name: name.to_string(),
         table,
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info: json!({
             "type": "FVAULT2",
             "uuid": h.pv_uuid,

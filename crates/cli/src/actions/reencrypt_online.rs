@@ -398,6 +398,7 @@ pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionRe
         name: name.to_string(),
         table,
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info,
     };
     super::luks::serve_plan(plan, opts, a)
