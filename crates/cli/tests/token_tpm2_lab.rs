@@ -101,6 +101,8 @@ fn systemd_token_plugin_opens_cryptblk_tpm2_enrollments_in_the_lab() {
         .arg(&script)
         .env("LAB_SHARE", s)
         .env("LAB_MEM", "1G")
+        // The PVH boot gives the kernel no ACPI entry for the TIS TPM: probe its address.
+        .env("LAB_APPEND", "tpm_tis.force=1 tpm_tis.interrupts=0")
         .env(
             "LAB_QEMU_ARGS",
             format!(
