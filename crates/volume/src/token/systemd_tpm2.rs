@@ -75,6 +75,7 @@ impl TokenHandler for SystemdTpm2 {
     }
 
     fn open(&self, token: &Value, input: Option<&[u8]>) -> Result<SecretBytes> {
+        Fields::check_supported(token)?;
         let f = Fields::parse(token)?;
         let pin = match (f.pin, input) {
             (true, Some(p)) => Some(p),
@@ -161,8 +162,9 @@ fn bad(what: &str) -> VolumeError {
 }
 
 impl Fields {
-    /// Reads and checks a token's fields as systemd 252's plugin validates them.
-    pub fn parse(token: &Value) -> Result<Fields> {
+    /// Refuses fields of later systemd versions that change how the secret is sealed
+    /// (checked on open, not on import: cryptsetup imports such tokens too).
+    pub fn check_supported(token: &Value) -> Result<()> {
         for later in [
             "tpm2-pubkey",
             "tpm2_pubkey",
@@ -189,6 +191,12 @@ impl Fields {
                 "signed PCR policies (tpm2-pubkey-pcrs) are not supported",
             ));
         }
+        Ok(())
+    }
+
+    /// Reads and checks a token's fields as systemd 252's plugin validates them (types and
+    /// encodings; the blob's structure is checked when it is used).
+    pub fn parse(token: &Value) -> Result<Fields> {
         let blob = token["tpm2-blob"]
             .as_str()
             .ok_or_else(|| bad("tpm2-blob is missing or not a string"))?;
@@ -234,7 +242,6 @@ impl Fields {
             Value::Bool(b) => *b,
             _ => return Err(bad("tpm2-pin is not a boolean")),
         };
-        split_blob(&blob)?;
         Ok(Fields {
             blob,
             pcrs,
@@ -756,9 +763,22 @@ mod tests {
             t[k] = v;
             Fields::parse(&t).unwrap_err().message
         };
-        assert!(with("tpm2_srk", "AAAA".into()).contains("newer"));
+        let mut newer = t.clone();
+        newer["tpm2_srk"] = "AAAA".into();
+        assert!(Fields::check_supported(&newer)
+            .unwrap_err()
+            .message
+            .contains("newer"));
+        assert!(Fields::check_supported(&t).is_ok());
         assert!(with("tpm2-pcr-bank", "md5".into()).contains("bank"));
-        assert!(with("tpm2-blob", "AAAA".into()).contains("truncated"));
+        assert!(with("tpm2-blob", "not base64!".into()).contains("base64"));
+        let mut short = t.clone();
+        short["tpm2-blob"] = "AJ4AIP/x".into();
+        let f = Fields::parse(&short).unwrap();
+        assert!(split_blob(&f.blob)
+            .unwrap_err()
+            .message
+            .contains("truncated"));
         assert!(with("tpm2-pcrs", serde_json::json!([24])).contains("PCR"));
         assert!(with("tpm2-pin", "yes".into()).contains("boolean"));
     }
