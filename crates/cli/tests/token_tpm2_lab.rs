@@ -47,7 +47,11 @@ done"#;
     );
 }
 
+// Ignored: the guest's checks take a few minutes under TCG, but with a TPM attached its
+// poweroff hangs until the lab's timeout (LAB_TIMEOUT, 900 s here), about 16 minutes in all.
+// Run: LAB_DIR=/path/to/shared/lab cargo test -p cryptblk --test token_tpm2_lab -- --ignored
 #[test]
+#[ignore]
 fn systemd_token_plugin_opens_cryptblk_tpm2_enrollments_in_the_lab() {
     if std::env::var("CRYPTBLK_SKIP_LAB").as_deref() == Ok("1") {
         eprintln!("skipping the kernel lab test: CRYPTBLK_SKIP_LAB=1 is set");
