@@ -62,6 +62,13 @@ want curl curl
 want swtpm swtpm
 want swtpm_setup swtpm-tools
 want tpm2_startup tpm2-tools
+# systemd-tpm2 tokens: cryptblk links tpm2-tss (tss-esapi over libtss2-esys/-tctildr/-mu);
+# the swtpm TCTI and the device TCTI are loaded at run time.
+[ -e /usr/include/tss2/tss2_esys.h ] || need_pkgs+=(libtss2-dev)
+[ -n "$(ls /usr/lib/*/libtss2-tcti-swtpm.so.0 2>/dev/null)" ] || need_pkgs+=(libtss2-tcti-swtpm0)
+want systemd-cryptenroll systemd
+# clevis's tpm2 pin (tests/token_tpm2.rs binds with it).
+want clevis-encrypt-tpm2 clevis-tpm2
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)
 [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_pkgs+=(libclang-dev)
 

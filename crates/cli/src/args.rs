@@ -249,6 +249,10 @@ pub struct TokenOpts {
     /// token add: the kernel keyring description of a luks2-keyring token's passphrase.
     #[arg(long, global = true)]
     pub key_description: Option<String>,
+    /// The TPM for systemd-tpm2 tokens and `enroll`: a device path or a tpm2-tss TCTI
+    /// (`swtpm:host=127.0.0.1,port=2321`); default: $SYSTEMD_TPM2_DEVICE, else /dev/tpmrm0.
+    #[arg(long, global = true, value_name = "DEVICE|TCTI")]
+    pub tpm2_device: Option<String>,
 }
 
 /// `token` actions, as cryptsetup's.
@@ -584,14 +588,21 @@ pub enum Action {
         /// Device or header file.
         device: PathBuf,
     },
-    /// Bind a LUKS2 volume to a tang server as `clevis luks bind ... tang` does: a new
+    /// Bind a LUKS2 volume to a tang server as `clevis luks bind ... tang` does (a new
     /// keyslot with a random passphrase and a clevis token that recovers it through the
-    /// server (opens with cryptblk, clevis and systemd-cryptsetup's clevis support).
+    /// server), or with --tpm2-device to a TPM2 as `systemd-cryptenroll --tpm2-device` does
+    /// (a systemd-tpm2 token sealed to PCR values, optionally with a PIN).
     #[command(name = "enroll")]
     Enroll {
         /// The tang server's URL (http://host[:port]).
+        #[arg(long, conflicts_with_all = ["tpm2_pcrs", "tpm2_with_pin"])]
+        tang: Option<String>,
+        /// TPM2: the PCRs to seal to, `+`- or `,`-separated (as systemd-cryptenroll; default 7).
+        #[arg(long, value_name = "PCR[+PCR...]")]
+        tpm2_pcrs: Option<String>,
+        /// TPM2: also require a PIN (asked twice on a terminal, or read from standard input).
         #[arg(long)]
-        tang: String,
+        tpm2_with_pin: bool,
         /// Trust the server only if this signing key thumbprint (tang-show-keys) is
         /// advertised; otherwise the thumbprints are shown and confirmed (-q trusts them).
         #[arg(long, value_name = "THUMBPRINT")]

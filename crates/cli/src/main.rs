@@ -16,6 +16,11 @@ fn main() {
         std::process::exit(daemon::daemon_main());
     }
     quiet_on_closed_stdout();
+    // tpm2-tss prints its own warnings and errors to stderr; cryptblk reports a TPM failure in
+    // one line of its own. Set here, before any thread exists (TSS2_LOG=... overrides).
+    if std::env::var_os("TSS2_LOG").is_none() {
+        std::env::set_var("TSS2_LOG", "all+NONE");
+    }
     // `bench` first: its own grammar, so its help lists only its options.
     let parsed = if std::env::args().nth(1).as_deref() == Some("bench") {
         args::BenchCli::try_parse_from(std::env::args().skip(1)).map(args::BenchCli::into_cli)
@@ -125,10 +130,18 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Refresh { name, perf } => luks::refresh(o, name, perf),
         Action::Token { op, device } => actions::token::token(o, *op, device),
         Action::Enroll {
-            tang,
+            tang: Some(tang),
             tang_thumbprint,
             device,
+            ..
         } => actions::token::enroll_tang(o, tang, tang_thumbprint.as_deref(), device),
+        Action::Enroll {
+            tang: None,
+            tpm2_pcrs,
+            tpm2_with_pin,
+            device,
+            ..
+        } => actions::token::enroll_tpm2(o, tpm2_pcrs.as_deref(), *tpm2_with_pin, device),
         Action::Serve => Err(Failure::usage("__serve is internal")),
     }
 }

@@ -134,6 +134,7 @@ pub fn choice(opts: &Opts) -> TokenChoice {
         id: opts.token.token_id.map(|i| i as usize),
         type_name: opts.token.token_type.clone(),
         only: opts.token.token_only,
+        tpm2_device: opts.token.tpm2_device.clone(),
     }
 }
 
@@ -223,25 +224,8 @@ pub fn enroll_tang(
             ),
         )?,
     }
-    let vk = if let Some(p) = &opts.volume_key_file {
-        let vk = volume::read_volume_key_file(p)?;
-        vol.verify_volume_key(vk.as_bytes())?;
-        vk
-    } else {
-        let pass = volume::read_secret(
-            &volume::key_source(opts, None),
-            volume::limits(opts),
-            "Enter existing LUKS password: ",
-        )?;
-        vol.unlock(pass.as_bytes(), None, UnlockPurpose::Verify)?.1
-    };
-    let mut params = volume::keyslot_params(opts)?;
-    if opts.pbkdf.is_none() && opts.pbkdf_force_iterations.is_none() && opts.iter_time.is_none() {
-        // A random 256-bit passphrase gains nothing from a slow KDF: clevis and
-        // systemd-cryptenroll use PBKDF2 with 1000 iterations for theirs, and so does this.
-        params.pbkdf = cryptblk_format::kdf::PbkdfRequest::pbkdf2(volume::hash_opt(opts)?)
-            .with_forced_iterations(1000);
-    }
+    let vk = existing_volume_key(opts, &vol)?;
+    let params = machine_keyslot_params(opts, volume::hash_opt(opts)?)?;
     let id = opts.token.token_id.map(|i| i as usize);
     let (slot, token) = lib::enroll_tang(
         &mut vol,
@@ -257,4 +241,96 @@ pub fn enroll_tang(
         eprintln!("Token {token} created.");
     }
     Ok(())
+}
+
+/// The volume key for an enrollment: from `--volume-key-file`, else an existing passphrase
+/// (key file, terminal or standard input).
+fn existing_volume_key(opts: &Opts, vol: &Volume) -> Result<SecretBytes, Failure> {
+    if let Some(p) = &opts.volume_key_file {
+        let vk = volume::read_volume_key_file(p)?;
+        vol.verify_volume_key(vk.as_bytes())?;
+        return Ok(vk);
+    }
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        "Enter existing LUKS password: ",
+    )?;
+    Ok(vol.unlock(pass.as_bytes(), None, UnlockPurpose::Verify)?.1)
+}
+
+/// Keyslot parameters for a machine-made passphrase: unless the user chose a KDF, PBKDF2 with
+/// 1000 iterations of `hash`. A random 256-bit passphrase gains nothing from a slow KDF:
+/// clevis and systemd-cryptenroll use the same for theirs.
+fn machine_keyslot_params(
+    opts: &Opts,
+    hash: cryptblk_cipher::hash::HashAlgorithm,
+) -> Result<cryptblk_format::luks2::KeyslotParams, Failure> {
+    let mut params = volume::keyslot_params(opts)?;
+    if opts.pbkdf.is_none() && opts.pbkdf_force_iterations.is_none() && opts.iter_time.is_none() {
+        params.pbkdf =
+            cryptblk_format::kdf::PbkdfRequest::pbkdf2(hash).with_forced_iterations(1000);
+    }
+    Ok(params)
+}
+
+/// `enroll --tpm2-device D [--tpm2-pcrs P] [--tpm2-with-pin] <device>`: unlocks with an
+/// existing passphrase (or key file or volume key file), asks for the new PIN if wanted,
+/// then seals a new secret on the TPM and adds its keyslot and systemd-tpm2 token, as
+/// `systemd-cryptenroll` 252 writes them (keyslot PBKDF2-SHA512, 1000 iterations).
+#[cfg(feature = "tpm2")]
+pub fn enroll_tpm2(opts: &Opts, pcrs: Option<&str>, with_pin: bool, device: &Path) -> ActionResult {
+    use lib::systemd_tpm2 as tpm2;
+    let Some(dev) = opts.token.tpm2_device.as_deref() else {
+        return Err(Failure::usage(
+            "enroll needs --tang URL or --tpm2-device DEVICE.",
+        ));
+    };
+    let tcti = tpm2::tcti(Some(dev))?;
+    let pcrs = tpm2::parse_pcrs(pcrs.unwrap_or("7"))?;
+    let mut vol = load(opts, device, true)?;
+    let vk = existing_volume_key(opts, &vol)?;
+    let pin = if with_pin {
+        let pin = volume::read_new_secret(None, "Please enter TPM2 PIN: ")?;
+        Some(pin)
+    } else {
+        None
+    };
+    // systemd-cryptenroll's keyslots for TPM2 use SHA-512 for the KDF and the AF splitter.
+    let hash = match &opts.hash {
+        Some(_) => volume::hash_opt(opts)?,
+        None => cryptblk_cipher::hash::HashAlgorithm::Sha512,
+    };
+    let mut params = machine_keyslot_params(opts, hash)?;
+    params.af_hash = hash;
+    let id = opts.token.token_id.map(|i| i as usize);
+    let (slot, token) = tpm2::enroll(
+        &mut vol,
+        volume::header_path(opts, device),
+        &vk,
+        &params,
+        &tcti,
+        tpm2::Bank::Sha256,
+        &pcrs,
+        pin.as_ref().map(SecretBytes::as_bytes),
+        id,
+    )?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} created.");
+        eprintln!("Token {token} created.");
+    }
+    Ok(())
+}
+
+/// Without TPM2 support built in, `enroll --tpm2-device` is refused.
+#[cfg(not(feature = "tpm2"))]
+pub fn enroll_tpm2(
+    _opts: &Opts,
+    _pcrs: Option<&str>,
+    _with_pin: bool,
+    _device: &Path,
+) -> ActionResult {
+    Err(Failure::usage(
+        "this cryptblk was built without TPM2 support (feature tpm2).",
+    ))
 }

@@ -11,6 +11,8 @@
 pub mod clevis;
 pub mod keyring;
 pub mod systemd_recovery;
+#[cfg(feature = "tpm2")]
+pub mod systemd_tpm2;
 
 use crate::error::{ErrorClass, Result, VolumeError};
 use crate::luks::{not_luks2, Volume};
@@ -45,8 +47,9 @@ pub trait TokenHandler {
     fn validate(&self, _token: &Value) -> Result<()> {
         Ok(())
     }
-    /// Whether [`TokenHandler::open`] needs user input.
-    fn input(&self) -> Input {
+    /// Whether [`TokenHandler::open`] needs user input for `token` (a TPM2 token needs a PIN
+    /// only when enrolled with one).
+    fn input(&self, _token: &Value) -> Input {
         Input::None
     }
     /// The passphrase this token holds for its keyslots. `input` is the user's text when
@@ -57,10 +60,21 @@ pub trait TokenHandler {
 
 /// The handler for a token type, if cryptblk has one.
 pub fn handler(type_name: &str) -> Option<Box<dyn TokenHandler>> {
+    handler_for(type_name, &TokenChoice::default())
+}
+
+/// The handler for a token type, set up as `choice` asks (the TPM to use).
+fn handler_for(type_name: &str, choice: &TokenChoice) -> Option<Box<dyn TokenHandler>> {
     match type_name {
         keyring::TYPE => Some(Box::new(keyring::Keyring)),
         systemd_recovery::TYPE => Some(Box::new(systemd_recovery::Recovery)),
-        clevis::TYPE => Some(Box::new(clevis::Clevis)),
+        clevis::TYPE => Some(Box::new(clevis::Clevis {
+            tpm2_device: choice.tpm2_device.clone(),
+        })),
+        #[cfg(feature = "tpm2")]
+        systemd_tpm2::TYPE => Some(Box::new(systemd_tpm2::SystemdTpm2 {
+            device: choice.tpm2_device.clone(),
+        })),
         _ => None,
     }
 }
@@ -253,6 +267,9 @@ pub struct TokenChoice {
     pub type_name: Option<String>,
     /// Do not fall back to a passphrase.
     pub only: bool,
+    /// The TPM for `systemd-tpm2` tokens (`--tpm2-device`; None: `SYSTEMD_TPM2_DEVICE`, then
+    /// `/dev/tpmrm0`).
+    pub tpm2_device: Option<String>,
 }
 
 impl TokenChoice {
@@ -315,7 +332,7 @@ pub fn unlock(
         if choice.type_name.as_deref().is_some_and(|t| t != ty) {
             continue;
         }
-        let Some(handler) = handler(ty) else {
+        let Some(handler) = handler_for(ty, choice) else {
             let why = if RECOGNISED_WITHOUT_HANDLER.contains(&ty) {
                 format!("Token {id} ({ty}): cryptblk has no handler for this token type yet.")
             } else {
@@ -325,7 +342,7 @@ pub fn unlock(
             miss.class.get_or_insert(ErrorClass::WrongParameters);
             continue;
         };
-        let input = match handler.input() {
+        let input = match handler.input(token) {
             Input::None => None,
             Input::Required(what) if choice.explicit() => match ask(what) {
                 Ok(s) => Some(s),

@@ -23,7 +23,7 @@ impl TokenHandler for Recovery {
         TYPE
     }
 
-    fn input(&self) -> Input {
+    fn input(&self, _token: &Value) -> Input {
         Input::Required("recovery key")
     }
 

@@ -11,6 +11,8 @@
 
 pub mod sss;
 pub mod tang;
+#[cfg(feature = "tpm2")]
+pub mod tpm2;
 
 use super::TokenHandler;
 use crate::error::{ErrorClass, Result, VolumeError};
@@ -24,8 +26,11 @@ use serde_json::Value;
 /// The token type.
 pub const TYPE: &str = "clevis";
 
-/// The `clevis` handler.
-pub struct Clevis;
+/// The `clevis` handler (`tpm2_device`: the TPM for the `tpm2` pin, `--tpm2-device`).
+pub struct Clevis {
+    /// `--tpm2-device` (None: `TPM2TOOLS_TCTI`, else /dev/tpmrm0).
+    pub tpm2_device: Option<String>,
+}
 
 impl TokenHandler for Clevis {
     fn type_name(&self) -> &'static str {
@@ -34,7 +39,7 @@ impl TokenHandler for Clevis {
 
     fn open(&self, token: &Value, _input: Option<&[u8]>) -> Result<SecretBytes> {
         let jwe = Jwe::from_token(token)?;
-        decrypt(&jwe)
+        decrypt(&jwe, self.tpm2_device.as_deref())
     }
 }
 
@@ -113,20 +118,25 @@ impl Jwe {
     }
 }
 
-/// Recovers the plaintext of a clevis JWE by its pin.
-pub fn decrypt(jwe: &Jwe) -> Result<SecretBytes> {
+/// Recovers the plaintext of a clevis JWE by its pin (`tpm2_device`: the TPM for `tpm2`).
+pub fn decrypt(jwe: &Jwe, tpm2_device: Option<&str>) -> Result<SecretBytes> {
     match jwe.pin() {
         "tang" => {
             let cek = tang::recover_cek(jwe)?;
             open_content(jwe, &cek)
         }
         "sss" => {
-            let cek = sss::recover_cek(jwe)?;
+            let cek = sss::recover_cek(jwe, tpm2_device)?;
+            open_content(jwe, &cek)
+        }
+        #[cfg(feature = "tpm2")]
+        "tpm2" => {
+            let cek = tpm2::recover_cek(jwe, tpm2_device)?;
             open_content(jwe, &cek)
         }
         "" => Err(bad("the JWE names no clevis pin")),
         other => Err(VolumeError::usage(format!(
-            "clevis pin '{other}': cryptblk has no handler for this pin (it opens tang)"
+            "clevis pin '{other}': cryptblk has no handler for this pin (it opens tang, sss and tpm2)"
         ))),
     }
 }

@@ -19,7 +19,7 @@ const P_LEN: usize = 32;
 
 /// The content key of an `sss` JWE: the secret recombined from the first `t` shares whose
 /// nested JWEs decrypt. Fails naming why each share failed when fewer than `t` do.
-pub fn recover_cek(jwe: &Jwe) -> Result<SecretBytes> {
+pub fn recover_cek(jwe: &Jwe, tpm2_device: Option<&str>) -> Result<SecretBytes> {
     let h = &jwe.header;
     if h["alg"] != "dir" {
         return Err(bad("an sss JWE uses 'dir' key management"));
@@ -54,7 +54,7 @@ pub fn recover_cek(jwe: &Jwe) -> Result<SecretBytes> {
             .as_str()
             .ok_or_else(|| bad("an sss share is not a compact JWE"))
             .and_then(Jwe::from_compact)
-            .and_then(|j| decrypt(&j));
+            .and_then(|j| decrypt(&j, tpm2_device));
         match share {
             Ok(s) if s.len() == 2 * P_LEN => {
                 let b = s.as_bytes();
