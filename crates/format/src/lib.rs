@@ -10,6 +10,7 @@ pub mod error;
 pub mod hdrio;
 pub mod kdf;
 pub mod keyfile;
+pub mod loopaes;
 pub mod luks1;
 pub mod plain;
 mod sector;
