@@ -43,6 +43,7 @@ pub mod error;
 pub mod format;
 pub mod integrity;
 pub mod lock;
+pub mod loopaes;
 pub mod luks;
 pub mod luks2_integrity;
 pub mod offline;
