@@ -145,6 +145,11 @@ fn format_header(
                 "cryptblk does not create BitLocker volumes (it opens them)",
             ))
         }
+        Some(VolumeType::Loopaes) => {
+            return Err(Failure::usage(
+                "loop-AES volumes have no header to format; use open --type loopaes",
+            ))
+        }
     };
     cryptblk_volume::format::format_header(dev, &req, passphrase)
 }
@@ -239,6 +244,9 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     }
     if opts.volume_type == Some(VolumeType::Bitlk) {
         return super::bitlk::open(opts, a);
+    }
+    if opts.volume_type == Some(VolumeType::Loopaes) {
+        return super::loopaes::open(opts, a);
     }
     if opts.volume_type == Some(VolumeType::Plain) {
         // cryptsetup ignores --persistent for plain devices (nothing to store it in), but

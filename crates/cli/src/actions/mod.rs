@@ -5,6 +5,7 @@ pub mod bitlk;
 pub mod info;
 pub mod integrity;
 pub mod lifecycle;
+pub mod loopaes;
 pub mod luks;
 pub mod luks_integrity;
 pub mod offline;
