@@ -17,7 +17,7 @@ use std::path::Path;
 fn params(opts: &Opts) -> Result<LoopaesParams, Failure> {
     let mut p = LoopaesParams::default();
     if let Some(bits) = opts.key_size.filter(|&b| b != 0) {
-        if bits % 8 != 0 {
+        if !bits.is_multiple_of(8) {
             return Err(Failure::usage("Key size must be a multiple of 8 bits"));
         }
         p.key_size = (bits / 8) as usize;

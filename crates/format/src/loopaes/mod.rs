@@ -233,12 +233,14 @@ mod tests {
         assert!(derive_key(&lines(1, 20), 64, None).is_err());
         assert!(derive_key(&lines(1, 20), 32, Some("sha1")).is_err());
         assert!(derive_key(&lines(1, 20), 16, Some("nohash")).is_err());
-        // Blank lines and CR LF are separators, not keys.
+        // Blank lines and CR LF after a key are separators; a leading blank line is an empty
+        // key, as in cryptsetup.
         assert_eq!(
-            derive_key(b"\r\n\nkey-one-xxxxxxxxxxx\r\n\n", 16, None)
+            derive_key(b"key-one-xxxxxxxxxxx\r\n\n\r", 16, None)
                 .unwrap()
                 .keys_count,
             1
         );
+        assert_eq!(incompatible(b"\nkey-one-xxxxxxxxxxx\n"), INCOMPATIBLE);
     }
 }
