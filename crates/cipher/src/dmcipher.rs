@@ -119,8 +119,8 @@ pub(crate) struct DmCipher {
 /// A transform of each plaintext sector that wraps the chaining mode: applied before
 /// encryption and undone after decryption, with the sector's IV sector number.
 pub(crate) enum SectorLayer {
-    /// BitLocker's Elephant diffuser (`elephant` IV mode).
-    Elephant(crate::elephant::Elephant),
+    /// BitLocker's Elephant diffuser (`elephant` IV mode); boxed, its key schedule is large.
+    Elephant(Box<crate::elephant::Elephant>),
     /// loop-AES's IV folded into the first block (`lmk` IV mode).
     Lmk(crate::lmk::Lmk),
 }

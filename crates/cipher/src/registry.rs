@@ -223,10 +223,9 @@ fn open_one(
         let (data, tweak) = key.split_at(key.len() / 2);
         (
             data,
-            Some(SectorLayer::Elephant(crate::elephant::Elephant::new(
-                tweak,
-                opts.sector_size,
-            )?)),
+            Some(SectorLayer::Elephant(Box::new(
+                crate::elephant::Elephant::new(tweak, opts.sector_size)?,
+            ))),
         )
     } else {
         (key, layer)
