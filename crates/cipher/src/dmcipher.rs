@@ -112,13 +112,38 @@ pub(crate) struct DmCipher {
     iv_offset: u64,
     iv_large_sectors: bool,
     implementation: &'static str,
-    /// `elephant`: BitLocker's diffuser around each sector's CBC.
-    diffuser: Option<crate::elephant::Elephant>,
+    /// A per-sector layer around the engine (`elephant`, `lmk`).
+    diffuser: Option<SectorLayer>,
+}
+
+/// A transform of each plaintext sector that wraps the chaining mode: applied before
+/// encryption and undone after decryption, with the sector's IV sector number.
+pub(crate) enum SectorLayer {
+    /// BitLocker's Elephant diffuser (`elephant` IV mode); boxed, its key schedule is large.
+    Elephant(Box<crate::elephant::Elephant>),
+    /// loop-AES's IV folded into the first block (`lmk` IV mode).
+    Lmk(crate::lmk::Lmk),
+}
+
+impl SectorLayer {
+    fn before_encrypt(&self, iv_sector: u64, sector: &mut [u8]) {
+        match self {
+            Self::Elephant(e) => e.before_encrypt(iv_sector, sector),
+            Self::Lmk(l) => l.tweak(iv_sector, sector),
+        }
+    }
+
+    fn after_decrypt(&self, iv_sector: u64, sector: &mut [u8]) {
+        match self {
+            Self::Elephant(e) => e.after_decrypt(iv_sector, sector),
+            Self::Lmk(l) => l.tweak(iv_sector, sector),
+        }
+    }
 }
 
 impl DmCipher {
-    /// Adds the Elephant diffuser layer (`elephant` IV mode).
-    pub(crate) fn with_diffuser(mut self, diffuser: Option<crate::elephant::Elephant>) -> Self {
+    /// Adds a sector layer around the engine (`elephant`, `lmk`).
+    pub(crate) fn with_diffuser(mut self, diffuser: Option<SectorLayer>) -> Self {
         self.diffuser = diffuser;
         self
     }

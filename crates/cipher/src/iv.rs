@@ -80,6 +80,9 @@ impl IvGenerator {
             IvMode::Plain => Self::Plain,
             IvMode::Plain64 => Self::Plain64,
             IvMode::Plain64Be => Self::Plain64Be,
+            // lmk's IV depends on the sector's plaintext: the engine runs with a zero IV and
+            // the IV is folded into the first block around it (`crate::lmk`).
+            IvMode::Lmk => Self::Null,
             IvMode::Benbi => {
                 let bs = cipher.block_size();
                 Self::Benbi(9 - bs.trailing_zeros())

@@ -2,7 +2,7 @@
 //! per algorithm, each with a priority; the highest-priority available one that supports a
 //! spec and key size is chosen unless the caller names one.
 
-use crate::dmcipher::{DmCipher, ModeEngine, NullEngine};
+use crate::dmcipher::{DmCipher, ModeEngine, NullEngine, SectorLayer};
 use crate::iv::IvGenerator;
 use crate::spec::{CipherSpec, SectorOptions};
 use crate::{awslc, rustcrypto, CipherError, SectorCipher};
@@ -150,7 +150,9 @@ pub fn implementations() -> Vec<ImplementationInfo> {
 pub fn default_implementation(spec: &str, key_len: usize) -> Result<String, CipherError> {
     let spec = CipherSpec::parse(spec)?;
     spec.check_key_size(key_len)?;
-    candidates(&spec, key_len)
+    // A multi-key spec's engines each take one of its keys.
+    let one = spec.key_layout(key_len).map_or(key_len, |(k, _)| k);
+    candidates(&spec, one)
         .first()
         .map(|i| i.name.to_string())
         .ok_or_else(|| CipherError::NoImplementation(format!("any for {spec}")))
@@ -181,6 +183,42 @@ pub fn open_cipher_spec(
     if spec.iv_mode() == crate::IvMode::Tcw {
         return open_tcw(spec, key, opts);
     }
+    if spec.key_count() == 1 && spec.iv_mode() != crate::IvMode::Lmk {
+        return open_one(spec, key, opts, None);
+    }
+    // Multi-key (`aes:64-cbc-lmk`): the key splits into `key_count` keys of one size, and
+    // for lmk perhaps one more, the IV seed (loop-AES v3).
+    if spec.iv_mode() == crate::IvMode::Lmk && opts.sector_size != crate::lmk::LMK_SECTOR {
+        return Err(CipherError::Unsupported(
+            "lmk IVs need 512-byte sectors (the kernel: Unsupported sector size for LMK)".into(),
+        ));
+    }
+    let bad_size = || CipherError::KeySize {
+        spec: spec.spec_string(),
+        got: key.len(),
+    };
+    let (one, seeded) = spec.key_layout(key.len()).ok_or_else(bad_size)?;
+    let n = spec.key_count() as usize;
+    let seed = seeded.then(|| &key[n * one..]);
+    let mut ciphers = Vec::with_capacity(n);
+    for k in key[..n * one].chunks_exact(one) {
+        let layer = (spec.iv_mode() == crate::IvMode::Lmk)
+            .then(|| SectorLayer::Lmk(crate::lmk::Lmk::new(seed)));
+        ciphers.push(open_one(spec, k, opts, layer)?);
+    }
+    if ciphers.len() == 1 {
+        return Ok(ciphers.remove(0));
+    }
+    Ok(Box::new(crate::multikey::MultiKey::new(ciphers, opts)))
+}
+
+/// One keyed cipher of `spec` (one key of a multi-key spec), with `layer` around its engine.
+fn open_one(
+    spec: &CipherSpec,
+    key: &[u8],
+    opts: &SectorOptions,
+    layer: Option<SectorLayer>,
+) -> Result<Box<dyn SectorCipher>, CipherError> {
     let ivgen = IvGenerator::new(spec.iv_mode(), spec.cipher(), key, opts.sector_size)?;
     // elephant: the CBC engine takes the data key; the tweak key (second half) keys the
     // diffuser's sector keys.
@@ -188,10 +226,12 @@ pub fn open_cipher_spec(
         let (data, tweak) = key.split_at(key.len() / 2);
         (
             data,
-            Some(crate::elephant::Elephant::new(tweak, opts.sector_size)?),
+            Some(SectorLayer::Elephant(Box::new(
+                crate::elephant::Elephant::new(tweak, opts.sector_size)?,
+            ))),
         )
     } else {
-        (key, None)
+        (key, layer)
     };
     let (engine, name) = match &opts.implementation {
         Some(name) => {

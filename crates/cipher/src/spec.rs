@@ -153,6 +153,9 @@ pub enum IvMode {
     /// the ciphertext derived from the sector by CRC32; the key is the cipher key followed
     /// by the IV seed (one block) and 16 whitening bytes. See [`crate::tcrypt_cbc`].
     Tcw,
+    /// loop-AES multi-key v2/v3 (`lmk`): CBC whose IV is an unpadded MD5 state over the
+    /// sector's plaintext blocks 1-31, the sector number and (v3) a seed key.
+    Lmk,
 }
 
 impl IvMode {
@@ -169,6 +172,7 @@ impl IvMode {
             Self::Eboiv => "eboiv".into(),
             Self::Elephant => "elephant".into(),
             Self::Tcw => "tcw".into(),
+            Self::Lmk => "lmk".into(),
         }
     }
 
@@ -186,6 +190,7 @@ impl IvMode {
             ("eboiv", None) => Self::Eboiv,
             ("elephant", None) => Self::Elephant,
             ("tcw", None) => Self::Tcw,
+            ("lmk", None) => Self::Lmk,
             ("essiv", Some(h)) => Self::Essiv(HashAlgorithm::from_name(h).ok()?),
             _ => return None,
         };
@@ -199,6 +204,9 @@ pub struct CipherSpec {
     cipher: BlockCipherName,
     chain: ChainMode,
     iv: IvMode,
+    /// Number of keys (dm-crypt's `cipher:<keycount>`, a power of two): sector `s` uses key
+    /// `s % keys` (loop-AES multi-key: `aes:64-cbc-lmk`).
+    keys: u32,
 }
 
 impl CipherSpec {
@@ -209,6 +217,7 @@ impl CipherSpec {
     /// IV mode (ECB ignores one, as the kernel does).
     pub fn parse(spec: &str) -> Result<Self, CipherError> {
         let unknown = || CipherError::UnknownSpec(spec.to_string());
+        let capi_form = spec.starts_with("capi:");
         let (cipher, chain, iv) = if let Some(capi) = spec.strip_prefix("capi:") {
             // capi:chain(cipher)[-ivmode]; a ')' after the first dash means a driver name
             // such as aes-generic, which cryptsetup refuses.
@@ -238,11 +247,17 @@ impl CipherSpec {
                 (Some(c), i) => (cipher, c, i),
             }
         };
-        // The legacy form may carry a key count ("aes:1-..."); only one key is supported.
-        let cipher = match cipher.split_once(':') {
-            Some((c, "1")) => c,
-            Some(_) => return Err(unknown()),
-            None => cipher,
+        // The legacy form may carry a key count ("aes:64-..."): a power of two, as the
+        // kernel's "Bad cipher key count specification" check wants it.
+        let (cipher, mut keys) = match cipher.split_once(':') {
+            Some((_, n)) if capi_form || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) => {
+                return Err(unknown())
+            }
+            Some((c, n)) => match n.parse::<u32>() {
+                Ok(k) if k.is_power_of_two() => (c, k),
+                _ => return Err(unknown()),
+            },
+            None => (cipher, 1),
         };
         let cipher = BlockCipherName::from_name(cipher).ok_or_else(unknown)?;
         let chain = ChainMode::from_name(chain).ok_or_else(unknown)?;
@@ -279,7 +294,23 @@ impl CipherSpec {
                 cipher.name()
             )));
         }
-        Ok(Self { cipher, chain, iv })
+        // lmk only makes sense around CBC: the IV is folded into the first plaintext block.
+        if iv == IvMode::Lmk && chain != ChainMode::Cbc {
+            return Err(unknown());
+        }
+        // The kernel's crypto API form has no key count; with lmk it uses 64 keys.
+        if capi_form && iv == IvMode::Lmk {
+            keys = 64;
+        }
+        if keys > 1 && cipher == BlockCipherName::Null {
+            return Err(unknown());
+        }
+        Ok(Self {
+            cipher,
+            chain,
+            iv,
+            keys,
+        })
     }
 
     /// The null cipher (`cipher_null-ecb`).
@@ -288,6 +319,7 @@ impl CipherSpec {
             cipher: BlockCipherName::Null,
             chain: ChainMode::Ecb,
             iv: IvMode::None,
+            keys: 1,
         }
     }
 
@@ -311,6 +343,26 @@ impl CipherSpec {
         self.iv
     }
 
+    /// The number of keys (`aes:64-cbc-lmk`: 64); 1 for ordinary specs.
+    pub fn key_count(&self) -> u32 {
+        self.keys
+    }
+
+    /// How a volume key of `len` bytes splits, as dm-crypt splits it: the size of each of
+    /// the [`CipherSpec::key_count`] keys, and whether one more key of that size follows as
+    /// the `lmk` seed (loop-AES v3: the kernel takes a seed when the key does not divide
+    /// into `key_count` parts). `None` when it does not split evenly.
+    pub fn key_layout(&self, len: usize) -> Option<(usize, bool)> {
+        let n = self.keys as usize;
+        if len.is_multiple_of(n) {
+            Some((len / n, false))
+        } else if self.iv == IvMode::Lmk && len.is_multiple_of(n + 1) {
+            Some((len / (n + 1), true))
+        } else {
+            None
+        }
+    }
+
     /// Cipher name as LUKS1 stores it (`aes`, `serpent`, `cipher_null`).
     pub fn cipher_name(&self) -> &'static str {
         self.cipher.name()
@@ -324,9 +376,19 @@ impl CipherSpec {
         }
     }
 
-    /// The full legacy specification (`aes-xts-plain64`), as in dm tables and LUKS2 segments.
+    /// The full legacy specification (`aes-xts-plain64`, `aes:64-cbc-lmk`), as in dm tables
+    /// and LUKS2 segments.
     pub fn spec_string(&self) -> String {
-        format!("{}-{}", self.cipher_name(), self.cipher_mode())
+        if self.keys > 1 {
+            format!(
+                "{}:{}-{}",
+                self.cipher_name(),
+                self.keys,
+                self.cipher_mode()
+            )
+        } else {
+            format!("{}-{}", self.cipher_name(), self.cipher_mode())
+        }
     }
 
     /// The kernel crypto API name of the data transform (`xts(aes)`, `ecb(cipher_null)`).
@@ -349,7 +411,21 @@ impl CipherSpec {
 
     /// Volume key sizes (bytes) valid for this spec: XTS takes two cipher keys, LRW a cipher
     /// key plus a 16-byte tweak key, `cipher_null` an empty key.
+    /// Multi-key specs take `key_count` such keys, and `lmk` with several keys optionally
+    /// one more as its seed.
     pub fn valid_key_sizes(&self) -> Vec<usize> {
+        let one = self.single_key_sizes();
+        let n = self.keys as usize;
+        let mut sizes: Vec<usize> = one.iter().map(|k| k * n).collect();
+        if self.iv == IvMode::Lmk && n > 1 {
+            sizes.extend(one.iter().map(|k| k * (n + 1)));
+        }
+        sizes
+    }
+
+    /// Key sizes of one key of this spec (what [`CipherSpec::valid_key_sizes`] is for a
+    /// single-key spec).
+    pub fn single_key_sizes(&self) -> Vec<usize> {
         let base = self.cipher.key_sizes();
         if self.iv == IvMode::Elephant {
             // dm-crypt accepts AES-128 and AES-256 data keys, each followed by its tweak key.
@@ -373,12 +449,13 @@ impl CipherSpec {
         if self.iv == IvMode::Tcw {
             return self.valid_key_sizes().last().copied().unwrap_or(0);
         }
-        match (self.cipher, self.chain) {
+        let one = match (self.cipher, self.chain) {
             (BlockCipherName::Null, _) => 0,
             (_, ChainMode::Xts) => 64,
             (_, ChainMode::Lrw) => 48,
             _ => 32,
-        }
+        };
+        one * self.keys as usize
     }
 
     /// Checks a volume key length against [`CipherSpec::valid_key_sizes`].
@@ -487,6 +564,33 @@ mod tests {
     }
 
     #[test]
+    fn multi_key_specs_as_dm_crypt_writes_them() {
+        let s = p("aes:64-cbc-lmk");
+        assert_eq!((s.key_count(), s.iv_mode()), (64, IvMode::Lmk));
+        assert_eq!(s.spec_string(), "aes:64-cbc-lmk");
+        assert_eq!(s.cipher_mode(), "cbc-lmk");
+        // v2: 64 keys; v3: 65 (the last is the IV seed).
+        assert!(s.check_key_size(64 * 16).is_ok());
+        assert!(s.check_key_size(65 * 32).is_ok());
+        assert!(s.check_key_size(63 * 16).is_err());
+        assert_eq!(s.key_layout(64 * 24), Some((24, false)));
+        assert_eq!(s.key_layout(65 * 16), Some((16, true)));
+        assert_eq!(s.key_layout(65 * 16 + 1), None);
+        // The crypto API form of lmk means 64 keys, as in the kernel.
+        assert_eq!(p("capi:cbc(aes)-lmk"), s);
+        let t = p("twofish:4-cbc-plain64");
+        assert_eq!(
+            (t.key_count(), t.spec_string()),
+            (4, "twofish:4-cbc-plain64".into())
+        );
+        assert_eq!(t.key_layout(4 * 32), Some((32, false)));
+        assert!(t.check_key_size(5 * 32).is_err());
+        assert!(t.check_key_size(4 * 24).is_ok());
+        assert_eq!(p("aes-cbc-lmk").key_count(), 1);
+        assert_eq!(p("aes:1-cbc-plain64"), p("aes-cbc-plain64"));
+    }
+
+    #[test]
     fn cryptsetup_shorthands() {
         assert_eq!(p("aes").spec_string(), "aes-cbc-plain");
         assert_eq!(p("aes-plain").spec_string(), "aes-cbc-plain");
@@ -520,7 +624,12 @@ mod tests {
             "aes-cbc-essiv:md4x",
             "des-cbc-plain",
             "aes-gcm-random",
-            "aes:2-cbc-lmk",
+            "aes:3-cbc-lmk",
+            "aes:0-cbc-plain64",
+            "aes:-cbc-plain64",
+            "aes:+4-cbc-plain64",
+            "aes-xts-lmk",
+            "cipher_null:2-ecb",
             "cipher_null-cbc-plain",
             "",
         ] {

@@ -59,6 +59,8 @@ pub enum VolumeType {
     /// FileVault2 (CoreStorage; read with `fvault2Dump`, opened with the passphrase or the
     /// volume key).
     Fvault2,
+    /// loop-AES (no header: a key file of 1, 64 or 65 keys), as cryptsetup's `loopaesOpen`.
+    Loopaes,
 }
 
 /// Keyslot KDFs, as cryptsetup's `--pbkdf`.
@@ -75,7 +77,7 @@ pub enum PbkdfKind {
 /// Options with cryptsetup's names and meanings.
 #[derive(Args, Debug, Default, Clone)]
 pub struct Opts {
-    /// Volume type: luks, luks1, luks2, plain or tcrypt.
+    /// Volume type: luks, luks1, luks2, plain, tcrypt, bitlk or loopaes.
     #[arg(short = 'M', long = "type", global = true, value_enum)]
     pub volume_type: Option<VolumeType>,
     /// Cipher specification, e.g. aes-xts-plain64.
@@ -378,6 +380,9 @@ pub enum Action {
     /// Open a volume: with --test-passphrase only check it.
     #[command(name = "open", alias = "luksOpen")]
     Open(OpenArgs),
+    /// Open a loop-AES volume (`open --type loopaes`, cryptsetup's old syntax).
+    #[command(name = "loopaesOpen")]
+    LoopaesOpen(OpenArgs),
     /// Print a TrueCrypt/VeraCrypt header (asks for the passphrase).
     #[command(name = "tcryptDump")]
     TcryptDump {

@@ -12,6 +12,7 @@ pub mod fvault2;
 pub mod hdrio;
 pub mod kdf;
 pub mod keyfile;
+pub mod loopaes;
 pub mod luks1;
 pub mod plain;
 mod sector;

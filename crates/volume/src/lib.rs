@@ -44,6 +44,7 @@ pub mod format;
 pub mod fvault2;
 pub mod integrity;
 pub mod lock;
+pub mod loopaes;
 pub mod luks;
 pub mod luks2_integrity;
 pub mod offline;

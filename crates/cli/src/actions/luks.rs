@@ -150,6 +150,11 @@ fn format_header(
                 "cryptblk does not create FileVault2 volumes (it opens them)",
             ))
         }
+        Some(VolumeType::Loopaes) => {
+            return Err(Failure::usage(
+                "loop-AES volumes have no header to format; use open --type loopaes",
+            ))
+        }
     };
     cryptblk_volume::format::format_header(dev, &req, passphrase)
 }
@@ -247,6 +252,9 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     }
     if opts.volume_type == Some(VolumeType::Fvault2) {
         return super::fvault2::open(opts, a);
+    }
+    if opts.volume_type == Some(VolumeType::Loopaes) {
+        return super::loopaes::open(opts, a);
     }
     if opts.volume_type == Some(VolumeType::Plain) {
         // cryptsetup ignores --persistent for plain devices (nothing to store it in), but

@@ -6,6 +6,7 @@ pub mod fvault2;
 pub mod info;
 pub mod integrity;
 pub mod lifecycle;
+pub mod loopaes;
 pub mod luks;
 pub mod luks_integrity;
 pub mod offline;

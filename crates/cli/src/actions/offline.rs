@@ -94,6 +94,9 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
     if opts.volume_type == Some(crate::args::VolumeType::Fvault2) {
         return super::fvault2::decrypt(opts, device, output);
     }
+    if opts.volume_type == Some(crate::args::VolumeType::Loopaes) {
+        return super::loopaes::decrypt(opts, device, output);
+    }
     let vol = volume::load(opts, device, false)?;
     if let Some(h) = vol.luks2() {
         if let Some(state) = ReencryptState::of(h)? {
