@@ -106,6 +106,7 @@ pub fn plan(
         name: name.to_string(),
         table,
         lower: Vec::new(),
+        keyed_lower: Vec::new(),
         info: json!({
             "type": "LOOPAES",
             "cipher": seg.cipher,
