@@ -10,11 +10,15 @@
 //! - [`repair`]: recovery written back (`repair`): the hotzone rewritten under the new key
 //!   and the header of a finished step;
 //! - [`init`]: starting a re-key (new keyslots, the reencryption metadata);
-//! - [`run`]: running or resuming a forward re-key step by step.
+//! - [`encdec`]: starting an encryption (datashift or detached header) or a decryption
+//!   (detached header) in place;
+//! - [`run`]: running or resuming any of them step by step, forward or backward, with the
+//!   header on the data device or detached.
 //!
-//! What is not here yet: backward direction, data shifts (`--encrypt` with
-//! `--reduce-device-size`, `--decrypt`), detached headers, online reencryption.
+//! What is not here yet: decryption that exports an attached header (cryptsetup's
+//! `datashift-checksum`, readable but not resumable here), online reencryption.
 
+pub mod encdec;
 pub mod init;
 pub mod keys;
 pub mod read;
@@ -27,5 +31,6 @@ pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;
-pub use run::{run, RunOptions, RunOutcome};
+pub use encdec::{init_decrypt, init_encrypt, EncryptParams};
+pub use run::{run, run_split, RunOptions, RunOutcome};
 pub use state::{ReencryptState, Side, StateSegment};
