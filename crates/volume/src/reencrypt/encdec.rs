@@ -126,7 +126,8 @@ pub fn init_encrypt(
         )?;
     }
     let area = shift.unwrap_or(DETACHED_HEADER_SIZE);
-    let mem = MemIo::zeroed(area as usize);
+    // One spare block: formatting wants room for data after the header area.
+    let mem = MemIo::zeroed(area as usize + 4096);
     let fp = FormatParams {
         cipher: p.cipher.clone(),
         key_size: p.key_size,
@@ -148,7 +149,8 @@ pub fn init_encrypt(
         key.as_bytes(),
     )?;
     h.write_reencryption(&mem)?;
-    let image = mem.into_inner();
+    let mut image = mem.into_inner();
+    image.truncate(area as usize);
     match (shift, header) {
         (Some(shift), _) => {
             // The first `shift` bytes of plaintext go to the end first: the header will
