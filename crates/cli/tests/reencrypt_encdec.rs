@@ -400,7 +400,7 @@ fn encdec_metadata_is_cryptsetups() {
         }
     }
     // Both finished encryptions decrypt to the data (the moved segment included).
-    check_encrypted(&lab, &lab.path("cb-shift-1.img"), None, 2 * MIB, &all[..6 * MIB]);
+    check_encrypted(&lab, &lab.path("cb-shift-1.img"), None, 2 * MIB, &all[..4 * MIB]);
     let hdr = lab.path("cb-det-1.hdr");
     check_encrypted(&lab, &lab.path("cb-det-1.img"), Some(&hdr), 0, &all);
 
@@ -463,8 +463,8 @@ fn cryptblk_killed_encdec_runs_are_finished_by_cryptsetup() {
     }
     let lab = Lab::new();
     let base = lab.path("plain.img");
-    let all = write_pattern(&base, 6 * MIB, 4);
-    let plain = &all[..2 * MIB];
+    let all = write_pattern(&base, 8 * MIB, 4);
+    let plain = &all[..4 * MIB];
     let bin = env!("CARGO_BIN_EXE_cryptblk");
     let img = lab.path("enc.img");
     let (key, img_s) = (
@@ -525,7 +525,7 @@ fn cryptblk_killed_encdec_runs_are_finished_by_cryptsetup() {
         std::fs::copy(&base, &img).unwrap();
         killed(&os(&cmd), "pwrite64", n, lab.dir.path());
         if json_of(&img).is_none() {
-            assert!(std::fs::read(&img).unwrap()[..2 * MIB] == *plain, "kill {n}");
+            assert!(std::fs::read(&img).unwrap()[..4 * MIB] == *plain, "kill {n}");
             continue;
         }
         if in_progress(&img) {

@@ -438,6 +438,16 @@ fn cryptsetup_resume(sc: &Scenario, dir: &Path, img: &[u8]) -> Option<Vec<u8>> {
                 sc.name,
                 String::from_utf8_lossy(&rep.stderr)
             );
+            let hdr_now = std::fs::read(if detached {
+                dir.join("cut.hdr")
+            } else {
+                dir.join("cut.img")
+            })
+            .unwrap();
+            let h = Luks2Header::read(&MemIo::new(hdr_now)).unwrap();
+            if !h.reencryption_in_progress() {
+                return Some(reassemble());
+            }
             let out = resume()?;
             assert!(
                 out.status.success(),
