@@ -216,7 +216,8 @@ fn op_on(io: &dyn HeaderIo, sc: &Scenario) -> cryptblk_volume::Result<()> {
                 device_block: 4096,
                 digest_iterations: Some(1000),
             };
-            let hdr: Option<&dyn HeaderIo> = (sc.kind == Kind::EncryptDetached).then_some(&hv as &dyn HeaderIo);
+            let hdr: Option<&dyn HeaderIo> =
+                (sc.kind == Kind::EncryptDetached).then_some(&hv as &dyn HeaderIo);
             let (mut h, key) = reencrypt::init_encrypt(&dv, hdr, PASS, &p)?;
             let keys = ReencryptKeys {
                 old: None,
@@ -256,7 +257,11 @@ fn plaintext(sc: &Scenario, img: &[u8]) -> Vec<u8> {
             return v;
         }
     };
-    assert!(!h.reencryption_in_progress(), "{}: still reencrypting", sc.name);
+    assert!(
+        !h.reencryption_in_progress(),
+        "{}: still reencrypting",
+        sc.name
+    );
     let segs = h.segments();
     let seg = &segs[0];
     let mut buf = vec![0u8; sc.data as usize];
@@ -291,8 +296,7 @@ fn cryptblk_resume(sc: &Scenario, img: Vec<u8>, plain: &[u8], what: &str) -> Vec
             reencrypt::read_plaintext(&state, &keys, &hv, &data, size, &mut out, &mut NoProgress)
                 .unwrap();
             assert!(out == plain, "{what}: the interrupted volume reads wrong");
-            reencrypt::run_split(&mut h, &hv, &dv, &keys, &run_opts(sc), &mut NoProgress)
-                .unwrap();
+            reencrypt::run_split(&mut h, &hv, &dv, &keys, &run_opts(sc), &mut NoProgress).unwrap();
         }
     }
     io.into_inner()
@@ -306,7 +310,11 @@ fn cut(base: &[u8], sc: &Scenario, n: usize, torn: usize) -> Vec<u8> {
             torn_sectors: torn,
         },
     );
-    assert!(op_on(&io, sc).is_err(), "{}: write {n} was not cut", sc.name);
+    assert!(
+        op_on(&io, sc).is_err(),
+        "{}: write {n} was not cut",
+        sc.name
+    );
     io.into_inner().into_inner()
 }
 
@@ -315,7 +323,11 @@ fn writes_of(base: &[u8], sc: &Scenario, plain: &[u8]) -> usize {
     op_on(&io, sc).unwrap();
     let total = io.writes_attempted();
     let done = io.into_inner().into_inner();
-    assert!(plaintext(sc, &done) == plain, "{}: uncut run lost data", sc.name);
+    assert!(
+        plaintext(sc, &done) == plain,
+        "{}: uncut run lost data",
+        sc.name
+    );
     total
 }
 
@@ -371,8 +383,7 @@ fn every_cut_is_resumed_by_cryptblk_without_loss() {
 }
 
 fn cryptsetup(dir: &Path) -> Option<Command> {
-    if !Path::new("/usr/sbin/cryptsetup").is_file() && !Path::new("/sbin/cryptsetup").is_file()
-    {
+    if !Path::new("/usr/sbin/cryptsetup").is_file() && !Path::new("/sbin/cryptsetup").is_file() {
         if std::env::var("CRYPTBLK_SKIP_CRYPTSETUP").as_deref() == Ok("1") {
             return None;
         }

@@ -7,8 +7,8 @@ use crate::exit::{ActionResult, Failure};
 use crate::progress::Bar;
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_cipher::SecretBytes;
-use cryptblk_format::keyfile::KeySource;
 use cryptblk_format::hdrio::HeaderIo;
+use cryptblk_format::keyfile::KeySource;
 use cryptblk_volume::reencrypt::{
     self, EncryptParams, InitParams, ReencryptState, ResilienceChoice, RunOptions,
 };
@@ -194,7 +194,12 @@ fn encrypt(opts: &Opts, device: &Path, a: &ReencryptArgs, run_opts: RunOptions) 
     }
     if a.init_only {
         if opts.json {
-            summary(device, "initialized", &reencrypt::RunOutcome::default(), None);
+            summary(
+                device,
+                "initialized",
+                &reencrypt::RunOutcome::default(),
+                None,
+            );
         }
         return Ok(());
     }
@@ -348,7 +353,12 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
         )?;
         if a.init_only {
             if opts.json {
-                summary(device, "initialized", &reencrypt::RunOutcome::default(), None);
+                summary(
+                    device,
+                    "initialized",
+                    &reencrypt::RunOutcome::default(),
+                    None,
+                );
             }
             return Ok(());
         }

@@ -175,9 +175,9 @@ impl Luks2Header {
         }
         let mut assign = |digest: &Option<String>, new_side: bool, backup: &str| {
             let Some(d) = digest else { return };
-            let data = placed
-                .iter()
-                .filter(|(_, n, hz, c)| *c && (*n == new_side || (*hz && mode == ReencryptMode::Reencrypt)));
+            let data = placed.iter().filter(|(_, n, hz, c)| {
+                *c && (*n == new_side || (*hz && mode == ReencryptMode::Reencrypt))
+            });
             let mut list: Vec<Value> = Vec::new();
             if mode == ReencryptMode::Reencrypt {
                 list.extend(data.clone().filter(|x| x.2).map(|x| json!(x.0)));
@@ -258,7 +258,10 @@ impl Luks2Header {
             &[],
         )?;
         self.json["digests"][&id] = d;
-        super::validate::validate(&self.json, self.hdr_size - super::binary::BIN_HDR_LEN as u64)?;
+        super::validate::validate(
+            &self.json,
+            self.hdr_size - super::binary::BIN_HDR_LEN as u64,
+        )?;
         Ok(slot)
     }
 
@@ -301,7 +304,9 @@ impl Luks2Header {
         let mut segments = Map::new();
         let direction = match p.shift {
             Some(shift) => {
-                if seg.offset != shift || p.data_size <= shift || shift + p.data_size + shift > device_size
+                if seg.offset != shift
+                    || p.data_size <= shift
+                    || shift + p.data_size + shift > device_size
                 {
                     return Err(FormatError::InvalidParameter(
                         "the data shift does not fit the device".into(),
@@ -314,13 +319,19 @@ impl Luks2Header {
                     "2".into(),
                     linear(moved_at, Some(shift), Some("backup-moved-segment")),
                 );
-                segments.insert("3".into(), linear(0, Some(p.data_size), Some("backup-previous")));
+                segments.insert(
+                    "3".into(),
+                    linear(0, Some(p.data_size), Some("backup-previous")),
+                );
                 segments.insert("4".into(), fin);
                 "backward"
             }
             None => {
                 segments.insert("0".into(), linear(seg.offset, None, None));
-                segments.insert("1".into(), linear(seg.offset, None, Some("backup-previous")));
+                segments.insert(
+                    "1".into(),
+                    linear(seg.offset, None, Some("backup-previous")),
+                );
                 segments.insert("2".into(), fin);
                 "forward"
             }

@@ -608,7 +608,10 @@ impl Luks2Header {
         if let Some((rs, _)) = self.reencrypt_keyslot_json() {
             doomed.push(rs);
         }
-        if let Some(od) = old_digest.as_ref().filter(|d| Some(*d) != new_digest.as_ref()) {
+        if let Some(od) = old_digest
+            .as_ref()
+            .filter(|d| Some(*d) != new_digest.as_ref())
+        {
             if let Some(a) = self.json["digests"][od]["keyslots"].as_array() {
                 doomed.extend(a.iter().filter_map(|s| s.as_str()?.parse::<usize>().ok()));
             }

@@ -73,16 +73,12 @@ pub fn init_encrypt(
     passphrase: &[u8],
     p: &EncryptParams,
 ) -> Result<(Luks2Header, SecretBytes)> {
-    let dev = data
-        .size()
-        .map_err(io_err("reading the device size"))?;
+    let dev = data.size().map_err(io_err("reading the device size"))?;
     let block = p.device_block.max(p.sector_size);
     let (shift, data_size) = match (p.reduce, header) {
         (Some(r), None) => {
             if r == 0 || r % 4096 != 0 || r > MAX_REDUCE {
-                return Err(VolumeError::usage(
-                    "Invalid device size specification.",
-                ));
+                return Err(VolumeError::usage("Invalid device size specification."));
             }
             if r >= dev {
                 return Err(VolumeError::usage("Device is too small."));

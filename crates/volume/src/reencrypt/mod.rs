@@ -27,10 +27,10 @@ pub mod repair;
 pub mod run;
 pub mod state;
 
+pub use encdec::{init_decrypt, init_encrypt, EncryptParams};
 pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;
-pub use encdec::{init_decrypt, init_encrypt, EncryptParams};
 pub use run::{run, run_split, RunOptions, RunOutcome};
 pub use state::{ReencryptState, Side, StateSegment};

@@ -38,14 +38,8 @@ pub fn read_plaintext(
                 continue;
             }
             if seg.side == Side::Hotzone {
-                let plain = hotzone_plaintext(
-                    state,
-                    &ciphers,
-                    header,
-                    data,
-                    seg,
-                    seg_end - seg.logical,
-                )?;
+                let plain =
+                    hotzone_plaintext(state, &ciphers, header, data, seg, seg_end - seg.logical)?;
                 dst.write_all(&plain)?;
                 progress.update(seg_end);
                 continue;

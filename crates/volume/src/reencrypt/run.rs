@@ -245,9 +245,7 @@ fn protect(
             ))
         }
     }
-    header
-        .sync()
-        .map_err(io_err("syncing the resilience data"))
+    header.sync().map_err(io_err("syncing the resilience data"))
 }
 
 /// Writes the final header in one write, then wipes the removed keyslots' areas (the old

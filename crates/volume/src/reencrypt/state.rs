@@ -1,9 +1,7 @@
 //! The reencryption a LUKS2 header describes.
 
 use crate::error::{Result, VolumeError};
-use cryptblk_format::luks2::{
-    Luks2Header, ReencryptKeyslot, ReencryptMode, SegmentInfo,
-};
+use cryptblk_format::luks2::{Luks2Header, ReencryptKeyslot, ReencryptMode, SegmentInfo};
 
 /// Under which key a data segment's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,7 +144,10 @@ impl ReencryptState {
                     s.id
                 )));
             };
-            if segments.last().is_some_and(|p: &StateSegment| p.size.is_none()) {
+            if segments
+                .last()
+                .is_some_and(|p: &StateSegment| p.size.is_none())
+            {
                 return Err(VolumeError::device(
                     "LUKS2 reencryption metadata is invalid: a dynamic segment is not last",
                 ));
