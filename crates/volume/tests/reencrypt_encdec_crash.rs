@@ -283,7 +283,6 @@ fn cryptblk_resume(sc: &Scenario, img: Vec<u8>, plain: &[u8], what: &str) -> Vec
     {
         let (hv, dv) = views(sc, &io);
         let Ok(mut h) = Luks2Header::read(&hv) else {
-            drop((hv, dv));
             return io.into_inner();
         };
         if let Some(state) = ReencryptState::of(&h).unwrap() {
