@@ -1197,4 +1197,14 @@ pub struct ReencryptArgs {
     /// The served volume to reencrypt online, by its mapping name (cryptsetup's option).
     #[arg(long, value_name = "NAME")]
     pub active_name: Option<String>,
+    /// Encrypt a plain device in place (with --reduce-device-size, or a detached --header).
+    #[arg(long, visible_alias = "new")]
+    pub encrypt: bool,
+    /// Decrypt a LUKS2 device in place (its detached --header).
+    #[arg(long)]
+    pub decrypt: bool,
+    /// Make room for the header by shrinking the data by this much (encryption; the data
+    /// moves by half of it).
+    #[arg(long, value_name = "BYTES")]
+    pub reduce_device_size: Option<String>,
 }

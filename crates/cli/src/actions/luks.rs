@@ -796,11 +796,17 @@ fn repair_reencryption(opts: &Opts, header: &Path, device: &Path) -> ActionResul
     if state.hotzone().is_none() {
         return Ok(());
     }
-    if opts.header.is_some() {
-        return Err(Failure::usage(
-            "reencryption recovery with a detached header is not supported yet",
-        ));
-    }
+    // With a detached header the data is on the device itself.
+    let data = if opts.header.is_some() {
+        Some(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(device)?,
+        )
+    } else {
+        None
+    };
     let pass = volume::read_secret(
         &volume::key_source(opts, None),
         volume::limits(opts),
@@ -813,6 +819,10 @@ fn repair_reencryption(opts: &Opts, header: &Path, device: &Path) -> ActionResul
         pass.as_bytes(),
         opts.key_slot.map(|s| s as usize),
     )?;
-    cryptblk_volume::reencrypt::recover_hotzone(&mut h, &file, &state, &keys)?;
+    let data_io: &dyn cryptblk_format::hdrio::HeaderIo = match &data {
+        Some(d) => d,
+        None => &file,
+    };
+    cryptblk_volume::reencrypt::run::recover_split(&mut h, &file, data_io, &state, &keys)?;
     Ok(())
 }

@@ -139,11 +139,6 @@ fn decrypt_mid_reencryption(
     device: &Path,
     output: &Path,
 ) -> ActionResult {
-    if opts.header.is_some() {
-        return Err(Failure::usage(
-            "decrypting a reencryption with a detached header is not supported yet",
-        ));
-    }
     let cryptblk_volume::Volume::Luks2(_, header_file) = vol else {
         return Err(Failure::usage("reencryption needs a LUKS2 header"));
     };

@@ -1,4 +1,5 @@
-//! `reencrypt DEVICE`: offline LUKS2 re-key with cryptsetup's options and messages; the
+//! `reencrypt DEVICE`: offline LUKS2 re-key, encryption and decryption in place with
+//! cryptsetup's options and messages; the
 //! work is [`cryptblk_volume::reencrypt`]'s.
 
 use crate::args::{Opts, ReencryptArgs, ResilienceArg};
@@ -6,9 +7,13 @@ use crate::exit::{ActionResult, Failure};
 use crate::progress::Bar;
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_cipher::SecretBytes;
+use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::keyfile::KeySource;
-use cryptblk_volume::reencrypt::{self, InitParams, ReencryptState, ResilienceChoice, RunOptions};
+use cryptblk_volume::reencrypt::{
+    self, EncryptParams, InitParams, ReencryptState, ResilienceChoice, RunOptions,
+};
 use cryptblk_volume::Volume;
+use std::fs::{File, OpenOptions};
 use std::path::Path;
 
 use super::volume;
@@ -81,31 +86,158 @@ pub(super) fn summary(
     println!("{v}");
 }
 
-/// `reencrypt DEVICE`: starts (or, when one is in progress, resumes) an offline re-key of a
-/// LUKS2 volume that no cryptblk process serves.
-pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult {
-    if opts.header.is_some() {
-        return Err(Failure::usage(
-            "reencryption with a detached header (--header) is not supported yet",
-        ));
+fn resilience_choice(a: &ReencryptArgs) -> ResilienceChoice {
+    match a.resilience {
+        None | Some(ResilienceArg::Checksum) => ResilienceChoice::Checksum,
+        Some(ResilienceArg::Journal) => ResilienceChoice::Journal,
+        Some(ResilienceArg::None) => ResilienceChoice::None,
     }
+}
+
+fn resilience_hash(a: &ReencryptArgs) -> Result<HashAlgorithm, Failure> {
+    match &a.resilience_hash {
+        Some(name) => HashAlgorithm::from_name(name)
+            .map_err(|_| Failure::usage(format!("Hash algorithm {name} is not available."))),
+        None => Ok(HashAlgorithm::Sha256),
+    }
+}
+
+fn open_rw(path: &Path) -> Result<File, Failure> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Failure::device(format!("Cannot open device {}: {e}", path.display())))
+}
+
+/// True when `path` starts with a LUKS magic.
+fn is_luks(path: &Path) -> bool {
+    let mut magic = [0u8; 6];
+    File::open(path)
+        .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut magic, 0))
+        .is_ok()
+        && (magic == *b"LUKS\xba\xbe" || magic == *b"SKUL\xba\xbe")
+}
+
+/// `reencrypt --encrypt`: a new LUKS2 header for the plain `device` (on the device with
+/// `--reduce-device-size`, else in the `--header` file), then the run.
+fn encrypt(opts: &Opts, device: &Path, a: &ReencryptArgs, run_opts: RunOptions) -> ActionResult {
+    if a.resume_only {
+        return Err(Failure::usage("Device reencryption not in progress."));
+    }
+    let reduce = a
+        .reduce_device_size
+        .as_deref()
+        .map(|t| cryptblk_volume::format::parse_bytes(t, "--reduce-device-size"))
+        .transpose()?;
+    let data = open_rw(device)?;
+    let header_file = match &opts.header {
+        Some(hp) => {
+            if reduce.is_some() {
+                return Err(Failure::usage(
+                    "encryption with both --reduce-device-size and a detached header is not \
+                     supported by cryptblk.",
+                ));
+            }
+            if is_luks(hp) {
+                return Err(Failure::usage(format!(
+                    "Device {} is already a LUKS device (resume with --resume-only).",
+                    hp.display()
+                )));
+            }
+            Some(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(hp)
+                    .map_err(|e| {
+                        Failure::device(format!("Cannot create header {}: {e}", hp.display()))
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let mut pbkdf = volume::pbkdf_request(opts, false)?;
+    let forced = opts.pbkdf_force_iterations.is_some();
+    if forced {
+        pbkdf.force_iterations = opts.pbkdf_force_iterations;
+    }
+    let cipher = opts
+        .cipher
+        .clone()
+        .unwrap_or_else(|| "aes-xts-plain64".to_string());
+    let key_size = opts.key_size.map_or_else(
+        || reencrypt::init::new_key_size(64, Some(&cipher), None),
+        |b| b as usize / 8,
+    );
+    let params = EncryptParams {
+        cipher,
+        key_size,
+        sector_size: opts.sector_size.unwrap_or(512),
+        resilience: resilience_choice(a),
+        resilience_hash: resilience_hash(a)?,
+        keyslot: cryptblk_format::luks2::KeyslotParams::new(pbkdf),
+        reduce,
+        device_block: run_opts.device_block,
+        digest_iterations: forced.then_some(1000),
+    };
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let hdr_io: Option<&dyn HeaderIo> = header_file.as_ref().map(|f| f as &dyn HeaderIo);
+    let (mut h, key) = reencrypt::init_encrypt(&data, hdr_io, pass.as_bytes(), &params)?;
+    if opts.verbose {
+        eprintln!("Key slot 0 created.");
+    }
+    if a.init_only {
+        if opts.json {
+            summary(
+                device,
+                "initialized",
+                &reencrypt::RunOutcome::default(),
+                None,
+            );
+        }
+        return Ok(());
+    }
+    let keys = reencrypt::ReencryptKeys {
+        old: None,
+        new: Some(key),
+    };
+    let header: &dyn HeaderIo = hdr_io.unwrap_or(&data);
+    let out = reencrypt::run_split(&mut h, header, &data, &keys, &run_opts, &mut Bar::new(true))?;
+    if opts.json {
+        summary(device, "finished", &out, None);
+    }
+    Ok(())
+}
+
+/// `reencrypt DEVICE`: starts (or, when one is in progress, resumes) an offline re-key,
+/// encryption (`--encrypt`) or decryption (`--decrypt`, detached header) of a volume that
+/// no cryptblk process serves.
+pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult {
     if a.init_only && a.resume_only {
         return Err(Failure::usage(
             "Options --init-only and --resume-only cannot be combined.",
         ));
     }
+    if a.encrypt && a.decrypt {
+        return Err(Failure::usage(
+            "Options --encrypt and --decrypt cannot be combined.",
+        ));
+    }
+    if a.reduce_device_size.is_some() && !a.encrypt {
+        return Err(Failure::usage(
+            "Option --reduce-device-size is allowed only for encryption.",
+        ));
+    }
     // A served volume holds its data lock: refuse it as cryptsetup refuses a busy device
     // (online reencryption through the daemon is not built yet).
     let _lock = cryptblk_volume::lock::DataLock::take(device, true)?;
-    let vol = volume::load(opts, device, true)?;
-    let (mut h, file) = match vol {
-        Volume::Luks2(h, f) => (h, f),
-        Volume::Luks1(_) => {
-            return Err(Failure::usage(
-                "LUKS1 reencryption is not supported by cryptblk yet.",
-            ))
-        }
-    };
     let max_hotzone = a
         .hotzone_size
         .as_deref()
@@ -116,9 +248,56 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
             "Invalid max reencryption hotzone size specification.",
         ));
     }
+    let device_block = File::open(device)
+        .map(|f| reencrypt::init::device_block_size(&f))
+        .unwrap_or(4096);
     let run_opts = RunOptions {
         max_hotzone,
-        device_block: reencrypt::init::device_block_size(&file),
+        device_block,
+    };
+    // --encrypt of a device (or header file) already mid-encryption resumes it, as a plain
+    // `reencrypt` does.
+    let header_in_progress = {
+        let hp = opts.header.as_deref().unwrap_or(device);
+        is_luks(hp)
+            && matches!(volume::load(opts, device, false), Ok(Volume::Luks2(ref h, _)) if h.reencryption_in_progress())
+    };
+    if a.encrypt && !header_in_progress {
+        return encrypt(opts, device, a, run_opts);
+    }
+    if a.decrypt {
+        match &opts.header {
+            None => {
+                return Err(Failure::usage("LUKS2 decryption requires --header option."));
+            }
+            Some(hp) if !hp.exists() => {
+                return Err(Failure::usage(format!(
+                    "Exporting the LUKS2 header to {} for decryption is not supported by \
+                     cryptblk yet; back it up with luksHeaderBackup and use that file.",
+                    hp.display()
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    let vol = volume::load(opts, device, true)?;
+    let (mut h, file) = match vol {
+        Volume::Luks2(h, f) => (h, f),
+        Volume::Luks1(_) => {
+            return Err(Failure::usage(
+                "LUKS1 reencryption is not supported by cryptblk yet.",
+            ))
+        }
+    };
+    // With a detached header the data is the device itself.
+    let data_file = if opts.header.is_some() {
+        Some(open_rw(device)?)
+    } else {
+        None
+    };
+    let data: &dyn HeaderIo = match &data_file {
+        Some(d) => d,
+        None => &file,
     };
     let mut bar = Bar::new(true);
     if h.reencryption_in_progress() {
@@ -142,7 +321,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
             pass.as_bytes(),
             opts.key_slot.map(|s| s as usize),
         )?;
-        let out = reencrypt::run(&mut h, &file, &keys, &run_opts, &mut bar)?;
+        let out = reencrypt::run_split(&mut h, &file, data, &keys, &run_opts, &mut bar)?;
         if opts.json {
             summary(device, "finished", &out, None);
         }
@@ -150,6 +329,45 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
     }
     if a.resume_only {
         return Err(Failure::usage("Device reencryption not in progress."));
+    }
+    if a.decrypt {
+        let dev_size = data
+            .size()
+            .map_err(|e| Failure::device(format!("reading the device size: {e}")))?;
+        let seg = h.default_segment()?;
+        let pass = volume::read_secret(
+            &volume::key_source(opts, None),
+            volume::limits(opts),
+            &format!("Enter passphrase for {}: ", device.display()),
+        )?;
+        let keys = reencrypt::init_decrypt(
+            &mut h,
+            &file,
+            dev_size.saturating_sub(seg.offset),
+            pass.as_bytes(),
+            opts.key_slot.map(|s| s as usize),
+            resilience_choice(a),
+            resilience_hash(a)?,
+            run_opts.device_block,
+            // cryptsetup calibrates a decryption's reencryption digest.
+            None,
+        )?;
+        if a.init_only {
+            if opts.json {
+                summary(
+                    device,
+                    "initialized",
+                    &reencrypt::RunOutcome::default(),
+                    None,
+                );
+            }
+            return Ok(());
+        }
+        let out = reencrypt::run_split(&mut h, &file, data, &keys, &run_opts, &mut bar)?;
+        if opts.json {
+            summary(device, "finished", &out, None);
+        }
+        return Ok(());
     }
     let seg = h.default_segment()?;
     if let Some(ss) = opts.sector_size {
@@ -160,11 +378,6 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
             ));
         }
     }
-    let resilience_hash = match &a.resilience_hash {
-        Some(name) => HashAlgorithm::from_name(name)
-            .map_err(|_| Failure::usage(format!("Hash algorithm {name} is not available.")))?,
-        None => HashAlgorithm::Sha256,
-    };
     let pbkdf_chosen = opts.pbkdf.is_some()
         || opts.hash.is_some()
         || opts.pbkdf_force_iterations.is_some()
@@ -173,12 +386,8 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
         cipher: opts.cipher.clone(),
         key_size: opts.key_size.map(|b| b as usize / 8),
         sector_size: opts.sector_size,
-        resilience: match a.resilience {
-            None | Some(ResilienceArg::Checksum) => ResilienceChoice::Checksum,
-            Some(ResilienceArg::Journal) => ResilienceChoice::Journal,
-            Some(ResilienceArg::None) => ResilienceChoice::None,
-        },
-        resilience_hash,
+        resilience: resilience_choice(a),
+        resilience_hash: resilience_hash(a)?,
         pbkdf: if pbkdf_chosen {
             Some(volume::pbkdf_request(opts, false)?)
         } else {
@@ -209,7 +418,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
         old: Some(init.old_key.clone()),
         new: Some(init.new_key.clone()),
     };
-    let out = reencrypt::run(&mut h, &file, &keys, &run_opts, &mut bar)?;
+    let out = reencrypt::run_split(&mut h, &file, data, &keys, &run_opts, &mut bar)?;
     if opts.json {
         summary(device, "finished", &out, Some(&init));
     }

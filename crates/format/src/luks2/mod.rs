@@ -24,12 +24,14 @@ pub mod integrity;
 pub mod json;
 mod keyslot;
 pub mod reencrypt;
+pub mod reencrypt_encdec;
 pub mod reencrypt_write;
 pub mod validate;
 
 pub use format::{FormatParams, DEFAULT_DATA_OFFSET, DEFAULT_METADATA_SIZE};
 pub use keyslot::{KeyslotParams, UnlockPurpose};
 pub use reencrypt::{ReencryptDirection, ReencryptKeyslot, ReencryptMode, Resilience, SegmentInfo};
+pub use reencrypt_encdec::{EncDecInit, LayoutPart};
 pub use reencrypt_write::{NewResilience, ReencryptInit, REENCRYPT_REQUIREMENT};
 
 use crate::error::{FormatError, Result};

@@ -103,7 +103,7 @@ fn ser(out: &mut Vec<u8>, obj: &Value, key: &str, kind: char) -> Result<()> {
     Ok(())
 }
 
-fn ser_segment(out: &mut Vec<u8>, seg: &Value) -> Result<()> {
+pub(super) fn ser_segment(out: &mut Vec<u8>, seg: &Value) -> Result<()> {
     match seg["type"].as_str() {
         Some("crypt") => {
             for (k, t) in [
@@ -128,7 +128,7 @@ fn ser_segment(out: &mut Vec<u8>, seg: &Value) -> Result<()> {
 }
 
 /// A crypt segment object with cryptsetup's key order.
-fn crypt_segment(
+pub(super) fn crypt_segment(
     offset: u64,
     size: Option<u64>,
     iv_tweak: u64,
@@ -290,7 +290,7 @@ impl Luks2Header {
         self.add_keyslot_for_digest(io, key.as_bytes(), passphrase, params, digest)
     }
 
-    fn free_digest_id(&self) -> String {
+    pub(super) fn free_digest_id(&self) -> String {
         let d = self.json["digests"].as_object();
         (0..)
             .map(|i: u32| i.to_string())
@@ -298,7 +298,7 @@ impl Luks2Header {
             .unwrap_or_default()
     }
 
-    fn segment_json_by_flag(&self, flag: &str) -> Option<(u32, Value)> {
+    pub(super) fn segment_json_by_flag(&self, flag: &str) -> Option<(u32, Value)> {
         let segs = self.json["segments"].as_object()?;
         numeric_keys(segs).into_iter().find_map(|(id, k)| {
             let s = &segs[k.as_str()];
@@ -309,7 +309,7 @@ impl Luks2Header {
         })
     }
 
-    fn reencrypt_keyslot_json(&self) -> Option<(usize, &Value)> {
+    pub(super) fn reencrypt_keyslot_json(&self) -> Option<(usize, &Value)> {
         let ks = self.json["keyslots"].as_object()?;
         numeric_keys(ks).into_iter().find_map(|(id, k)| {
             let v = &ks[k.as_str()];
@@ -318,7 +318,7 @@ impl Luks2Header {
     }
 
     /// The reencryption verification data for the keys (see the module docs).
-    fn reencrypt_verification_data(
+    pub(super) fn reencrypt_verification_data(
         &self,
         old: Option<&[u8]>,
         new: Option<&[u8]>,
@@ -588,11 +588,11 @@ impl Luks2Header {
         let (fin_id, fin) = self
             .segment_json_by_flag("backup-final")
             .ok_or_else(|| bad("no backup-final segment"))?;
-        let new_digest = self
-            .digests_of_segment(fin_id)
-            .into_iter()
-            .next()
-            .ok_or_else(|| bad("backup-final has no digest"))?;
+        // A decryption's final segment is linear: no key, no digest.
+        let new_digest = self.digests_of_segment(fin_id).into_iter().next();
+        if new_digest.is_none() && fin["type"] == "crypt" {
+            return Err(bad("backup-final has no digest"));
+        }
         let old_digest = self
             .segment_json_by_flag("backup-previous")
             .and_then(|(id, _)| self.digests_of_segment(id).into_iter().next());
@@ -608,7 +608,10 @@ impl Luks2Header {
         if let Some((rs, _)) = self.reencrypt_keyslot_json() {
             doomed.push(rs);
         }
-        if let Some(od) = old_digest.as_ref().filter(|d| **d != new_digest) {
+        if let Some(od) = old_digest
+            .as_ref()
+            .filter(|d| Some(*d) != new_digest.as_ref())
+        {
             if let Some(a) = self.json["digests"][od]["keyslots"].as_array() {
                 doomed.extend(a.iter().filter_map(|s| s.as_str()?.parse::<usize>().ok()));
             }
@@ -622,7 +625,9 @@ impl Luks2Header {
             d["segments"] = json!([]);
         }
         self.json["segments"] = json!({ "0": seg });
-        self.json["digests"][&new_digest]["segments"] = json!(["0"]);
+        if let Some(nd) = &new_digest {
+            self.json["digests"][nd]["segments"] = json!(["0"]);
+        }
         for s in doomed {
             if let Some(a) = self.keyslot_area(s) {
                 removed.push(a);

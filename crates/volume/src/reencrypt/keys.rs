@@ -30,8 +30,9 @@ pub fn unlock_keys(
 ) -> Result<ReencryptKeys> {
     // Keys the data needs must open; the others are tried too (the reencryption digest
     // that guards the metadata is computed over both), but may stay locked.
-    let need_old = state.segments.iter().any(|s| s.side != Side::New);
-    let need_new = state.segments.iter().any(|s| s.side != Side::Old);
+    // Plaintext (an encryption's old side, a decryption's new side) needs no key.
+    let need_old = !state.old_is_plain() && state.segments.iter().any(|s| s.side != Side::New);
+    let need_new = !state.new_is_plain() && state.segments.iter().any(|s| s.side != Side::Old);
     let mut old = None;
     let mut new = None;
     let mut candidates: Vec<usize> = h
@@ -45,15 +46,18 @@ pub fn unlock_keys(
         candidates.insert(0, s);
     }
     let mut opened_any = false;
+    let have_all = |old: &Option<SecretBytes>, new: &Option<SecretBytes>| {
+        (old.is_some() || state.old_is_plain()) && (new.is_some() || state.new_is_plain())
+    };
     for (i, s) in candidates.into_iter().enumerate() {
-        if old.is_some() && new.is_some() {
+        if have_all(&old, &new) {
             break;
         }
         let Some(digest) = h.digest_of_slot(s) else {
             continue;
         };
-        let wanted = (digest == state.old_digest && old.is_none())
-            || (digest == state.new_digest && new.is_none());
+        let wanted = (!state.old_is_plain() && digest == state.old_digest && old.is_none())
+            || (!state.new_is_plain() && digest == state.new_digest && new.is_none());
         if !wanted {
             continue;
         }

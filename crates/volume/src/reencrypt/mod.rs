@@ -10,13 +10,18 @@
 //! - [`repair`]: recovery written back (`repair`): the hotzone rewritten under the new key
 //!   and the header of a finished step;
 //! - [`init`]: starting a re-key (new keyslots, the reencryption metadata);
-//! - [`run`]: running or resuming a forward re-key step by step;
-//! - [`online`]: the same steps in a daemon while the volume is served, and the table
+//! - [`encdec`]: starting an encryption (datashift or detached header) or a decryption
+//!   (detached header) in place;
+//! - [`run`]: running or resuming any of them step by step, forward or backward, with the
+//!   header on the data device or detached;
+//! - [`online`]: a forward re-key run in a daemon while the volume is served, and the table
 //!   that serves a volume mid-reencryption.
 //!
-//! What is not here yet: backward direction, data shifts (`--encrypt` with
-//! `--reduce-device-size`, `--decrypt`), detached headers.
+//! What is not here yet: decryption that exports an attached header (cryptsetup's
+//! `datashift-checksum`, readable but not resumable here); online encryption, decryption,
+//! backward runs and detached headers.
 
+pub mod encdec;
 pub mod init;
 pub mod keys;
 pub mod online;
@@ -26,10 +31,11 @@ pub mod repair;
 pub mod run;
 pub mod state;
 
+pub use encdec::{init_decrypt, init_encrypt, EncryptParams};
 pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
 pub use online::{OnlineJob, OnlineRequest, ReencryptProgress, RunState};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;
-pub use run::{run, RunOptions, RunOutcome};
+pub use run::{run, run_split, RunOptions, RunOutcome};
 pub use state::{ReencryptState, Side, StateSegment};

@@ -319,7 +319,9 @@ impl OnlineJob {
                 "online reencryption needs both volume keys",
             ));
         }
-        let end = run::data_end(&state, &file)?;
+        // The engine counts in logical bytes from the data offset; the tables here in
+        // device bytes (a forward re-key moves no data: both sides share the offset).
+        let end = state.previous.offset + run::data_end(&state, &file)?;
         let start = state.fin.offset.min(state.previous.offset);
         run::check_checksum_blocks(&state.keyslot.resilience, end - start)?;
         let hotzone = run::hotzone_length(&state, &req.opts)?;
@@ -560,7 +562,7 @@ impl Worker {
             self.swap_top(&hold_table).map_err(held)?;
             hz.suspend().map_err(dm).map_err(held)?;
             let none = state.keyslot.resilience == Resilience::None;
-            run::protect(state, &self.file, offset, len).map_err(held)?;
+            run::protect(state, &self.file, &self.file, offset - state.fin.offset, len).map_err(held)?;
             self.h
                 .set_forward_hotzone(offset, len, !last)
                 .map_err(|e| held(e.into()))?;
@@ -573,16 +575,17 @@ impl Worker {
             let ciphers = Ciphers::new(state, &self.keys).map_err(named)?;
             let mut done = 0;
             run::rewrite(
+                state,
                 &self.file,
                 &ciphers,
-                offset,
+                offset - state.fin.offset,
                 len,
                 &mut done,
                 &mut NoProgress,
             )
             .map_err(named)?;
             if last {
-                run::finish(&mut self.h, &self.file).map_err(named)?;
+                run::finish(&mut self.h, &self.file, &self.file).map_err(named)?;
             } else {
                 self.h
                     .finish_forward_hotzone()

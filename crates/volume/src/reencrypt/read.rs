@@ -14,8 +14,10 @@ use std::os::unix::fs::FileExt;
 /// Bytes decrypted per call.
 const CHUNK: u64 = 4 << 20;
 
-/// Writes the plaintext of the whole data area (from the first data segment to the end of
-/// the device of `dev_size` bytes, whole encryption sectors) to `dst`; returns its length.
+/// Writes the plaintext of the whole data area (the volume's data in logical order, as
+/// many bytes as the original data held: [`ReencryptState::logical_size`] of the device of
+/// `dev_size` bytes) to `dst`; returns its length. `header` holds the resilience data,
+/// `data` the data (the same file unless the header is detached).
 pub fn read_plaintext(
     state: &ReencryptState,
     keys: &ReencryptKeys,
@@ -26,22 +28,20 @@ pub fn read_plaintext(
     progress: &mut dyn Progress,
 ) -> Result<u64> {
     let ciphers = Ciphers::new(state, keys)?;
-    let sector = u64::from(state.previous.sector_size.max(state.fin.sector_size));
-    let start = state.segments.first().map_or(0, |s| s.offset);
-    let end = start + (dev_size.saturating_sub(start) / sector) * sector;
-    progress.start(Some(end - start), "decrypting");
+    let end = state.logical_size(dev_size);
+    progress.start(Some(end), "decrypting");
     let result = (|| -> Result<()> {
         let mut buf = vec![0u8; CHUNK as usize];
         for seg in &state.segments {
-            let seg_end = seg.size.map_or(end, |s| (seg.offset + s).min(end));
-            if seg_end <= seg.offset {
+            let seg_end = seg.size.map_or(end, |s| (seg.logical + s).min(end));
+            if seg_end <= seg.logical {
                 continue;
             }
             if seg.side == Side::Hotzone {
                 let plain =
-                    hotzone_plaintext(state, &ciphers, header, data, seg, seg_end - seg.offset)?;
+                    hotzone_plaintext(state, &ciphers, header, data, seg, seg_end - seg.logical)?;
                 dst.write_all(&plain)?;
-                progress.update(seg_end - start);
+                progress.update(seg_end);
                 continue;
             }
             let cipher = if seg.side == Side::Old {
@@ -49,19 +49,19 @@ pub fn read_plaintext(
             } else {
                 ciphers.new_side()?
             };
-            let mut pos = seg.offset;
+            let mut pos = seg.logical;
             while pos < seg_end {
                 let n = (seg_end - pos).min(CHUNK) as usize;
-                data.read_exact_at(&mut buf[..n], pos)?;
-                cipher.decrypt_at(pos, &mut buf[..n])?;
+                data.read_exact_at(&mut buf[..n], seg.offset + (pos - seg.logical))?;
+                cipher.decrypt_logical(pos, &mut buf[..n])?;
                 dst.write_all(&buf[..n])?;
                 pos += n as u64;
-                progress.update(pos - start);
+                progress.update(pos);
             }
         }
         dst.flush()?;
         Ok(())
     })();
     progress.finish();
-    result.map(|()| end - start)
+    result.map(|()| end)
 }

@@ -1,19 +1,25 @@
-//! Running (and resuming) a forward LUKS2 re-key offline, step by step, with the on-disk
-//! state cryptsetup 2.6 writes at every point, so either tool can take over after a crash.
+//! Running (and resuming) a LUKS2 reencryption offline (re-key, encryption, decryption;
+//! forward or backward), step by step, with the on-disk state cryptsetup 2.6 writes at
+//! every point, so either tool can take over after a crash.
 //!
-//! Invariants, per step over the hotzone `[offset, offset + len)`:
+//! Steps work in logical offsets (bytes of the volume's data); the old data of logical
+//! `l` lies at [`ReencryptState::old_phys`], its new place is [`ReencryptState::new_phys`]
+//! (different only with a data shift). Forward, new data grows from the start; backward
+//! (cryptsetup's choice for `--decrypt` and for `--encrypt` with a data shift), from the
+//! end. Invariants, per step over the hotzone:
 //!
-//! 1. The resilience data is written and synced first (checksum: one hash of the hotzone's
-//!    *old* ciphertext per checksum block, packed from the start of the keyslot area;
-//!    journal: the old ciphertext itself). No header names this hotzone yet, so a crash
-//!    here leaves the previous step's consistent state.
-//! 2. The header naming the hotzone (`in-reencryption`, assigned to both digests) is
-//!    written (both copies). From here a crash is recovered from the resilience data: each
-//!    checksum block whose hash still matches is old, any other is new; a journal holds the
-//!    old data whole.
-//! 3. The hotzone is rewritten under the new key and synced.
-//! 4. The header of the finished step is written: new data up to the hotzone's end, old
-//!    data after it.
+//! 1. When the hotzone is rewritten in place, its resilience data is written and synced
+//!    first (checksum: one hash of the hotzone's *old* data per checksum block, packed from
+//!    the start of the keyslot area; journal: the old data itself). No header names this
+//!    hotzone yet, so a crash here leaves the previous step's consistent state. A hotzone
+//!    that moves (datashift, at most the shift long) needs none: its old data is not
+//!    overwritten.
+//! 2. The header naming the hotzone (`in-reencryption`) is written (both copies). From
+//!    here a crash is recovered from the resilience data (each checksum block whose hash
+//!    still matches is old, any other is new; a journal holds the old data whole), or for
+//!    a moving hotzone by simply redoing it from the old data.
+//! 3. The hotzone is rewritten under the new parameters and synced.
+//! 4. The header of the finished step is written.
 //!
 //! With resilience `none` only step 3 happens (as cryptsetup: nothing records progress,
 //! and a crash loses the data of an unfinished run).
@@ -22,20 +28,23 @@
 //! (one new segment while the requirement is still set, which cryptsetup 2.6.1 resumes by
 //! reencrypting the whole device again and so destroys it) and then one header write per
 //! removed keyslot, one write of the final header follows step 3, and only then the old
-//! keyslot areas and the resilience area are wiped. Resuming a header cryptsetup left in
-//! that window finishes the metadata without touching the data.
+//! keyslot areas, the resilience area and an encryption's moved copy of the first data
+//! are wiped. Resuming a header cryptsetup left in that window finishes the metadata
+//! without touching the data.
 //!
-//! All I/O (header and data) goes through one [`HeaderIo`], so tests can cut it at any
-//! write.
+//! All I/O goes through [`HeaderIo`] (header and data on one, or a detached header on its
+//! own), so tests can cut it at any write.
 
 use super::keys::ReencryptKeys;
-use super::recovery::{hotzone_plaintext, Ciphers};
+use super::recovery::{hotzone_plaintext, read_old, Ciphers};
 use super::state::{ReencryptState, Side};
 use crate::error::{Result, VolumeError};
 use crate::progress::Progress;
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::hdrio::HeaderIo;
-use cryptblk_format::luks2::{reencrypt_write::wipe_areas, Luks2Header, Resilience};
+use cryptblk_format::luks2::{
+    reencrypt_write::wipe_areas, LayoutPart, Luks2Header, ReencryptDirection, Resilience,
+};
 
 /// Bytes moved through memory at once; the hotzone itself may be larger.
 const CHUNK: u64 = 4 << 20;
@@ -87,10 +96,13 @@ pub fn hotzone_length(state: &ReencryptState, opts: &RunOptions) -> Result<u64> 
             ks.area_size / h * u64::from(*sector_size)
         }
         Resilience::Journal => ks.area_size,
-        other => {
-            return Err(VolumeError::usage(format!(
-                "reencryption with {other:?} resilience is not supported yet"
-            )))
+        // The data moves by the shift: a longer hotzone would overwrite its own old data.
+        // cryptsetup fixes the hotzone to the shift (--hotzone-size does not apply).
+        Resilience::Datashift { shift_size }
+        | Resilience::DatashiftChecksum { shift_size, .. }
+        | Resilience::DatashiftJournal { shift_size } => {
+            let len = (*shift_size).min(MAX_HOTZONE);
+            return Ok(len - len % align);
         }
     };
     len = len.min(MAX_HOTZONE);
@@ -106,21 +118,22 @@ pub fn hotzone_length(state: &ReencryptState, opts: &RunOptions) -> Result<u64> 
     Ok(len)
 }
 
-/// The end of the data area: the device size, which must hold whole encryption sectors.
-pub(crate) fn data_end(state: &ReencryptState, io: &dyn HeaderIo) -> Result<u64> {
-    let size = io.size().map_err(io_err("reading the device size"))?;
+/// The logical size of the data on `data` (see [`ReencryptState::logical_size`]), which
+/// must hold whole encryption sectors when it runs to the device end.
+pub(crate) fn data_end(state: &ReencryptState, data: &dyn HeaderIo) -> Result<u64> {
+    let size = data.size().map_err(io_err("reading the device size"))?;
     let start = state.fin.offset.min(state.previous.offset);
-    let ss = u64::from(state.previous.sector_size.max(state.fin.sector_size));
+    let ss = u64::from(state.sector_size());
     if size <= start {
         return Err(VolumeError::device("The device has no data area."));
     }
-    if !(size - start).is_multiple_of(ss) {
+    if state.previous.size.is_none() && !(size - state.previous.offset).is_multiple_of(ss) {
         return Err(VolumeError::usage(format!(
             "The data area ({} bytes) is not a multiple of the {ss}-byte encryption sector.",
-            size - start
+            size - state.previous.offset
         )));
     }
-    Ok(size)
+    Ok(state.logical_size(size))
 }
 
 /// Refuses (before anything is written) a checksum reencryption of a data area that is not
@@ -137,44 +150,53 @@ pub fn check_checksum_blocks(resilience: &Resilience, data_size: u64) -> Result<
     Ok(())
 }
 
-/// Re-encrypts `[offset, offset + len)` from old to new in chunks (read, decrypt, encrypt,
-/// write) and syncs.
+/// Rewrites logical `[l, l + len)` from old to new in chunks (read from the old place,
+/// decrypt, encrypt, write to the new place) and syncs.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn rewrite(
-    io: &dyn HeaderIo,
+    state: &ReencryptState,
+    data: &dyn HeaderIo,
     ciphers: &Ciphers,
-    offset: u64,
+    l: u64,
     len: u64,
     done: &mut u64,
     progress: &mut dyn Progress,
 ) -> Result<()> {
     let mut buf = vec![0u8; CHUNK.min(len) as usize];
-    let mut pos = offset;
-    while pos < offset + len {
-        let n = (offset + len - pos).min(CHUNK) as usize;
-        io.read_at(pos, &mut buf[..n])
-            .map_err(io_err("reading the hotzone"))?;
-        ciphers.old()?.decrypt_at(pos, &mut buf[..n])?;
-        ciphers.new_side()?.encrypt_at(pos, &mut buf[..n])?;
-        io.write_at(pos, &buf[..n])
+    let mut pos = l;
+    while pos < l + len {
+        let n = (l + len - pos).min(CHUNK) as usize;
+        read_old(state, ciphers, data, pos, &mut buf[..n])?;
+        ciphers.new_side()?.encrypt_logical(pos, &mut buf[..n])?;
+        data.write_at(state.new_phys(pos), &buf[..n])
             .map_err(io_err("writing the hotzone"))?;
         pos += n as u64;
         *done += n as u64;
         progress.update(*done);
     }
-    io.sync().map_err(io_err("syncing the data"))
+    data.sync().map_err(io_err("syncing the data"))
 }
 
-/// Writes the hotzone's resilience data (step 1) and syncs.
+/// Writes the resilience data of logical `[l, l + len)` (step 1) and syncs. A hotzone
+/// whose data moves (datashift) needs none: its old data stays where it was.
 pub(crate) fn protect(
     state: &ReencryptState,
-    io: &dyn HeaderIo,
-    offset: u64,
+    header: &dyn HeaderIo,
+    data: &dyn HeaderIo,
+    l: u64,
     len: u64,
 ) -> Result<()> {
     let ks = &state.keyslot;
+    if !state.in_place(l, len) {
+        return Ok(());
+    }
+    let offset = state.new_phys(l);
     match &ks.resilience {
         Resilience::None => return Ok(()),
-        Resilience::Checksum { hash, sector_size } => {
+        Resilience::Checksum { hash, sector_size }
+        | Resilience::DatashiftChecksum {
+            hash, sector_size, ..
+        } => {
             let alg = HashAlgorithm::from_name(hash)?;
             let bs = u64::from(*sector_size);
             if !len.is_multiple_of(bs) || (len / bs) * alg.output_len() as u64 > ks.area_size {
@@ -188,17 +210,18 @@ pub(crate) fn protect(
             let mut pos = offset;
             while pos < offset + len {
                 let n = (offset + len - pos).min(step) as usize;
-                io.read_at(pos, &mut buf[..n])
+                data.read_at(pos, &mut buf[..n])
                     .map_err(io_err("reading the hotzone"))?;
                 for block in buf[..n].chunks(bs as usize) {
                     sums.extend_from_slice(&alg.digest(&[block]));
                 }
                 pos += n as u64;
             }
-            io.write_at(ks.area_offset, &sums)
+            header
+                .write_at(ks.area_offset, &sums)
                 .map_err(io_err("writing the hotzone checksums"))?;
         }
-        Resilience::Journal => {
+        Resilience::Journal | Resilience::DatashiftJournal { .. } => {
             if len > ks.area_size {
                 return Err(VolumeError::device(
                     "the hotzone does not fit the journal area",
@@ -208,28 +231,47 @@ pub(crate) fn protect(
             let mut pos = 0u64;
             while pos < len {
                 let n = (len - pos).min(CHUNK) as usize;
-                io.read_at(offset + pos, &mut buf[..n])
+                data.read_at(offset + pos, &mut buf[..n])
                     .map_err(io_err("reading the hotzone"))?;
-                io.write_at(ks.area_offset + pos, &buf[..n])
+                header
+                    .write_at(ks.area_offset + pos, &buf[..n])
                     .map_err(io_err("writing the hotzone journal"))?;
                 pos += n as u64;
             }
         }
-        other => {
-            return Err(VolumeError::usage(format!(
-                "reencryption with {other:?} resilience is not supported yet"
-            )))
+        Resilience::Datashift { .. } => {
+            return Err(VolumeError::device(
+                "a datashift hotzone overlaps its own old data",
+            ))
         }
     }
-    io.sync().map_err(io_err("syncing the resilience data"))
+    header.sync().map_err(io_err("syncing the resilience data"))
 }
 
 /// Writes the final header in one write, then wipes the removed keyslots' areas (the old
-/// key's keyslots and the resilience area).
-pub(crate) fn finish(h: &mut Luks2Header, io: &dyn HeaderIo) -> Result<()> {
+/// key's keyslots and the resilience area) and, after a data shift, the moved copy of
+/// the first data (plaintext of an encryption, as cryptsetup wipes it).
+pub(crate) fn finish(h: &mut Luks2Header, header: &dyn HeaderIo, data: &dyn HeaderIo) -> Result<()> {
+    // Only an encryption's moved copy lies outside the final data (a decryption's moved
+    // segment is where its plaintext goes).
+    let encrypting = h
+        .reencrypt_keyslot()?
+        .is_some_and(|k| k.mode == cryptblk_format::luks2::ReencryptMode::Encrypt);
+    let moved = h.moved_segment().filter(|_| encrypting);
     let areas = h.finish_reencryption()?;
-    h.write_reencryption(io)?;
-    wipe_areas(io, &areas)?;
+    h.write_reencryption(header)?;
+    wipe_areas(header, &areas)?;
+    if let Some((off, len)) = moved {
+        let zeros = vec![0u8; CHUNK.min(len) as usize];
+        let mut pos = off;
+        while pos < off + len {
+            let n = (off + len - pos).min(CHUNK) as usize;
+            data.write_at(pos, &zeros[..n])
+                .map_err(io_err("wiping the moved segment"))?;
+            pos += n as u64;
+        }
+        data.sync().map_err(io_err("syncing the data"))?;
+    }
     Ok(())
 }
 
@@ -237,12 +279,8 @@ pub(crate) fn finish(h: &mut Luks2Header, io: &dyn HeaderIo) -> Result<()> {
 /// was cut while removing the old key's keyslots, and the passphrase opens none of those
 /// left) the digest cannot be computed; then only a reencryption whose data is all new may
 /// go on (to its final header), which needs no old key.
-pub(crate) fn verify_digest(
-    h: &Luks2Header,
-    state: &ReencryptState,
-    keys: &ReencryptKeys,
-) -> Result<()> {
-    if keys.old.is_none() {
+pub(crate) fn verify_digest(h: &Luks2Header, state: &ReencryptState, keys: &ReencryptKeys) -> Result<()> {
+    if keys.old.is_none() && !state.old_is_plain() {
         if state.segments.iter().any(|s| s.side != Side::New) {
             return Err(VolumeError::device(
                 "The passphrase does not open the old volume key of this reencryption.",
@@ -257,42 +295,125 @@ pub(crate) fn verify_digest(
     .map_err(|e| VolumeError::device(e.to_string()))
 }
 
+/// The boundary between old and new data: forward, the logical end of the new data at
+/// the start; backward, the logical start of the new data at the end.
+fn boundary(state: &ReencryptState, end: u64) -> u64 {
+    let backward = state.keyslot.direction == ReencryptDirection::Backward;
+    if backward {
+        state
+            .segments
+            .iter()
+            .rev()
+            .take_while(|s| s.side == Side::New)
+            .last()
+            .map_or(end, |s| s.logical)
+    } else {
+        state
+            .segments
+            .iter()
+            .find(|s| s.side != Side::New)
+            .map_or(end, |s| s.logical)
+    }
+}
+
+/// The segments of a reencryption whose new data ends (forward) or starts (backward) at
+/// `x`, with the hotzone `hz` (logical start and length) next to it, as cryptsetup lists
+/// them: the last one `dynamic` when the original data runs to the device end, one
+/// segment alone keeping its backup's size.
+fn layout(state: &ReencryptState, end: u64, x: u64, hz: Option<(u64, u64)>) -> Vec<LayoutPart> {
+    let backward = state.keyslot.direction == ReencryptDirection::Backward;
+    let mut parts: Vec<(bool, u64, u64, bool)> = Vec::new();
+    if backward {
+        let lo = hz.map_or(x, |(a, _)| a);
+        parts.push((false, 0, lo, false));
+        if let Some((a, n)) = hz {
+            parts.push((true, a, n, true));
+        }
+        parts.push((true, x, end - x, false));
+    } else {
+        parts.push((true, 0, x, false));
+        if let Some((a, n)) = hz {
+            parts.push((true, a, n, true));
+        }
+        let hi = hz.map_or(x, |(a, n)| a + n);
+        parts.push((false, hi, end - hi, false));
+    }
+    parts.retain(|p| p.2 > 0);
+    let count = parts.len();
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, &(new, start, len, hotzone))| {
+            let backup_dynamic = if new {
+                state.fin.size.is_none()
+            } else {
+                state.previous.size.is_none()
+            };
+            let dynamic = !hotzone
+                && i + 1 == count
+                && if count == 1 {
+                    backup_dynamic
+                } else {
+                    state.previous.size.is_none()
+                };
+            LayoutPart {
+                new,
+                start,
+                len: (!dynamic).then_some(len),
+                hotzone,
+            }
+        })
+        .collect()
+}
+
 /// Recovers a hotzone a crash left (its data rewritten from the recovered plaintext under
 /// the new key, synced) and writes the header of the finished step (or the final header
-/// when it was the last one). Returns the hotzone's length, 0 when there was none.
+/// when it was the last one). Returns the hotzone's length, 0 when there was none. Header
+/// and data on one file.
 pub fn recover(
     h: &mut Luks2Header,
     io: &dyn HeaderIo,
     state: &ReencryptState,
     keys: &ReencryptKeys,
 ) -> Result<u64> {
+    recover_split(h, io, io, state, keys)
+}
+
+/// [`recover`] with the header (and resilience data) on `header` and the data on `data`
+/// (a detached header).
+pub fn recover_split(
+    h: &mut Luks2Header,
+    header: &dyn HeaderIo,
+    data: &dyn HeaderIo,
+    state: &ReencryptState,
+    keys: &ReencryptKeys,
+) -> Result<u64> {
     let Some(hz) = state.hotzone() else {
         return Ok(0);
     };
-    if state.keyslot.direction != cryptblk_format::luks2::ReencryptDirection::Forward {
-        return Err(VolumeError::usage(
-            "recovery of a backward reencryption is not supported yet",
-        ));
-    }
     verify_digest(h, state, keys)?;
+    let end = data_end(state, data)?;
     let len = hz
         .size
         .ok_or_else(|| VolumeError::device("hotzone segment without a size"))?;
     let ciphers = Ciphers::new(state, keys)?;
-    let mut data = hotzone_plaintext(state, &ciphers, io, io, hz, len)?;
-    ciphers.new_side()?.encrypt_at(hz.offset, &mut data)?;
-    io.write_at(hz.offset, &data)
+    let mut buf = hotzone_plaintext(state, &ciphers, header, data, hz, len)?;
+    ciphers.new_side()?.encrypt_logical(hz.logical, &mut buf)?;
+    data.write_at(state.new_phys(hz.logical), &buf)
         .map_err(io_err("writing the hotzone"))?;
-    io.sync().map_err(io_err("syncing the data"))?;
-    let old_after = state
-        .segments
-        .iter()
-        .any(|s| s.side == Side::Old && s.offset >= hz.offset + len);
-    if old_after {
-        h.finish_forward_hotzone()?;
-        h.write_reencryption(io)?;
+    data.sync().map_err(io_err("syncing the data"))?;
+    let backward = state.keyslot.direction == ReencryptDirection::Backward;
+    let x = if backward {
+        hz.logical
     } else {
-        finish(h, io)?;
+        hz.logical + len
+    };
+    let all_new = if backward { x == 0 } else { x >= end };
+    if all_new {
+        finish(h, header, data)?;
+    } else {
+        h.set_reencrypt_layout(&layout(state, end, x, None))?;
+        h.write_reencryption(header)?;
     }
     Ok(len)
 }
@@ -306,60 +427,70 @@ pub fn run(
     opts: &RunOptions,
     progress: &mut dyn Progress,
 ) -> Result<RunOutcome> {
+    run_split(h, io, io, keys, opts, progress)
+}
+
+/// [`run`] with the header (and resilience data) on `header` and the data on `data` (a
+/// detached header).
+pub fn run_split(
+    h: &mut Luks2Header,
+    header: &dyn HeaderIo,
+    data: &dyn HeaderIo,
+    keys: &ReencryptKeys,
+    opts: &RunOptions,
+    progress: &mut dyn Progress,
+) -> Result<RunOutcome> {
     let mut out = RunOutcome::default();
     let Some(state) = ReencryptState::of(h)? else {
         return Err(VolumeError::usage("Device reencryption not in progress."));
     };
-    if state.keyslot.direction != cryptblk_format::luks2::ReencryptDirection::Forward {
-        return Err(VolumeError::usage(
-            "backward reencryption is not supported yet",
-        ));
-    }
     verify_digest(h, &state, keys)?;
-    let end = data_end(&state, io)?;
-    let start = state.fin.offset;
-    check_checksum_blocks(&state.keyslot.resilience, end - start)?;
-    out.data_size = end - start;
+    let end = data_end(&state, data)?;
+    check_checksum_blocks(&state.keyslot.resilience, end)?;
+    out.data_size = end;
     out.hotzone = hotzone_length(&state, opts)?;
     let none = state.keyslot.resilience == Resilience::None;
-    let first_old = state
-        .segments
-        .iter()
-        .find(|s| s.side != Side::New)
-        .map_or(end, |s| s.offset);
-    let mut done = first_old - start;
+    let backward = state.keyslot.direction == ReencryptDirection::Backward;
+    let x0 = boundary(&state, end);
+    let mut done = if backward { end - x0 } else { x0 };
     progress.start(Some(out.data_size), "reencrypting");
     let result = (|| -> Result<()> {
         let mut state = state;
         loop {
             if state.hotzone().is_some() {
-                let n = recover(h, io, &state, keys)?;
+                let n = recover_split(h, header, data, &state, keys)?;
                 out.bytes += n;
                 out.steps += 1;
                 done += n;
                 progress.update(done);
             } else {
-                let Some(old) = state.segments.iter().find(|s| s.side == Side::Old) else {
-                    return finish(h, io);
+                let x = boundary(&state, end);
+                let (l, len) = if backward {
+                    let l = x.saturating_sub(out.hotzone);
+                    (l, x - l)
+                } else {
+                    (x, out.hotzone.min(end - x))
                 };
-                let offset = old.offset;
-                let len = out.hotzone.min(end - offset);
-                let last = offset + len >= end;
-                protect(&state, io, offset, len)?;
-                h.set_forward_hotzone(offset, len, !last)?;
+                if len == 0 {
+                    return finish(h, header, data);
+                }
+                let last = if backward { l == 0 } else { l + len >= end };
+                protect(&state, header, data, l, len)?;
+                h.set_reencrypt_layout(&layout(&state, end, x, Some((l, len))))?;
                 if !none {
-                    h.write_reencryption(io)?;
+                    h.write_reencryption(header)?;
                 }
                 let ciphers = Ciphers::new(&state, keys)?;
-                rewrite(io, &ciphers, offset, len, &mut done, progress)?;
+                rewrite(&state, data, &ciphers, l, len, &mut done, progress)?;
                 out.bytes += len;
                 out.steps += 1;
                 if last {
-                    return finish(h, io);
+                    return finish(h, header, data);
                 }
-                h.finish_forward_hotzone()?;
+                let nx = if backward { l } else { l + len };
+                h.set_reencrypt_layout(&layout(&state, end, nx, None))?;
                 if !none {
-                    h.write_reencryption(io)?;
+                    h.write_reencryption(header)?;
                 }
             }
             match ReencryptState::of(h)? {

@@ -1,9 +1,7 @@
 //! The reencryption a LUKS2 header describes.
 
 use crate::error::{Result, VolumeError};
-use cryptblk_format::luks2::{
-    Luks2Header, ReencryptKeyslot, ReencryptMode, Resilience, SegmentInfo,
-};
+use cryptblk_format::luks2::{Luks2Header, ReencryptKeyslot, ReencryptMode, SegmentInfo};
 
 /// Under which key a data segment's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,9 +23,13 @@ pub struct StateSegment {
     pub size: Option<u64>,
     /// Old, new or hotzone.
     pub side: Side,
+    /// Logical start: bytes from the first byte of the volume's data (the data of a
+    /// datashift reencryption sits elsewhere physically).
+    pub logical: u64,
 }
 
-/// A reencryption in progress (re-key mode, no data shift).
+/// A reencryption in progress: re-key, encryption or decryption, with or without a data
+/// shift.
 #[derive(Clone, Debug)]
 pub struct ReencryptState {
     /// The `reencrypt` keyslot.
@@ -36,10 +38,12 @@ pub struct ReencryptState {
     pub previous: SegmentInfo,
     /// The whole new segment (`backup-final`).
     pub fin: SegmentInfo,
-    /// Digest of the old key.
+    /// Digest of the old key (empty when the old data is plaintext: encryption).
     pub old_digest: String,
-    /// Digest of the new key.
+    /// Digest of the new key (empty when the new data is plaintext: decryption).
     pub new_digest: String,
+    /// The first `shift` bytes of the old data moved elsewhere (`backup-moved-segment`).
+    pub moved: Option<SegmentInfo>,
     /// The data segments in order.
     pub segments: Vec<StateSegment>,
 }
@@ -61,7 +65,7 @@ fn one_digest(h: &Luks2Header, seg: &SegmentInfo, what: &str) -> Result<String> 
 
 impl ReencryptState {
     /// The reencryption `h` describes; `None` when no reencryption is in progress.
-    /// Refuses what cryptblk cannot read yet (data shifts, encryption, decryption).
+    /// Refuses metadata whose segments do not fit its mode.
     pub fn of(h: &Luks2Header) -> Result<Option<ReencryptState>> {
         if !h.reencryption_in_progress() {
             return Ok(None);
@@ -70,20 +74,6 @@ impl ReencryptState {
         let keyslot = h.reencrypt_keyslot()?.ok_or_else(|| {
             VolumeError::device("LUKS2 reencryption requirement without a reencrypt keyslot")
         })?;
-        if keyslot.mode != ReencryptMode::Reencrypt {
-            return Err(unsupported(format!(
-                "LUKS2 {:?} in progress: only re-key reencryption can be read by cryptblk yet",
-                keyslot.mode
-            )));
-        }
-        if !matches!(
-            keyslot.resilience,
-            Resilience::None | Resilience::Checksum { .. } | Resilience::Journal
-        ) {
-            return Err(unsupported(
-                "LUKS2 reencryption with a data shift cannot be read by cryptblk yet",
-            ));
-        }
         let all = h.segments();
         let flagged = |f: &str| all.iter().find(|s| s.has_flag(f)).cloned();
         let previous = flagged("backup-previous")
@@ -91,20 +81,59 @@ impl ReencryptState {
         let fin = flagged("backup-final")
             .ok_or_else(|| VolumeError::device("reencryption without a backup-final segment"))?;
         for s in [&previous, &fin] {
-            if s.kind != "crypt" || s.encryption.is_none() {
-                return Err(unsupported(
-                    "LUKS2 reencryption from or to a plain (linear) segment cannot be read yet",
+            if !(s.kind == "linear" || s.kind == "crypt" && s.encryption.is_some()) {
+                return Err(unsupported(format!(
+                    "LUKS2 reencryption of a '{}' segment cannot be read by cryptblk",
+                    s.kind
+                )));
+            }
+        }
+        if previous.kind == "linear" && fin.kind == "linear" {
+            return Err(VolumeError::device(
+                "LUKS2 reencryption metadata is invalid: both backup segments are linear",
+            ));
+        }
+        let expect_mode = match (previous.kind.as_str(), fin.kind.as_str()) {
+            ("linear", _) => ReencryptMode::Encrypt,
+            (_, "linear") => ReencryptMode::Decrypt,
+            _ => ReencryptMode::Reencrypt,
+        };
+        if keyslot.mode != expect_mode {
+            return Err(VolumeError::device(format!(
+                "LUKS2 reencryption metadata is invalid: mode {:?} with {} to {} segments",
+                keyslot.mode, previous.kind, fin.kind
+            )));
+        }
+        let digest_of = |s: &SegmentInfo, what: &str| -> Result<String> {
+            if s.kind == "linear" {
+                Ok(String::new())
+            } else {
+                one_digest(h, s, what)
+            }
+        };
+        let old_digest = digest_of(&previous, "backup-previous")?;
+        let new_digest = digest_of(&fin, "backup-final")?;
+        let moved = flagged("backup-moved-segment");
+        if let Some(m) = &moved {
+            if m.size.is_none() || !m.offset.is_multiple_of(512) {
+                return Err(VolumeError::device(
+                    "LUKS2 reencryption metadata is invalid: moved segment without a size",
                 ));
             }
         }
-        let old_digest = one_digest(h, &previous, "backup-previous")?;
-        let new_digest = one_digest(h, &fin, "backup-final")?;
         let mut segments = Vec::new();
         for s in all.iter().filter(|s| !s.is_backup()) {
             let d = h.digests_of_segment(s.id);
             let has = |x: &String| d.contains(x);
             let side = if s.has_flag("in-reencryption") {
                 Side::Hotzone
+            } else if s.kind == "linear" && d.is_empty() {
+                // Plaintext has no key: it is on the side whose backup is linear.
+                if previous.kind == "linear" {
+                    Side::Old
+                } else {
+                    Side::New
+                }
             } else if has(&new_digest) && !has(&old_digest) {
                 Side::New
             } else if has(&old_digest) && !has(&new_digest) {
@@ -115,10 +144,22 @@ impl ReencryptState {
                     s.id
                 )));
             };
+            if segments
+                .last()
+                .is_some_and(|p: &StateSegment| p.size.is_none())
+            {
+                return Err(VolumeError::device(
+                    "LUKS2 reencryption metadata is invalid: a dynamic segment is not last",
+                ));
+            }
+            let logical = segments
+                .last()
+                .map_or(0, |p: &StateSegment| p.logical + p.size.unwrap_or(0));
             segments.push(StateSegment {
                 offset: s.offset,
                 size: s.size,
                 side,
+                logical,
             });
         }
         if segments.iter().filter(|s| s.side == Side::Hotzone).count() > 1 {
@@ -132,8 +173,56 @@ impl ReencryptState {
             fin,
             old_digest,
             new_digest,
+            moved,
             segments,
         }))
+    }
+
+    /// Bytes of the volume's data on a device of `dev_size` bytes: the original data's
+    /// size (`backup-previous`), whole encryption sectors.
+    pub fn logical_size(&self, dev_size: u64) -> u64 {
+        let n = self
+            .previous
+            .size
+            .unwrap_or_else(|| dev_size.saturating_sub(self.previous.offset));
+        let ss = u64::from(self.sector_size());
+        n - n % ss
+    }
+
+    /// The larger encryption sector size of both sides (512 for plaintext).
+    pub fn sector_size(&self) -> u32 {
+        self.previous.sector_size.max(self.fin.sector_size).max(512)
+    }
+
+    /// Where the old data of logical byte `l` lies on the data device (the moved segment
+    /// holds the first `shift` bytes of a datashift reencryption).
+    pub fn old_phys(&self, l: u64) -> u64 {
+        match &self.moved {
+            Some(m) if l < m.size.unwrap_or(0) => m.offset + l,
+            _ => self.previous.offset + l,
+        }
+    }
+
+    /// Where the new data of logical byte `l` goes.
+    pub fn new_phys(&self, l: u64) -> u64 {
+        self.fin.offset + l
+    }
+
+    /// True when the old data of `[l, l + len)` lies where its new data goes (the
+    /// resilience data must protect it); false when the data moves (datashift).
+    pub fn in_place(&self, l: u64, len: u64) -> bool {
+        let (o, n) = (self.old_phys(l), self.new_phys(l));
+        o < n + len && n < o + len
+    }
+
+    /// True when the data on the old side is plaintext (encryption).
+    pub fn old_is_plain(&self) -> bool {
+        self.previous.kind == "linear"
+    }
+
+    /// True when the data on the new side is plaintext (decryption).
+    pub fn new_is_plain(&self) -> bool {
+        self.fin.kind == "linear"
     }
 
     /// The hotzone segment, if the header names one (a reencryption step was cut).

@@ -1,0 +1,230 @@
+//! Starting `reencrypt --encrypt` and `--decrypt` as cryptsetup 2.6.1 does (facts from
+//! tracing its writes):
+//!
+//! - **encrypt with a data shift** (`--reduce-device-size 2N`, header on the device): the
+//!   new header (keyslot for a random volume key, the reencryption metadata; see
+//!   [`Luks2Header::begin_encrypt`]) is built in memory for a data offset of `N`; the
+//!   first `N` bytes of plaintext are copied to `device - N` and synced; then the whole
+//!   header area is written over the start in one write and synced. A crash before that
+//!   write leaves the plain device (with a spare copy at its end); after it, the header
+//!   names the copy as the moved segment.
+//! - **encrypt with a detached header** (`--header FILE`): the header is written to
+//!   `FILE`; the device is not touched until the run.
+//! - **decrypt with a detached header**: one header write records the reencryption
+//!   (backward, resilience as asked).
+
+use super::init::ResilienceChoice;
+use super::keys::ReencryptKeys;
+use crate::error::{ErrorClass, Result, VolumeError};
+use cryptblk_cipher::hash::HashAlgorithm;
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::hdrio::{HeaderIo, MemIo};
+use cryptblk_format::luks2::{
+    EncDecInit, FormatParams, KeyslotParams, Luks2Header, NewResilience, UnlockPurpose,
+};
+use cryptblk_format::FormatError;
+
+/// cryptsetup's size of a detached header it creates (16 MiB).
+const DETACHED_HEADER_SIZE: u64 = 16 << 20;
+/// cryptsetup's limit on `--reduce-device-size` (1 GiB).
+pub const MAX_REDUCE: u64 = 1 << 30;
+
+/// Parameters of a new encryption.
+#[derive(Clone, Debug)]
+pub struct EncryptParams {
+    /// Cipher (`aes-xts-plain64`).
+    pub cipher: String,
+    /// Volume key bytes.
+    pub key_size: usize,
+    /// Encryption sector size.
+    pub sector_size: u32,
+    /// Hotzone protection (detached header only; a data shift is its own).
+    pub resilience: ResilienceChoice,
+    /// Checksum hash.
+    pub resilience_hash: HashAlgorithm,
+    /// Keyslot parameters of keyslot 0.
+    pub keyslot: KeyslotParams,
+    /// `--reduce-device-size` in bytes; `None` with a detached header.
+    pub reduce: Option<u64>,
+    /// Data device block size.
+    pub device_block: u32,
+    /// Iterations of the digests (`None`: calibrated).
+    pub digest_iterations: Option<u32>,
+}
+
+fn resilience(choice: ResilienceChoice, hash: HashAlgorithm, block: u32) -> NewResilience {
+    match choice {
+        ResilienceChoice::None => NewResilience::None,
+        ResilienceChoice::Journal => NewResilience::Journal,
+        ResilienceChoice::Checksum => NewResilience::Checksum { hash, block },
+    }
+}
+
+fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> VolumeError {
+    move |e| VolumeError::device(format!("{what}: {e}"))
+}
+
+/// Starts an encryption of the plain device `data` in place: with `p.reduce` the header
+/// goes on `data` (datashift), else on `header` (a new detached header file, which must
+/// be given). Returns the header and the new volume key.
+pub fn init_encrypt(
+    data: &dyn HeaderIo,
+    header: Option<&dyn HeaderIo>,
+    passphrase: &[u8],
+    p: &EncryptParams,
+) -> Result<(Luks2Header, SecretBytes)> {
+    let dev = data.size().map_err(io_err("reading the device size"))?;
+    let block = p.device_block.max(p.sector_size);
+    let (shift, data_size) = match (p.reduce, header) {
+        (Some(r), None) => {
+            if r == 0 || r % 4096 != 0 || r > MAX_REDUCE {
+                return Err(VolumeError::usage("Invalid device size specification."));
+            }
+            if r >= dev {
+                return Err(VolumeError::usage("Device is too small."));
+            }
+            let shift = r / 2;
+            if shift < 2 * 16384 + 4096 * 2 {
+                return Err(VolumeError::usage(
+                    "Data shift is not large enough to hold the LUKS2 header.",
+                ));
+            }
+            (Some(shift), dev - r)
+        }
+        (None, Some(_)) => (None, dev),
+        (Some(_), Some(_)) => {
+            return Err(VolumeError::usage(
+                "encryption with both --reduce-device-size and a detached header is not \
+                 supported by cryptblk",
+            ))
+        }
+        (None, None) => {
+            return Err(VolumeError::usage(
+                "Encryption without detached header (--header) is not possible without data \
+                 device size reduction (--reduce-device-size).",
+            ))
+        }
+    };
+    if !data_size.is_multiple_of(u64::from(p.sector_size)) {
+        return Err(VolumeError::usage(format!(
+            "The data area ({data_size} bytes) is not a multiple of the {}-byte encryption \
+             sector.",
+            p.sector_size
+        )));
+    }
+    if shift.is_none() && p.resilience == ResilienceChoice::Checksum {
+        super::run::check_checksum_blocks(
+            &cryptblk_format::luks2::Resilience::Checksum {
+                hash: String::new(),
+                sector_size: block,
+            },
+            data_size,
+        )?;
+    }
+    let area = shift.unwrap_or(DETACHED_HEADER_SIZE);
+    // One spare block: formatting wants room for data after the header area.
+    let mem = MemIo::zeroed(area as usize + 4096);
+    let fp = FormatParams {
+        cipher: p.cipher.clone(),
+        key_size: p.key_size,
+        sector_size: p.sector_size,
+        data_offset: Some(shift.unwrap_or(0)),
+        detached_header: shift.is_none(),
+        keyslot: p.keyslot.clone(),
+        ..FormatParams::default()
+    };
+    let (mut h, key, _) = Luks2Header::format(&mem, &fp, passphrase)?;
+    h.begin_encrypt(
+        &EncDecInit {
+            resilience: resilience(p.resilience, p.resilience_hash, block),
+            shift,
+            data_size,
+            digest_iterations: p.digest_iterations,
+        },
+        dev,
+        key.as_bytes(),
+    )?;
+    h.write_reencryption(&mem)?;
+    let mut image = mem.into_inner();
+    image.truncate(area as usize);
+    match (shift, header) {
+        (Some(shift), _) => {
+            // The first `shift` bytes of plaintext go to the end first: the header will
+            // overwrite them.
+            let mut first = vec![0u8; shift as usize];
+            data.read_at(0, &mut first)
+                .map_err(io_err("reading the device start"))?;
+            data.write_at(shift + data_size, &first)
+                .map_err(io_err("moving the first data segment"))?;
+            data.sync().map_err(io_err("syncing the data"))?;
+            data.write_at(0, &image)
+                .map_err(io_err("writing the LUKS2 header"))?;
+            data.sync().map_err(io_err("syncing the header"))?;
+        }
+        (None, Some(hdr)) => {
+            hdr.write_at(0, &image)
+                .map_err(io_err("writing the LUKS2 header"))?;
+            hdr.sync().map_err(io_err("syncing the header"))?;
+        }
+        (None, None) => unreachable!("refused above"),
+    }
+    Ok((h, key))
+}
+
+/// Starts a decryption of the LUKS2 volume whose (detached) header is `h` on `header`:
+/// the passphrase opens the volume key (keyslot `slot` when given). Returns the keys for
+/// [`super::run::run_split`].
+#[allow(clippy::too_many_arguments)]
+pub fn init_decrypt(
+    h: &mut Luks2Header,
+    header: &dyn HeaderIo,
+    data_size: u64,
+    passphrase: &[u8],
+    slot: Option<usize>,
+    choice: ResilienceChoice,
+    hash: HashAlgorithm,
+    device_block: u32,
+    digest_iterations: Option<u32>,
+) -> Result<ReencryptKeys> {
+    h.check_requirements()?;
+    let seg = h.default_segment()?;
+    if seg.integrity.is_some() {
+        return Err(VolumeError::usage(
+            "Reencryption of device with integrity profile is not supported.",
+        ));
+    }
+    let key = match h.unlock(header, passphrase, slot, UnlockPurpose::Activate) {
+        Ok(u) => u.key,
+        Err(FormatError::WrongPassphrase) => {
+            return Err(VolumeError::new(
+                ErrorClass::NoPermission,
+                "No key available with this passphrase.",
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let block = device_block.max(seg.sector_size);
+    if choice == ResilienceChoice::Checksum {
+        super::run::check_checksum_blocks(
+            &cryptblk_format::luks2::Resilience::Checksum {
+                hash: String::new(),
+                sector_size: block,
+            },
+            data_size,
+        )?;
+    }
+    h.begin_decrypt(
+        &EncDecInit {
+            resilience: resilience(choice, hash, block),
+            shift: None,
+            data_size,
+            digest_iterations,
+        },
+        key.as_bytes(),
+    )?;
+    h.write_reencryption(header)?;
+    Ok(ReencryptKeys {
+        old: Some(key),
+        new: None,
+    })
+}
