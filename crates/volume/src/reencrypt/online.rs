@@ -673,6 +673,7 @@ mod tests {
             fin: backup(3, 4096, "backup-final"),
             old_digest: "0".into(),
             new_digest: "1".into(),
+            moved: None,
             segments,
         }
     }
@@ -687,11 +688,13 @@ mod tests {
                 offset: 16 * MIB,
                 size: Some(4 * MIB),
                 side: Side::New,
+                logical: 0,
             },
             StateSegment {
                 offset: 20 * MIB,
                 size: None,
                 side: Side::Old,
+                logical: 4 * MIB,
             },
         ]);
         let keys = ReencryptKeys {
@@ -730,6 +733,7 @@ mod tests {
             offset: 16 * MIB,
             size: Some(MIB),
             side: Side::Hotzone,
+            logical: 0,
         }]);
         let e = served_table(&cut, &keys, "/dev/x", &CryptFlags::default(), 24 * MIB).unwrap_err();
         assert!(e.message.contains("recovery"), "{}", e.message);
