@@ -28,6 +28,7 @@ mod serpent_fast;
 pub mod spec;
 mod twofish_fast;
 
+pub use awslc::RawBulkXts;
 pub use locked::lock_backend_memory;
 pub use measure::{measure, Throughput};
 pub use registry::{
