@@ -99,11 +99,7 @@ impl Drop for Lease<'_> {
 }
 
 impl CtxSlots {
-    fn new(
-        cipher: *const sys::EVP_CIPHER,
-        key: &[u8],
-        encrypt: bool,
-    ) -> Result<Self, CipherError> {
+    fn new(cipher: *const sys::EVP_CIPHER, key: &[u8], encrypt: bool) -> Result<Self, CipherError> {
         // Twice the CPUs: a few more threads than cores (NBD workers, split helpers) still
         // find a slot; contexts are created only when a slot is first used.
         let n = std::thread::available_parallelism()
@@ -260,18 +256,19 @@ fn mul_alpha(t: u128) -> u128 {
 /// XORs the tweaks into 16-byte blocks: `dst = src ^ tw`.
 #[inline(always)]
 fn xor_tweaks(dst: &mut [u8], src: &[u8], tw: &[u128]) {
-    for ((d, s), t) in dst
-        .chunks_exact_mut(16)
-        .zip(src.chunks_exact(16))
-        .zip(tw)
-    {
+    for ((d, s), t) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)).zip(tw) {
         let v = u128::from_le_bytes(s.try_into().unwrap_or_default()) ^ t;
         d.copy_from_slice(&v.to_le_bytes());
     }
 }
 
 /// One AWS-LC ECB call over whole blocks, in place or `src` to `dst`.
-fn ecb(ctx: *mut sys::EVP_CIPHER_CTX, dst: *mut u8, src: *const u8, len: usize) -> Result<(), CipherError> {
+fn ecb(
+    ctx: *mut sys::EVP_CIPHER_CTX,
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+) -> Result<(), CipherError> {
     let n = i32::try_from(len).map_err(|_| CipherError::SectorSize(len))?;
     let mut out_len = 0i32;
     // SAFETY: ctx is a keyed ECB context leased exclusively; src and dst are `len` valid
@@ -330,7 +327,8 @@ impl Batched {
             let p = ivbuf.as_mut_ptr();
             ecb(tweak.ctx, p, p, 16 * n)?;
             for i in 0..n {
-                let mut t = u128::from_le_bytes(ivbuf[16 * i..16 * (i + 1)].try_into().unwrap_or_default());
+                let mut t =
+                    u128::from_le_bytes(ivbuf[16 * i..16 * (i + 1)].try_into().unwrap_or_default());
                 for slot in &mut tw[i * blocks_per_unit..(i + 1) * blocks_per_unit] {
                     *slot = t;
                     t = mul_alpha(t);
@@ -387,8 +385,14 @@ impl ModeEngine for XtsEngine {
             // schedule. Input and output are either the same sector (in place, which EVP
             // allows) or two distinct buffers of `len` bytes.
             let ok = unsafe {
-                sys::EVP_CipherInit_ex(ctx, ptr::null(), ptr::null_mut(), ptr::null(), iv.as_ptr(), -1)
-                    == 1
+                sys::EVP_CipherInit_ex(
+                    ctx,
+                    ptr::null(),
+                    ptr::null_mut(),
+                    ptr::null(),
+                    iv.as_ptr(),
+                    -1,
+                ) == 1
                     && sys::EVP_CipherUpdate(ctx, o, &mut out_len, i, len) == 1
             };
             if ok && out_len == len {
@@ -495,7 +499,9 @@ impl RawBulkXts {
             key: crate::SecretBytes::from_slice(key),
             slots: Box::new([]),
         };
-        Ok(Self { ctx: pool.create()? })
+        Ok(Self {
+            ctx: pool.create()?,
+        })
     }
 
     /// Transforms `buf` in place as one XTS data unit whose tweak is `tweak`
@@ -509,8 +515,14 @@ impl RawBulkXts {
         let p = buf.as_mut_ptr();
         // SAFETY: ctx is keyed and owned; only the IV changes; in place over `len` bytes.
         let ok = unsafe {
-            sys::EVP_CipherInit_ex(self.ctx, ptr::null(), ptr::null_mut(), ptr::null(), iv.as_ptr(), -1)
-                == 1
+            sys::EVP_CipherInit_ex(
+                self.ctx,
+                ptr::null(),
+                ptr::null_mut(),
+                ptr::null(),
+                iv.as_ptr(),
+                -1,
+            ) == 1
                 && sys::EVP_CipherUpdate(self.ctx, p, &mut out_len, p, len) == 1
         };
         if ok && out_len == len {
