@@ -7,7 +7,7 @@
 //! engine around it) that the engine's path is compared with in both sector-size groups.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use cryptblk_cipher::{open_cipher, SectorOptions};
+use cryptblk_cipher::{open_cipher, RawBulkXts, SectorOptions};
 use std::hint::black_box;
 
 const BUF: usize = 4096;
@@ -99,61 +99,23 @@ fn bench_rekey_baseline(c: &mut Criterion) {
     g.finish();
 }
 
-/// The raw bulk figure the engine is held to: one keyed AWS-LC context reused, a new IV and
-/// one `EVP_CipherUpdate` over the whole 4 KiB buffer (one XTS data unit), as `openssl speed
-/// -evp aes-256-xts -bytes 4096` runs it. No sector loop, no request checks, no pool.
+/// The raw bulk figure the engine is held to ([`RawBulkXts`]: one keyed AWS-LC context
+/// reused, a new IV and one `EVP_CipherUpdate` over the whole 4 KiB buffer as one XTS data
+/// unit, as `openssl speed -evp aes-256-xts -bytes 4096` runs it). No sector loop, no
+/// request checks, no context slots. `benches/xts_cost.rs` in crates/dm counts its
+/// instructions against the engine's.
 fn bench_raw_bulk(c: &mut Criterion, group: &str) {
-    use aws_lc_sys as sys;
     let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Bytes(BUF as u64));
-    let k = key(64);
+    let mut raw = RawBulkXts::new(&key(64), true).expect("raw key");
     let mut buf = vec![0xa5u8; BUF];
     let mut sector = 0u64;
-    // SAFETY: a fresh context keyed once with a 64-byte AES-256-XTS key; freed below.
-    let ctx = unsafe {
-        let ctx = sys::EVP_CIPHER_CTX_new();
-        assert_eq!(
-            sys::EVP_CipherInit_ex(
-                ctx,
-                sys::EVP_aes_256_xts(),
-                std::ptr::null_mut(),
-                k.as_ptr(),
-                std::ptr::null(),
-                1
-            ),
-            1
-        );
-        ctx
-    };
     g.bench_function(BenchmarkId::new("encrypt", "aws-lc-raw-bulk"), |b| {
         b.iter(|| {
-            let mut iv = [0u8; 16];
-            iv[..8].copy_from_slice(&sector.to_le_bytes());
-            let mut out_len = 0;
-            let p = black_box(&mut buf).as_mut_ptr();
-            // SAFETY: ctx is keyed; only the IV changes; in place over one 4096-byte unit.
-            unsafe {
-                assert_eq!(
-                    sys::EVP_CipherInit_ex(
-                        ctx,
-                        std::ptr::null(),
-                        std::ptr::null_mut(),
-                        std::ptr::null(),
-                        iv.as_ptr(),
-                        -1
-                    ),
-                    1
-                );
-                assert_eq!(
-                    sys::EVP_CipherUpdate(ctx, p, &mut out_len, p, BUF as i32),
-                    1
-                );
-            }
+            raw.crypt(sector, black_box(&mut buf)).unwrap();
             sector += 8;
         })
     });
-    // SAFETY: created above, freed once.
-    unsafe { sys::EVP_CIPHER_CTX_free(ctx) };
     g.finish();
 }
 

@@ -56,6 +56,21 @@ impl<'a> Sectors<'a> {
         }
     }
 
+    /// Sectors read from `src` and written to `dst` (the same length).
+    #[cfg(test)]
+    pub(crate) fn between(src: &'a [u8], dst: &'a mut [u8]) -> Self {
+        Sectors {
+            src: Some(src),
+            dst,
+        }
+    }
+
+    /// The source (`None` when in place) and the destination, for engines that work on
+    /// several sectors per call.
+    pub(crate) fn parts(self) -> (Option<&'a [u8]>, &'a mut [u8]) {
+        (self.src, self.dst)
+    }
+
     /// Runs `f(iv, input, output)` for each `unit`-byte sector, with sector `i`'s IV from
     /// `ivs`; `input` is `None` when the sector is transformed in place in `output`.
     pub(crate) fn each(

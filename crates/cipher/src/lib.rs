@@ -31,6 +31,7 @@ pub mod spec;
 pub mod tcrypt_cbc;
 mod twofish_fast;
 
+pub use awslc::RawBulkXts;
 pub use locked::lock_backend_memory;
 pub use measure::{measure, Throughput};
 pub use registry::{

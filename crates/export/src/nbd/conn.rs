@@ -417,16 +417,37 @@ impl Conn {
                 .unwrap_or_else(|e| e.into_inner());
             drop(state);
         }
-        let reply = session.process(shared, incoming);
-        {
-            let _writer = lock(&self.writer);
-            if let Err(e) = session.send(&reply, &mut &self.stream) {
-                log::info!("NBD connection {}: reply failed: {e}", self.key);
-                // Unblocks the reader too; the connection closes when its requests end.
-                self.stream.shutdown_both();
+        if let Some(pieces) = session.read_in_pieces(shared, &incoming) {
+            // A large read: each piece goes out as its own chunk as soon as it is ready,
+            // while helpers read and decrypt the later ones; other replies may go out
+            // between the chunks (structured replies allow it).
+            let handle = incoming.handle();
+            drop(incoming);
+            for k in 0..pieces.count() {
+                let result = pieces.wait(&shared.io, k);
+                let _writer = lock(&self.writer);
+                match session.send_read_piece(handle, &pieces, k, result, &mut &self.stream) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        log::info!("NBD connection {}: reply failed: {e}", self.key);
+                        self.stream.shutdown_both();
+                        break;
+                    }
+                }
             }
+        } else {
+            let reply = session.process(shared, incoming);
+            {
+                let _writer = lock(&self.writer);
+                if let Err(e) = session.send(&reply, &mut &self.stream) {
+                    log::info!("NBD connection {}: reply failed: {e}", self.key);
+                    // Unblocks the reader too; the connection closes when its requests end.
+                    self.stream.shutdown_both();
+                }
+            }
+            drop(reply);
         }
-        drop(reply);
         let mut state = lock(&self.state);
         state.in_flight -= 1;
         state.in_flight_bytes -= bytes;
@@ -450,7 +471,10 @@ impl Conn {
 /// Serves one client over any stream, one request after the other on the calling thread,
 /// with the same handshake, request and reply code as the server. Used to drive the
 /// protocol code from memory (fuzzing); ends at end of input, an error or a disconnect.
-pub(crate) fn serve_sequential<S: Read + Write>(stream: &mut S, shared: &Shared) -> io::Result<()> {
+pub(crate) fn serve_sequential<S: Read + Write>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+) -> io::Result<()> {
     let mut handshake = Handshake::start(stream)?;
     let session = loop {
         match handshake.step(stream, shared)? {
@@ -466,7 +490,7 @@ pub(crate) fn serve_sequential<S: Read + Write>(stream: &mut S, shared: &Shared)
 /// The transmission phase of [`serve_sequential`].
 pub(crate) fn serve_requests<S: Read + Write>(
     stream: &mut S,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     session: Session,
 ) -> io::Result<()> {
     loop {

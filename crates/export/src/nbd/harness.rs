@@ -46,7 +46,9 @@ impl Write for Duplex<'_> {
 
 impl NbdHarness {
     /// Serves `device` with `config`'s export settings (its listen address is not used).
-    pub fn new(device: Arc<dyn BlockDevice>, config: NbdConfig) -> Result<Self, ExportError> {
+    pub fn new(device: Arc<dyn BlockDevice>, mut config: NbdConfig) -> Result<Self, ExportError> {
+        // Requests in pieces hand work to the pool, which has no workers here.
+        config.overlap_min = 0;
         let io = AlignedIo::new(device);
         let block_sizes = validate_block_sizes(&config, io.block_size(), io.size())?;
         let shared = Shared {

@@ -48,6 +48,7 @@
 mod conn;
 mod handshake;
 mod harness;
+mod pieces;
 pub(crate) mod proto;
 mod tls;
 mod transmission;
@@ -176,6 +177,11 @@ pub struct NbdConfig {
     /// (TLS off or not required). Off by default: the export would be readable and
     /// writable by anyone on the network.
     pub allow_insecure_tcp: bool,
+    /// READs (with structured replies) and WRITEs of at least this many bytes are done in
+    /// 128 KiB pieces, so one piece's crypto overlaps another's transfer; 0 turns it off.
+    /// Default 256 KiB, or `CRYPTBLK_NBD_OVERLAP_MIN` (bytes) from the environment, which
+    /// exists for A/B benchmarks.
+    pub overlap_min: usize,
 }
 
 impl NbdConfig {
@@ -196,7 +202,17 @@ impl NbdConfig {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             tls: None,
             allow_insecure_tcp: false,
+            overlap_min: std::env::var("CRYPTBLK_NBD_OVERLAP_MIN")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(pieces::DEFAULT_OVERLAP_MIN),
         }
+    }
+
+    /// Sets [`NbdConfig::overlap_min`] (0: never split requests).
+    pub fn with_overlap_min(mut self, bytes: usize) -> Self {
+        self.overlap_min = bytes;
+        self
     }
 
     /// Sets [`NbdConfig::tls`].

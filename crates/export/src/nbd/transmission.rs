@@ -7,9 +7,11 @@
 //! replies so that one reply's header and payload are never interleaved with another's).
 
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 
 use cryptblk_dm::device::WriteFlags;
 
+use super::pieces::{PieceOp, Pieces, PIECE};
 use super::proto::*;
 use super::wire::skip;
 use super::Shared;
@@ -67,6 +69,9 @@ pub(crate) struct Incoming {
     req: Request,
     /// A write's payload.
     payload: Vec<u8>,
+    /// A large write's payload instead, received in pieces that helpers already write
+    /// while later ones arrive (see [`super::pieces`]).
+    pieces: Option<Arc<Pieces>>,
     /// Set when the request was refused while its payload was read (a write that is not
     /// allowed or out of range); processing then only replies with it.
     refused: Option<Failure>,
@@ -81,10 +86,16 @@ impl Incoming {
     /// Bytes of memory the request holds until it has replied (a write's payload, a read's
     /// data).
     pub(crate) fn buffer_len(&self) -> u64 {
-        match self.req.kind {
-            CMD_READ => u64::from(self.req.length),
+        match (&self.pieces, self.req.kind) {
+            (_, CMD_READ) => u64::from(self.req.length),
+            (Some(p), _) => p.len() as u64,
             _ => self.payload.len() as u64,
         }
+    }
+
+    /// The client's handle of the request.
+    pub(crate) fn handle(&self) -> u64 {
+        self.req.handle
     }
 
     /// Whether the request is a FLUSH.
@@ -128,7 +139,11 @@ enum Body {
 
 impl Session {
     /// Reads the next request, and a write's payload, from `stream`.
-    pub(crate) fn receive(&self, shared: &Shared, stream: &mut impl Read) -> io::Result<Received> {
+    pub(crate) fn receive(
+        &self,
+        shared: &Arc<Shared>,
+        stream: &mut impl Read,
+    ) -> io::Result<Received> {
         let mut header = [0u8; 28];
         let got = loop {
             match stream.read(&mut header) {
@@ -165,6 +180,7 @@ impl Session {
                 incoming: Incoming {
                     req,
                     payload: Vec::new(),
+                    pieces: None,
                     refused: None,
                 },
                 then_close: false,
@@ -184,9 +200,22 @@ impl Session {
                 incoming: Incoming {
                     req,
                     payload: Vec::new(),
+                    pieces: None,
                     refused: Some(failure),
                 },
                 then_close,
+            });
+        }
+        if overlaps(shared, req.length) {
+            let pieces = self.receive_in_pieces(shared, &req, stream)?;
+            return Ok(Received::Request {
+                incoming: Incoming {
+                    req,
+                    payload: Vec::new(),
+                    pieces: Some(pieces),
+                    refused: None,
+                },
+                then_close: false,
             });
         }
         // A client vanishing mid-payload aborts here, before anything reaches the device.
@@ -196,10 +225,98 @@ impl Session {
             incoming: Incoming {
                 req,
                 payload,
+                pieces: None,
                 refused: None,
             },
             then_close: false,
         })
+    }
+
+    /// A large write's payload, piece by piece: once the first piece is in, a helper job
+    /// encrypts and writes each piece as it arrives while this thread reads the next.
+    /// A client vanishing mid-payload leaves the pieces before it written (as a crash
+    /// would leave an unacknowledged write), never a partial piece.
+    fn receive_in_pieces(
+        &self,
+        shared: &Arc<Shared>,
+        req: &Request,
+        stream: &mut impl Read,
+    ) -> io::Result<Arc<Pieces>> {
+        let pieces = Arc::new(Pieces::new(
+            req.offset,
+            req.length as usize,
+            PieceOp::Write(fua(req)),
+        ));
+        for k in 0..pieces.count() {
+            // SAFETY: piece k is not available yet, so no other thread touches it.
+            if let Err(e) = stream.read_exact(unsafe { pieces.piece_mut(k) }) {
+                pieces.abort();
+                return Err(e);
+            }
+            pieces.arrived(k + 1);
+            if k == 0 {
+                submit_helper(shared, &pieces);
+            }
+        }
+        Ok(pieces)
+    }
+
+    /// A large structured read to send in pieces as they are read and decrypted (a helper
+    /// job starts on them now), or `None` for a request that takes the ordinary path.
+    pub(crate) fn read_in_pieces(
+        &self,
+        shared: &Arc<Shared>,
+        incoming: &Incoming,
+    ) -> Option<Arc<Pieces>> {
+        let req = &incoming.req;
+        let eligible = self.structured
+            && incoming.refused.is_none()
+            && req.kind == CMD_READ
+            && overlaps(shared, req.length)
+            && self
+                .validate(shared, req, CMD_FLAG_FUA, EINVAL, true)
+                .is_ok();
+        if !eligible {
+            return None;
+        }
+        let pieces = Arc::new(Pieces::new(req.offset, req.length as usize, PieceOp::Read));
+        submit_helper(shared, &pieces);
+        Some(pieces)
+    }
+
+    /// Sends piece `k` of a read in pieces as one data chunk (the last with the DONE flag),
+    /// or the error that stopped the read at that piece. True while more pieces follow.
+    pub(crate) fn send_read_piece(
+        &self,
+        handle: u64,
+        pieces: &Pieces,
+        k: usize,
+        result: io::Result<()>,
+        w: &mut impl Write,
+    ) -> io::Result<bool> {
+        let at = pieces.offset_of(k);
+        match result {
+            Ok(()) => {
+                let last = k + 1 == pieces.count();
+                let flags = if last { REPLY_FLAG_DONE } else { 0 };
+                let data = pieces.done_piece(k);
+                write_chunk(
+                    w,
+                    handle,
+                    flags,
+                    REPLY_TYPE_OFFSET_DATA,
+                    &at.to_be_bytes(),
+                    data,
+                )?;
+                Ok(!last)
+            }
+            Err(e) => {
+                let mut f = Failure::device(e, "read");
+                f.offset = Some(at);
+                error_chunk(w, handle, &f)?;
+                Ok(false)
+            }
+        }
     }
 
     /// Executes a request against the device and returns its reply.
@@ -207,6 +324,7 @@ impl Session {
         let Incoming {
             req,
             mut payload,
+            pieces,
             refused,
         } = incoming;
         let body = if let Some(failure) = refused {
@@ -214,6 +332,14 @@ impl Session {
         } else {
             match req.kind {
                 CMD_READ => self.read(shared, &req),
+                CMD_WRITE if pieces.is_some() => {
+                    let finished = pieces.as_deref().map(|p| p.finish(&shared.io));
+                    Body::Status(finished.unwrap_or(Ok(())).map_err(|(at, e)| {
+                        let mut f = Failure::device(e, "write");
+                        f.offset = Some(at);
+                        f
+                    }))
+                }
                 CMD_WRITE => Body::Status(
                     shared
                         .io
@@ -447,6 +573,20 @@ impl Session {
             (Err(f), true) => error_chunk(w, handle, f),
         }
     }
+}
+
+/// Whether a READ or WRITE of `length` bytes is done in pieces (see [`super::pieces`]).
+fn overlaps(shared: &Shared, length: u32) -> bool {
+    let min = shared.config.overlap_min;
+    let len = length as usize;
+    min > 0 && len >= min && len > PIECE
+}
+
+/// Queues a helper job on the server's pool for `pieces`; the request's own thread does
+/// every piece the helper has not claimed, so the job may start late or find nothing.
+fn submit_helper(shared: &Arc<Shared>, pieces: &Arc<Pieces>) {
+    let (p, s) = (Arc::clone(pieces), Arc::clone(shared));
+    shared.pool.submit(Box::new(move || p.help(&s.io)));
 }
 
 fn fua(req: &Request) -> WriteFlags {

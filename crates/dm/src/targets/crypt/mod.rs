@@ -33,7 +33,9 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
 
 use cryptblk_cipher::{CipherError, SecretBytes, SectorCipher, SectorOptions};
 
@@ -225,21 +227,17 @@ struct Keyed {
     engine: Option<QueuedEngine>,
 }
 
-/// The key and what was built from it; `keyed` is `None` after `key wipe`.
-struct KeyState {
-    /// The volume key (empty for the null cipher); all zeros after a wipe, keeping its
-    /// length as the kernel does for `dmsetup table`.
-    key: SecretBytes,
-    keyed: Option<Keyed>,
-}
-
 /// The crypt target.
 pub struct CryptTarget {
     /// The table parameters; `params.key` is emptied at build, the key lives in `state`.
     params: CryptParams,
-    /// Taken for reading by every request; written only by key messages, which are accepted
-    /// only while suspended (no request in flight through the mapping).
-    state: RwLock<KeyState>,
+    /// The volume key (empty for the null cipher); all zeros after a wipe, keeping its
+    /// length as the kernel does for `dmsetup table`. Not used by requests.
+    key: Mutex<SecretBytes>,
+    /// What requests use; `None` after `key wipe`. Loaded without a lock by every request
+    /// (a thread-local reference, no shared counter written); replaced only by key
+    /// messages, which wait for requests still holding the old one (see `retire`).
+    keyed: ArcSwapOption<Keyed>,
     /// Implementation name of the cipher, kept for status after a wipe.
     cipher_impl: String,
     dev: Arc<dyn BlockDevice>,
@@ -332,13 +330,11 @@ impl CryptTarget {
         Ok(CryptTarget {
             cipher_impl: cipher.implementation().to_string(),
             params,
-            state: RwLock::new(KeyState {
-                key,
-                keyed: Some(Keyed {
-                    cipher,
-                    aead,
-                    engine,
-                }),
+            key: Mutex::new(key),
+            keyed: ArcSwapOption::from_pointee(Keyed {
+                cipher,
+                aead,
+                engine,
             }),
             dev,
             len,
@@ -401,9 +397,28 @@ impl CryptTarget {
         })
     }
 
-    fn key_state(&self) -> RwLockReadGuard<'_, KeyState> {
-        // Key messages replace the state in one assignment; a panic cannot leave it torn.
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+    fn key_bytes(&self) -> std::sync::MutexGuard<'_, SecretBytes> {
+        // Key messages replace the key in one assignment; a panic cannot leave it torn.
+        self.key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the ciphers out of service and drops them (stopping their workers) once no
+    /// request holds them any more, so a wiped key is gone when the message returns.
+    fn retire(&self) {
+        let Some(mut old) = self.keyed.swap(None) else {
+            return;
+        };
+        // After the swap no new request can load it; requests that loaded it before hold
+        // counted references (arc-swap converts their thread-local claims on swap).
+        loop {
+            match Arc::try_unwrap(old) {
+                Ok(keyed) => return drop(keyed),
+                Err(still_used) => {
+                    old = still_used;
+                    std::thread::yield_now();
+                }
+            }
+        }
     }
 
     /// `key wipe` / `key set <hex>`: the kernel's dm-crypt key messages.
@@ -411,30 +426,30 @@ impl CryptTarget {
         if !self.suspended.load(Ordering::SeqCst) {
             return Err("not suspended during key manipulation".into());
         }
-        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        let mut key_bytes = self.key_bytes();
         match argv {
             ["wipe"] => {
                 // Drop the ciphers (and stop their workers) before zeroing our copy.
-                st.keyed = None;
-                st.key.as_mut_bytes().fill(0);
+                self.retire();
+                key_bytes.as_mut_bytes().fill(0);
                 Ok(())
             }
             ["set", hex] => {
                 let CryptKey::Hex(key) = CryptKey::parse(hex)? else {
                     return Err("key set needs the key in hex".into());
                 };
-                if key.len() != st.key.len() {
+                if key.len() != key_bytes.len() {
                     return Err(format!(
                         "key size mismatch: the table's key has {} bytes, {} given",
-                        st.key.len(),
+                        key_bytes.len(),
                         key.len()
                     ));
                 }
                 // Stop the old workers before starting new ones.
-                st.keyed = None;
+                self.retire();
                 let keyed = self.key_up(&key).map_err(|e| {
                     // As in the kernel, a failed set leaves no valid key behind.
-                    st.key.as_mut_bytes().fill(0);
+                    key_bytes.as_mut_bytes().fill(0);
                     match e {
                         DmError::TableShape(m) => {
                             m.trim_start_matches("crypt target: ").to_string()
@@ -442,8 +457,8 @@ impl CryptTarget {
                         other => other.to_string(),
                     }
                 })?;
-                st.keyed = Some(keyed);
-                st.key = key;
+                self.keyed.store(Some(Arc::new(keyed)));
+                *key_bytes = key;
                 Ok(())
             }
             _ => Err(format!(
@@ -455,7 +470,7 @@ impl CryptTarget {
 
     /// Whether the target holds a key (false after `key wipe` until `key set`).
     pub fn key_valid(&self) -> bool {
-        self.key_state().keyed.is_some()
+        self.keyed.load().is_some()
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
@@ -476,11 +491,11 @@ impl CryptTarget {
     pub fn config(&self) -> CryptConfig {
         let mut cfg = CryptConfig::from(&self.params);
         // The key lives in the key state (`key wipe`/`key set` replace it), not in params.
-        let st = self.key_state();
-        cfg.key = if st.key.is_empty() {
+        let key = self.key_bytes();
+        cfg.key = if key.is_empty() {
             CryptKey::None
         } else {
-            CryptKey::Hex(st.key.clone())
+            CryptKey::Hex(key.clone())
         };
         cfg
     }
@@ -497,7 +512,7 @@ impl CryptTarget {
 
     /// The cipher in use (`None` after `key wipe`).
     pub fn cipher(&self) -> Option<Arc<dyn SectorCipher>> {
-        self.key_state().keyed.as_ref().map(|k| k.cipher.clone())
+        self.keyed.load().as_ref().map(|k| k.cipher.clone())
     }
 
     /// Sets when large inline requests are split across cores (takes effect immediately).
@@ -561,8 +576,8 @@ impl CryptTarget {
     }
 
     fn read_inner(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let st = self.key_state();
-        let k = st.keyed.as_ref().ok_or_else(|| errno(libc::ENOKEY))?;
+        let keyed = self.keyed.load();
+        let k = keyed.as_deref().ok_or_else(|| errno(libc::ENOKEY))?;
         if let Some(a) = &k.aead {
             return self.read_aead(a.as_ref(), offset, buf);
         }
@@ -579,8 +594,8 @@ impl CryptTarget {
     }
 
     fn write_inner(&self, offset: u64, data: WriteData<'_>, flags: WriteFlags) -> io::Result<()> {
-        let st = self.key_state();
-        let k = st.keyed.as_ref().ok_or_else(|| errno(libc::ENOKEY))?;
+        let keyed = self.keyed.load();
+        let k = keyed.as_deref().ok_or_else(|| errno(libc::ENOKEY))?;
         if let Some(a) = &k.aead {
             return self.write_aead(a.as_ref(), offset, data, flags);
         }
