@@ -25,8 +25,13 @@ pub fn load(opts: &Opts, device: &Path, write: bool) -> Result<Volume, Failure> 
         None | Some(VolumeType::Luks) => LuksType::Any,
         Some(VolumeType::Luks1) => LuksType::Luks1,
         Some(VolumeType::Luks2) => LuksType::Luks2,
-        Some(VolumeType::Plain | VolumeType::Tcrypt | VolumeType::Bitlk | VolumeType::Fvault2
-            | VolumeType::Loopaes) => {
+        Some(
+            VolumeType::Plain
+            | VolumeType::Tcrypt
+            | VolumeType::Bitlk
+            | VolumeType::Fvault2
+            | VolumeType::Loopaes,
+        ) => {
             // Validate the path first so a missing device reads as such.
             open_file(path, write)?;
             return Err(Failure::usage(format!(

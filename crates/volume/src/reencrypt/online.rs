@@ -562,7 +562,14 @@ impl Worker {
             self.swap_top(&hold_table).map_err(held)?;
             hz.suspend().map_err(dm).map_err(held)?;
             let none = state.keyslot.resilience == Resilience::None;
-            run::protect(state, &self.file, &self.file, offset - state.fin.offset, len).map_err(held)?;
+            run::protect(
+                state,
+                &self.file,
+                &self.file,
+                offset - state.fin.offset,
+                len,
+            )
+            .map_err(held)?;
             self.h
                 .set_forward_hotzone(offset, len, !last)
                 .map_err(|e| held(e.into()))?;

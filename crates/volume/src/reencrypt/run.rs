@@ -251,7 +251,11 @@ pub(crate) fn protect(
 /// Writes the final header in one write, then wipes the removed keyslots' areas (the old
 /// key's keyslots and the resilience area) and, after a data shift, the moved copy of
 /// the first data (plaintext of an encryption, as cryptsetup wipes it).
-pub(crate) fn finish(h: &mut Luks2Header, header: &dyn HeaderIo, data: &dyn HeaderIo) -> Result<()> {
+pub(crate) fn finish(
+    h: &mut Luks2Header,
+    header: &dyn HeaderIo,
+    data: &dyn HeaderIo,
+) -> Result<()> {
     // Only an encryption's moved copy lies outside the final data (a decryption's moved
     // segment is where its plaintext goes).
     let encrypting = h
@@ -279,7 +283,11 @@ pub(crate) fn finish(h: &mut Luks2Header, header: &dyn HeaderIo, data: &dyn Head
 /// was cut while removing the old key's keyslots, and the passphrase opens none of those
 /// left) the digest cannot be computed; then only a reencryption whose data is all new may
 /// go on (to its final header), which needs no old key.
-pub(crate) fn verify_digest(h: &Luks2Header, state: &ReencryptState, keys: &ReencryptKeys) -> Result<()> {
+pub(crate) fn verify_digest(
+    h: &Luks2Header,
+    state: &ReencryptState,
+    keys: &ReencryptKeys,
+) -> Result<()> {
     if keys.old.is_none() && !state.old_is_plain() {
         if state.segments.iter().any(|s| s.side != Side::New) {
             return Err(VolumeError::device(
