@@ -14,6 +14,8 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A bad key file case: name, key file bytes, extra arguments, exit code, expected message.
+type BadKeyFile<'a> = (&'a str, Vec<u8>, Vec<&'a str>, i32, &'a str);
 fn model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/independent/loopaes.py")
 }
@@ -193,7 +195,7 @@ fn bad_key_files_and_options_fail_like_cryptsetup() {
     let mut unterminated = keyfile(1, 20, 0);
     unterminated.pop();
     let incompatible = "Incompatible loop-AES keyfile detected.";
-    let cases: Vec<(&str, Vec<u8>, Vec<&str>, i32, &str)> = vec![
+    let cases: Vec<BadKeyFile> = vec![
         ("2 keys", keyfile(2, 20, 0), vec![], 1, incompatible),
         ("63 keys", keyfile(63, 20, 0), vec![], 1, incompatible),
         ("66 keys", keyfile(66, 20, 0), vec![], 1, incompatible),
