@@ -1,7 +1,9 @@
 # Shared helpers of the guest scripts (sourced from $LAB_OUT/lib.sh inside the lab VM).
 set -u
 S=${LAB_OUT:-/mnt/share}
-CB=$S/cryptblk
+# The binary's own libraries (libtss2, librbd, ...) are staged in lib/ by run.sh: the guest
+# image only has what its own programs need.
+CB="env LD_LIBRARY_PATH=$S/lib $S/cryptblk"
 export PATH=$S/bin:$PATH
 export CRYPTBLK_RUNTIME_DIR=/run/cryptblk
 FAILS=0
