@@ -178,27 +178,7 @@ pub fn write_plaintext(
 ) -> Result<()> {
     check_activatable(h)?;
     let t = table(h, vk, device, &[])?;
-    let reg = cryptblk_dm::Registry::new();
-    let table = reg
-        .load_table(&t.to_text(true))
-        .map_err(|e| VolumeError::device(e.to_string()))?;
-    let len = cryptblk_dm::BlockDevice::size(&table);
-    progress.start(Some(len), "decrypting");
-    let result = (|| -> Result<()> {
-        let mut buf = zeroize::Zeroizing::new(vec![0u8; 1 << 20]);
-        let mut pos = 0u64;
-        while pos < len {
-            let n = (len - pos).min(buf.len() as u64) as usize;
-            cryptblk_dm::BlockDevice::read_at(&table, pos, &mut buf[..n])?;
-            dst.write_all(&buf[..n])?;
-            pos += n as u64;
-            progress.update(pos);
-        }
-        dst.flush()?;
-        Ok(())
-    })();
-    progress.finish();
-    result
+    crate::offline::write_table_plaintext(&t.to_text(true), dst, progress)
 }
 
 #[cfg(test)]

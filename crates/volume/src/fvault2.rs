@@ -119,27 +119,7 @@ pub fn write_plaintext(
     progress: &mut dyn crate::progress::Progress,
 ) -> Result<()> {
     let p = plan(h, vk, device, "fvault2-decrypt", &[])?;
-    let reg = cryptblk_dm::Registry::new();
-    let table = reg
-        .load_table(&p.table)
-        .map_err(|e| VolumeError::device(e.to_string()))?;
-    let len = cryptblk_dm::BlockDevice::size(&table);
-    progress.start(Some(len), "decrypting");
-    let result = (|| -> Result<()> {
-        let mut buf = zeroize::Zeroizing::new(vec![0u8; 1 << 20]);
-        let mut pos = 0u64;
-        while pos < len {
-            let n = (len - pos).min(buf.len() as u64) as usize;
-            cryptblk_dm::BlockDevice::read_at(&table, pos, &mut buf[..n])?;
-            dst.write_all(&buf[..n])?;
-            pos += n as u64;
-            progress.update(pos);
-        }
-        dst.flush()?;
-        Ok(())
-    })();
-    progress.finish();
-    result
+    crate::offline::write_table_plaintext(&p.table, dst, progress)
 }
 
 #[cfg(test)]

@@ -295,6 +295,36 @@ impl Output {
     }
 }
 
+/// Writes every byte of the device a dmsetup-syntax table describes to `dst`, through an
+/// in-process dm: the offline image of a volume is then exactly what `open` serves.
+pub fn write_table_plaintext(
+    table_text: &str,
+    dst: &mut dyn Write,
+    progress: &mut dyn Progress,
+) -> Result<()> {
+    let reg = cryptblk_dm::Registry::new();
+    let table = reg
+        .load_table(table_text)
+        .map_err(|e| VolumeError::device(e.to_string()))?;
+    let len = cryptblk_dm::BlockDevice::size(&table);
+    progress.start(Some(len), "decrypting");
+    let result = (|| -> Result<()> {
+        let mut buf = zeroize::Zeroizing::new(vec![0u8; 1 << 20]);
+        let mut pos = 0u64;
+        while pos < len {
+            let n = (len - pos).min(buf.len() as u64) as usize;
+            cryptblk_dm::BlockDevice::read_at(&table, pos, &mut buf[..n])?;
+            dst.write_all(&buf[..n])?;
+            pos += n as u64;
+            progress.update(pos);
+        }
+        dst.flush()?;
+        Ok(())
+    })();
+    progress.finish();
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
