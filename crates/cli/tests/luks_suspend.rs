@@ -97,6 +97,14 @@ fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
         writer.try_wait().unwrap().is_none(),
         "the writer ended while suspended"
     );
+    // Held I/O is an opener: close refuses as the kernel refuses an open device.
+    let (rc, err) = code(cryptblk().args(["close", name]));
+    assert_eq!(rc, 5, "{err}");
+    assert!(
+        err.contains(&format!("Device {name} is still in use.")),
+        "{err}"
+    );
+    assert_eq!(status(name)["suspended"], true);
 
     run_ok(
         cryptblk()
@@ -124,12 +132,11 @@ fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
         !in_memory(pid, vk_hex.as_bytes()),
         "key (hex) in memory after a second suspend"
     );
-    run_ok(
-        cryptblk()
-            .args(["luksResume", name, "--key-file"])
-            .arg(&key),
-        b"",
-    );
+    // Nothing held: a suspended volume closes (the kernel removes a suspended device), its
+    // backing flushed without waiting for a resume.
+    run_ok(cryptblk().args(["close", name]), b"");
+    let (rc, err) = code(cryptblk().args(["status", name]));
+    assert_eq!(rc, 4, "{err}");
     drop(served);
 
     // What the held writer wrote is on disk, encrypted with the volume key.

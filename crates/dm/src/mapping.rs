@@ -28,6 +28,10 @@ struct MapState {
     staged: Option<Arc<LoadedTable>>,
     suspended: bool,
     inflight: usize,
+    /// Requests waiting for a suspended mapping to resume (held I/O).
+    held: usize,
+    /// Set by [`Mapping::remove_suspended`]: held and new requests fail instead of waiting.
+    removed: bool,
 }
 
 /// `dmsetup info`-like facts about a mapping.
@@ -43,6 +47,8 @@ pub struct MappingInfo {
     pub inactive_table: bool,
     /// Requests in flight right now.
     pub inflight: usize,
+    /// Requests held while the mapping is suspended (they run on resume).
+    pub held: usize,
     /// Number of targets in the live table.
     pub targets: usize,
 }
@@ -91,6 +97,8 @@ impl Mapping {
                 staged: None,
                 suspended: false,
                 inflight: 0,
+                held: 0,
+                removed: false,
             }),
             changed: Condvar::new(),
         }
@@ -107,16 +115,39 @@ impl Mapping {
         &self.name
     }
 
-    fn enter(&self) -> InFlight<'_> {
+    /// Counts a request in flight, first waiting while the mapping is suspended. Fails with
+    /// ENXIO once the mapping was removed while suspended (the kernel's removed device).
+    fn enter(&self) -> io::Result<InFlight<'_>> {
         let mut s = self.lock();
-        while s.suspended {
+        while s.suspended && !s.removed {
+            s.held += 1;
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            s.held -= 1;
+        }
+        if s.removed {
+            return Err(io::Error::from_raw_os_error(libc::ENXIO));
         }
         s.inflight += 1;
-        InFlight {
+        Ok(InFlight {
             mapping: self,
             loaded: s.active.clone(),
-        }
+        })
+    }
+
+    /// Ends a suspended mapping for good, as the kernel removes a suspended device: requests
+    /// held by the suspend (and any that arrive later) fail with ENXIO instead of waiting
+    /// for a resume that will never come, and the live table's backing is flushed directly
+    /// (nothing is in flight on a suspended mapping, so the flush races no write). Callers
+    /// refuse the removal while [`MappingInfo::held`] is nonzero, as the kernel refuses to
+    /// remove an open device; this is the safety net for requests that raced that check.
+    pub fn remove_suspended(&self) -> io::Result<()> {
+        let live = {
+            let mut s = self.lock();
+            s.removed = true;
+            self.changed.notify_all();
+            s.active.clone()
+        };
+        live.table.flush()
     }
 
     /// Stages `table` to replace the live one at the next [`Mapping::resume`]; I/O is not
@@ -315,6 +346,7 @@ impl Mapping {
             suspended: s.suspended,
             inactive_table: s.staged.is_some(),
             inflight: s.inflight,
+            held: s.held,
             targets: s.active.table.entries().len(),
         }
     }
@@ -349,19 +381,19 @@ impl BlockDevice for Mapping {
         self.lock().active.table.logical_block_size()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         g.loaded.table.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         g.loaded.table.write_at(offset, buf, flags)
     }
     fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         g.loaded.table.write_at_scratch(offset, buf, flags)
     }
     fn flush(&self) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         g.loaded.table.flush()
     }
     fn tag_size(&self) -> u32 {
@@ -369,7 +401,7 @@ impl BlockDevice for Mapping {
         tagged_target(&loaded.table, 0, loaded.table.size()).map_or(0, |(t, _)| t.tag_size())
     }
     fn read_with_tags(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         let (t, off) = tagged_target(&g.loaded.table, offset, buf.len() as u64)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
         t.read_with_tags(off, buf, tags)
@@ -381,7 +413,7 @@ impl BlockDevice for Mapping {
         tags: &[u8],
         flags: WriteFlags,
     ) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         let (t, off) = tagged_target(&g.loaded.table, offset, buf.len() as u64)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
         t.write_with_tags(off, buf, tags, flags)
@@ -390,11 +422,11 @@ impl BlockDevice for Mapping {
         self.lock().active.table.supports_discard()
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         g.loaded.table.discard(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        let g = self.enter();
+        let g = self.enter()?;
         g.loaded.table.write_zeroes(offset, len)
     }
 }

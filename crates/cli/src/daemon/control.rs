@@ -359,6 +359,11 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             }))
         }
         Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),
+        Request::Close if mapping.info().suspended && mapping.info().held > 0 => {
+            // The kernel refuses to remove a device someone holds open; a request held by
+            // the suspend is that here. Resume lets it finish; then close.
+            Response::error(ExitCode::Busy, format!("Device {target} is still in use."))
+        }
         Request::Close => {
             // A running reencryption finishes its step first, so the header on disk is a
             // finished step that either tool resumes.

@@ -336,7 +336,13 @@ impl Stack {
         } = self;
         // Its thread holds the registry and may hold the hotzone: end it first.
         drop(reencryption);
-        let flushed = mapping.flush();
+        // A suspended mapping's I/O would wait for a resume that never comes: it is removed
+        // as the kernel removes a suspended device (its backing flushed directly).
+        let flushed = if mapping.info().suspended {
+            mapping.remove_suspended()
+        } else {
+            mapping.flush()
+        };
         let stopped = export.stop();
         drop(mapping);
         let _ = registry.remove(&spec.name);
