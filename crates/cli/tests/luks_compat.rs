@@ -757,3 +757,44 @@ fn default_sector_size_is_cryptsetups() {
     );
     assert_eq!(decrypted, data);
 }
+
+/// cryptsetup asks "Are you sure?" only on a terminal: with stdin a pipe it formats without
+/// asking and reads the passphrase (up to the newline) from that pipe, so
+/// `echo pw | luksFormat IMG` works. Both tools are fed the same pipe; each volume opens in
+/// the other tool with that passphrase and not with a wrong one.
+#[test]
+fn piped_passphrase_formats_without_a_question_as_in_cryptsetup() {
+    let Some(_) = cryptsetup() else { return };
+    let dir = tempdir();
+    let pass = key_file(dir.path(), "pass", b"piped passphrase");
+    let wrong = key_file(dir.path(), "wrong", b"piped passphrasf");
+    for (maker, other) in [("cryptblk", "cryptsetup"), ("cryptsetup", "cryptblk")] {
+        let img = dir.path().join(format!("{maker}.img"));
+        sparse_file(&img, 32 << 20);
+        let mut cmd = if maker == "cryptblk" {
+            cryptblk()
+        } else {
+            cryptsetup().unwrap()
+        };
+        let out = run(
+            cmd.args(["luksFormat", "--type", "luks2"])
+                .args(FAST)
+                .arg(&img),
+            b"piped passphrase\n",
+        );
+        assert!(
+            out.status.success(),
+            "{maker} luksFormat with a piped passphrase: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let test = |key: &Path| {
+            if other == "cryptblk" {
+                test_passphrase_cryptblk(&img, key, &[])
+            } else {
+                test_passphrase_cryptsetup(&img, key, &[])
+            }
+        };
+        assert_eq!(test(&pass), 0, "{other} opens {maker}'s volume");
+        assert_eq!(test(&wrong), 2, "{other} refuses a wrong passphrase");
+    }
+}

@@ -11,6 +11,7 @@ use cryptblk_format::keyfile::{self, KeyFileLimits, KeySource};
 use cryptblk_format::luks2::KeyslotParams;
 pub use cryptblk_volume::device::{device_size, open_file};
 pub use cryptblk_volume::{LuksType, Segment, Volume};
+use std::io::IsTerminal;
 use std::path::Path;
 
 /// The file that holds the header: `--header` or the device itself.
@@ -154,9 +155,11 @@ pub fn keyslot_params(opts: &Opts) -> Result<KeyslotParams, Failure> {
     ))
 }
 
-/// Asks for confirmation as cryptsetup does, unless `--batch-mode`.
+/// Asks for confirmation as cryptsetup does: on a terminal only, unless `--batch-mode`.
 pub fn confirm(opts: &Opts, question: &str) -> Result<(), Failure> {
-    if opts.batch_mode {
+    // cryptsetup asks only on a terminal: with stdin a pipe or file it goes ahead silently,
+    // and stdin is left for the passphrase (`echo pw | cryptsetup luksFormat IMG` works).
+    if opts.batch_mode || !std::io::stdin().is_terminal() {
         return Ok(());
     }
     eprintln!(
