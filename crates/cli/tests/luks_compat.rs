@@ -798,3 +798,85 @@ fn piped_passphrase_formats_without_a_question_as_in_cryptsetup() {
         assert_eq!(test(&wrong), 2, "{other} refuses a wrong passphrase");
     }
 }
+
+/// `luksDump --dump-volume-key --volume-key-file F` stores the key in F, as cryptsetup 2.6
+/// does (it is an output there, not the key to unlock with): the same text as cryptsetup's
+/// (with "Key stored to file F." for the hex dump), the same 0400 file, and an existing F
+/// refused with exit 1 and left as it was. LUKS1, LUKS2 and LUKS2 `--unbound`.
+#[test]
+fn dump_volume_key_file_stores_the_key_as_cryptsetup() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(_) = cryptsetup() else { return };
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", b"dump key");
+    for (name, extra) in [
+        ("luks1", &["--type", "luks1"][..]),
+        ("luks2", &["--type", "luks2"][..]),
+    ] {
+        let img = dir.path().join(format!("{name}.img"));
+        sparse_file(&img, 32 << 20);
+        let mut fmt: Vec<&str> = extra.to_vec();
+        fmt.extend(FAST_PBKDF2);
+        assert!(cryptsetup_format(&img, &key, &fmt));
+        let mut dumps = vec![vec!["--dump-volume-key"]];
+        if name == "luks2" {
+            let mut add = cryptsetup().unwrap();
+            add.args(["luksAddKey", "-q", "--unbound", "-s", "256", "--key-file"])
+                .arg(&key)
+                .args(FAST_PBKDF2)
+                .arg(&img)
+                .arg(&key);
+            run_ok(&mut add, b"");
+            dumps.push(vec!["--unbound", "-S", "1"]);
+        }
+        for args in dumps {
+            let dump = |tool: &mut std::process::Command, out: &Path| {
+                tool.arg("luksDump")
+                    .args(&args)
+                    .args(["-q", "--key-file"])
+                    .arg(&key)
+                    .arg("--volume-key-file")
+                    .arg(out)
+                    .arg(&img);
+                run(tool, b"")
+            };
+            let theirs_file = dir.path().join(format!("{name}-cs.key"));
+            let ours_file = dir.path().join(format!("{name}-cb.key"));
+            let theirs = dump(&mut cryptsetup().unwrap(), &theirs_file);
+            let ours = dump(&mut cryptblk(), &ours_file);
+            assert!(theirs.status.success() && ours.status.success(), "{args:?}");
+            let text = |o: &std::process::Output, f: &Path| {
+                String::from_utf8_lossy(&o.stdout).replace(&f.display().to_string(), "F")
+            };
+            assert_eq!(
+                text(&ours, &ours_file),
+                text(&theirs, &theirs_file),
+                "{args:?}"
+            );
+            assert!(text(&ours, &ours_file).contains("Key stored to file F."));
+            assert_eq!(
+                std::fs::read(&ours_file).unwrap(),
+                std::fs::read(&theirs_file).unwrap()
+            );
+            let mode = std::fs::metadata(&ours_file).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o400, "{args:?}");
+            // An existing file is refused and kept.
+            std::fs::remove_file(&ours_file).unwrap();
+            std::fs::write(&ours_file, b"keep me").unwrap();
+            let again = dump(&mut cryptblk(), &ours_file);
+            assert_eq!(again.status.code(), Some(1), "{args:?}");
+            let err = String::from_utf8_lossy(&again.stderr);
+            assert!(
+                err.contains(&format!(
+                    "Cannot open keyfile {} for write.",
+                    ours_file.display()
+                )),
+                "{err}"
+            );
+            assert!(again.stdout.is_empty(), "printed before refusing");
+            assert_eq!(std::fs::read(&ours_file).unwrap(), b"keep me");
+            std::fs::remove_file(&ours_file).unwrap();
+            std::fs::remove_file(&theirs_file).unwrap();
+        }
+    }
+}

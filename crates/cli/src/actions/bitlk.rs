@@ -49,36 +49,7 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
     };
     let vk = volume_key(&from, &h, device)?;
     let text = h.dump_volume_key(&dev, vk.as_bytes());
-    match &opts.volume_key_file {
-        None => print!("{text}"),
-        Some(out) => {
-            // The header lines without the key, then where the key went (as cryptsetup).
-            let head: String = text
-                .lines()
-                .take_while(|l| !l.starts_with("MK dump:"))
-                .map(|l| format!("{l}\n"))
-                .collect();
-            print!("{head}");
-            write_private(out, vk.as_bytes())?;
-            println!("Key stored to file {}.", out.display());
-        }
-    }
-    Ok(())
-}
-
-/// Writes `key` to a new file readable only by its owner.
-fn write_private(path: &Path, key: &[u8]) -> ActionResult {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| Failure::usage(format!("Cannot write to file {}: {e}", path.display())))?;
-    f.write_all(key)?;
-    Ok(())
+    volume::print_dump_with_volume_key(opts, &text, vk.as_bytes())
 }
 
 /// `open --type bitlk <device> <name>`.

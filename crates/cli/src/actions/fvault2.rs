@@ -44,28 +44,10 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
     }
     let vk = unlock(opts, &h, device)?;
     if let Some(out) = &opts.volume_key_file {
-        write_new_private(out, vk.as_bytes())?;
+        volume::write_new_private(out, vk.as_bytes())?;
     }
     print!("{}", h.dump_volume_key(&dev, vk.as_bytes()));
     Ok(())
-}
-
-/// Writes `key` to a file that must not exist yet, readable only by its owner (cryptsetup
-/// refuses to overwrite an existing file too).
-fn write_new_private(path: &Path, key: &[u8]) -> ActionResult {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o400)
-        .open(path)
-        .map_err(|_| {
-            Failure::usage(format!("Cannot open keyfile {} for write.", path.display()))
-        })?;
-    f.write_all(key)
-        .and_then(|()| f.sync_all())
-        .map_err(|_| Failure::usage(format!("Cannot write to keyfile {}.", path.display())))
 }
 
 /// `open --type fvault2 <device> <name>`.

@@ -471,13 +471,24 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
         } else {
             UnlockPurpose::Verify
         };
-        let (slot, key) = unlock(opts, &vol, device, purpose)?;
+        // Here --volume-key-file names where the key goes, not where it comes from.
+        let from = Opts {
+            volume_key_file: None,
+            ..opts.clone()
+        };
+        let (slot, key) = unlock(&from, &vol, device, purpose)?;
         (slot, Some(key))
     } else {
         (None, None)
     };
     match &vol {
-        Volume::Luks1(v) => print!("{}", v.dump(&device.display().to_string(), vk.as_ref())),
+        Volume::Luks1(v) => {
+            let text = v.dump(&device.display().to_string(), vk.as_ref());
+            match &vk {
+                Some(k) => volume::print_dump_with_volume_key(opts, &text, k.as_bytes())?,
+                None => print!("{text}"),
+            }
+        }
         Volume::Luks2(h, _) => {
             if opts.dump_json_metadata {
                 // cryptsetup ends the JSON without a newline.
@@ -487,10 +498,16 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
             let dev = device.display().to_string();
             match (&vk, slot_unlocked) {
                 (None, _) => print!("{}", h.dump()),
-                (Some(k), Some(slot)) if opts.unbound => {
-                    print!("{}", h.dump_unbound_key(&dev, slot, k))
-                }
-                (Some(k), _) => print!("{}", h.dump_volume_key(&dev, k)),
+                (Some(k), Some(slot)) if opts.unbound => volume::print_dump_with_volume_key(
+                    opts,
+                    &h.dump_unbound_key(&dev, slot, k),
+                    k.as_bytes(),
+                )?,
+                (Some(k), _) => volume::print_dump_with_volume_key(
+                    opts,
+                    &h.dump_volume_key(&dev, k),
+                    k.as_bytes(),
+                )?,
             }
         }
     }

@@ -173,3 +173,41 @@ pub fn confirm(opts: &Opts, question: &str) -> Result<(), Failure> {
         Err(Failure::usage("Operation aborted."))
     }
 }
+
+/// Prints a dump made with the volume key, as cryptsetup's dumps do with
+/// `--dump-volume-key`: with `--volume-key-file F` the key goes to F instead (a new file,
+/// readable only by its owner; an existing F is refused, exit 1, before anything is printed)
+/// and the `MK dump:` (or `Unbound Key:`) block becomes "Key stored to file F.".
+pub fn print_dump_with_volume_key(opts: &Opts, text: &str, key: &[u8]) -> Result<(), Failure> {
+    let Some(out) = &opts.volume_key_file else {
+        print!("{text}");
+        return Ok(());
+    };
+    write_new_private(out, key)?;
+    let head: String = text
+        .lines()
+        .take_while(|l| !l.starts_with("MK dump:") && !l.starts_with("Unbound Key:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    print!("{head}");
+    println!("Key stored to file {}.", out.display());
+    Ok(())
+}
+
+/// Writes `key` to a file that must not exist yet, readable only by its owner (cryptsetup
+/// refuses to overwrite an existing file too, with this message).
+pub fn write_new_private(path: &Path, key: &[u8]) -> Result<(), Failure> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(path)
+        .map_err(|_| {
+            Failure::usage(format!("Cannot open keyfile {} for write.", path.display()))
+        })?;
+    f.write_all(key)
+        .and_then(|()| f.sync_all())
+        .map_err(|_| Failure::usage(format!("Cannot write to keyfile {}.", path.display())))
+}
