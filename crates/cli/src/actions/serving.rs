@@ -466,28 +466,58 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
             .map(str::to_string)
             .or_else(|| info[k].as_u64().map(|n| n.to_string()))
     };
-    for (label, key) in [
-        ("type", "type"),
-        ("cipher", "cipher"),
-        ("keysize", "keysize"),
-        ("integrity", "integrity"),
-        ("integrity keysize", "integrity_keysize"),
-        ("device", "device"),
-        ("sector size", "sector_size"),
-        ("offset", "offset"),
-    ] {
-        if let Some(v) = field(key) {
-            println!(
-                "  {label}:{}{v}",
-                " ".repeat(12usize.saturating_sub(label.len()).max(1))
-            );
-        }
+    // cryptsetup 2.6's lines, labels and spacing first (scripts read them), then cryptblk's
+    // own (pipeline, export, live status).
+    let line = |label: &str, v: &str| println!("  {label}{v}");
+    if let Some(v) = field("type") {
+        line("type:    ", &v);
     }
-    println!("  size:        {} sectors", a.size / 512);
-    println!(
-        "  mode:        {}",
-        if a.readonly { "readonly" } else { "read/write" }
+    let cipher = field("cipher");
+    if let Some(v) = &cipher {
+        line("cipher:  ", v);
+    }
+    if let Some(v) = field("keysize") {
+        line("keysize: ", &v);
+    }
+    if cipher.is_some() {
+        // The key is held by the crypt target itself (not a kernel keyring).
+        line("key location: ", "dm-crypt");
+    }
+    if let Some(v) = field("integrity") {
+        line("integrity: ", &v);
+    }
+    if let Some(v) = field("integrity_keysize") {
+        line("integrity keysize: ", &v);
+    }
+    if let Some(v) = field("device") {
+        line("device:  ", &v);
+    }
+    if let Some(v) = field("sector_size") {
+        line("sector size:  ", &v);
+    }
+    if let Some(v) = field("offset") {
+        line("offset:  ", &v);
+    }
+    line("size:    ", &format!("{} sectors", a.size / 512));
+    line(
+        "mode:    ",
+        if a.readonly { "readonly" } else { "read/write" },
     );
+    // cryptsetup's `flags:` line, byte for byte: each flag but the last followed by a space.
+    let flags: String = [
+        ("allow_discards", "discards "),
+        ("same_cpu_crypt", "same_cpu_crypt "),
+        ("submit_from_crypt_cpus", "submit_from_crypt_cpus "),
+        ("no_read_workqueue", "no_read_workqueue "),
+        ("no_write_workqueue", "no_write_workqueue"),
+    ]
+    .into_iter()
+    .filter(|(opt, _)| a.pipeline.iter().any(|p| p.flags.iter().any(|f| f == opt)))
+    .map(|(_, shown)| shown)
+    .collect();
+    if !flags.is_empty() {
+        line("flags:   ", &flags);
+    }
     for p in &a.pipeline {
         println!(
             "  pipeline:    read {}, write {}{}",
