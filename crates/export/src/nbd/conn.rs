@@ -45,6 +45,13 @@ pub(crate) const PARK_AFTER: Duration = Duration::from_secs(1);
 /// requests the client sends meanwhile are read and served (see the module notes).
 pub(crate) const INLINE_HANDOFF: Duration = Duration::from_millis(2);
 
+/// A connection that had several requests in flight within its last this many requests is
+/// taken to be pipelining: its lone requests go to the pool as well. Run on the reader, a
+/// lone request of a pipelining client (its others just answered, the next not sent yet)
+/// would hold the next ones back, most of all a large read whose reply blocks in `write`
+/// until the client takes it; a client at queue depth 1 never has two in flight.
+const PIPELINED_WITHIN: u64 = 64;
+
 /// How often the event loop looks for lone requests past [`INLINE_HANDOFF`] while reader
 /// threads exist.
 pub(crate) const INLINE_CHECK: Duration = Duration::from_millis(5);
@@ -162,6 +169,8 @@ pub(crate) struct ConnState {
     reader: u64,
     /// When the lone request running on the reader started, if one is.
     inline_since: Option<Instant>,
+    /// Sequence number of the last request read while another was in flight.
+    last_pipelined: Option<u64>,
     /// Threads waiting on `completed` (a FLUSH, a reader at the in-flight cap); completions
     /// signal only when there is one, since a signal is a system call.
     waiters: usize,
@@ -216,6 +225,7 @@ impl Conn {
                 busy: false,
                 reader: 0,
                 inline_since: None,
+                last_pipelined: None,
                 waiters: 0,
                 reading_done: false,
                 closed: false,
@@ -490,7 +500,7 @@ impl Conn {
                 }
             };
             let bytes = incoming.buffer_len();
-            let (seq, in_flight) = {
+            let (seq, lone) = {
                 let mut state = lock(&self.state);
                 state.in_flight_bytes += bytes;
                 let seq = state.next_seq;
@@ -500,13 +510,19 @@ impl Conn {
                 }
                 state.in_flight += 1;
                 state.last_active = Instant::now();
-                (seq, state.in_flight)
+                if state.in_flight > 1 {
+                    state.last_pipelined = Some(seq);
+                }
+                let pipelining = state
+                    .last_pipelined
+                    .is_some_and(|p| seq - p < PIPELINED_WITHIN);
+                (seq, state.in_flight == 1 && !pipelining)
             };
             // A lone request with nothing behind it (a client at queue depth 1) runs right
             // here: handing it to another thread would add a wake-up to every round trip,
             // the queueing cost this project exists to avoid. Anything pipelined goes to
             // the pool, so requests still overlap.
-            if !then_close && in_flight == 1 && !self.stream.readable_now() {
+            if !then_close && lone && !self.stream.readable_now() {
                 lock(&self.state).inline_since = Some(Instant::now());
                 self.execute(shared, session, incoming, seq, bytes);
                 let mut state = lock(&self.state);

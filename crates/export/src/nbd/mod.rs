@@ -182,7 +182,8 @@ pub struct NbdConfig {
     pub allow_insecure_tcp: bool,
     /// READs (with structured replies) and WRITEs of at least this many bytes are done in
     /// 128 KiB pieces, so one piece's crypto overlaps another's transfer; 0 turns it off.
-    /// Default 256 KiB, or `CRYPTBLK_NBD_OVERLAP_MIN` (bytes) from the environment, which
+    /// Default 0 (see `pieces::DEFAULT_OVERLAP_MIN` for the measurement), or
+    /// `CRYPTBLK_NBD_OVERLAP_MIN` (bytes) from the environment, which
     /// exists for A/B benchmarks.
     pub overlap_min: usize,
 }
