@@ -57,7 +57,7 @@ run() { # socket -> "read_kB/s write_kB/s"
     fio --name=ab --ioengine=nbd --uri="nbd+unix:///?socket=$dir/$1.sock" --rw="$RW" \
         --bs="$BS" --iodepth="$QD" --size=$SIZE --time_based=1 --runtime="${RUNTIME}s" \
         --randrepeat=0 --output-format=terse --terse-version=3 |
-        awk -F';' '{print $7, $48}'
+        awk -F';' '$1 == "3" {print $7, $48}' # fio's nbd engine prints a line of its own first
 }
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

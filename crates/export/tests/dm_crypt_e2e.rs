@@ -244,7 +244,9 @@ fn large_requests_in_pieces_match_pyca() {
         xts("enc", &dir.join("seed.img"), &backing, ss as u32);
         let reg = Registry::new();
         let dev = crypt_mapping(&reg, "pieces", &backing, size, extra);
-        let server = start_nbd(dev, &dir);
+        // Pieces are off by default: turned on here at their smallest useful size.
+        let config = NbdConfig::unix(dir.join("s.sock")).with_overlap_min(256 << 10);
+        let server = cryptblk_export::start(ExportConfig::Nbd(config), dev).unwrap();
         let uri = nbd_uri(server.as_ref());
 
         let cases = [

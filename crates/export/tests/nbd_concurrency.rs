@@ -198,6 +198,38 @@ fn reads_in_flight_are_answered_out_of_order_structured_replies() {
     reads_in_flight_answer_with_their_handles(true);
 }
 
+/// A lone request runs on the connection's reader thread; one that blocks on the backing
+/// must not hold up a request the client sends after it (the server starts a new reader
+/// beside it).
+#[test]
+fn a_blocked_lone_request_does_not_hold_up_the_next() {
+    let disk = MemDisk::new(1 << 20, 512);
+    disk.fill(&pattern(44, 1 << 20));
+    let expected = disk.snapshot();
+    let gated = GatedDisk::new(disk, 0);
+    let dir = TempDir::new("lone");
+    let server = serve(gated.clone(), config(&dir));
+    let mut c = Client::open(&dir.join("nbd.sock"), true, true);
+    c.send_request(0, CMD_READ, 1, 0, 512, &[]);
+    // Long enough for the server to take the first read alone and block in it.
+    std::thread::sleep(Duration::from_millis(200));
+    c.send_request(0, CMD_READ, 2, 65536, 512, &[]);
+    let (handle, reply) = any_reply(&mut c, 512);
+    assert_eq!(
+        (handle, reply.error),
+        (2, 0),
+        "the later read is answered while the first is blocked"
+    );
+    assert_eq!(reply.data[0].1[..], expected[65536..65536 + 512]);
+    gated.open_gate();
+    let (handle, reply) = any_reply(&mut c, 512);
+    assert_eq!((handle, reply.error), (1, 0));
+    assert_eq!(reply.data[0].1[..], expected[..512]);
+    // Still in sync, and served again from one reader.
+    assert_eq!(c.read_ok(4096, 512), expected[4096..4608]);
+    server.stop().unwrap();
+}
+
 /// Whether a reply arrives within `wait` (without consuming it).
 fn reply_pending(c: &Client, wait: Duration) -> bool {
     let mut pfd = libc::pollfd {

@@ -1,15 +1,23 @@
-//! One client connection and the worker pool that serves all of them.
+//! One client connection, its reader thread, and the worker pool the connections share.
 //!
-//! A connection holds no thread of its own. The event loop (in `mod.rs`) watches its socket
-//! and, when bytes arrive, hands it to the pool for one step: a handshake message, or the
-//! transmission requests that are ready. Each request then runs as its own pool job, so a
-//! connection has up to `max_in_flight` requests executing at once and their replies go out
-//! in completion order, as the protocol allows (each reply is written whole under the
-//! connection's writer lock). The exception is a lone request (none other in flight, no
-//! more bytes waiting): the worker that read it executes it, so a queue-depth-1 client pays
-//! one thread wake-up per round trip, not two. While a step or the in-flight cap keeps the connection busy
-//! it is not armed in the event loop, which keeps a connection's requests read in order by
-//! one worker at a time.
+//! Option haggling runs on the pool, one message per job, as the event loop (in `mod.rs`)
+//! sees bytes arrive. Once in transmission a busy connection has a reader thread of its own
+//! that blocks in `read` on the socket (its receive timeout set once, never per read): a
+//! client at queue depth 1 then costs no thread hand-off at all, since a lone request (none
+//! other in flight, no more bytes waiting) runs right on the reader, which replies and reads
+//! the next one. When several requests are in flight the reader hands each to the pool, so
+//! they execute concurrently and reply in completion order, as the protocol allows (each
+//! reply is written whole under the connection's writer lock); it stops reading at
+//! `max_in_flight` until a completion makes room. A reader that sees no request for
+//! [`PARK_AFTER`] (or the idle timeout, if shorter) gives the connection back to the event
+//! loop and ends, so an idle connection costs a file descriptor, not a thread.
+//!
+//! A lone request that runs long (a slow or stuck backing) must not hold up requests the
+//! client sends meanwhile: the event loop checks the readers every [`INLINE_CHECK`] and,
+//! once a lone request has run for [`INLINE_HANDOFF`], starts a new reader for the
+//! connection; the old one ends after its request. Measured (issue 15, `strace -c -f` of the
+//! daemon under fio's nbd engine, rw 4 KiB at queue depth 1): the event-loop design paid
+//! 6.7 futex, 3 epoll_ctl and 1.5 setsockopt calls per request.
 
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
@@ -21,12 +29,32 @@ use std::time::{Duration, Instant};
 use super::handshake::{Handshake, Negotiated};
 use super::tls::TlsSession;
 use super::transmission::{Incoming, Received, Session};
-use super::wire::{Stream, Timed};
+use super::wire::{Patient, Stream, Timed};
 use super::{lock, Shared};
 
-/// Once a request has begun to arrive, the rest of it (header and write payload) must
-/// arrive within this time: a client stalling mid-request holds a pool worker.
+/// Once a request has begun to arrive, a stall in the rest of it (header and write payload)
+/// may last this long before the connection is closed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A reader thread that sees no request for this long (or the idle timeout, if shorter)
+/// gives its connection back to the event loop and ends. It is also the socket's receive
+/// timeout, set once per reader.
+pub(crate) const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// A lone request running on its reader this long gets a new reader started beside it, so
+/// requests the client sends meanwhile are read and served (see the module notes).
+pub(crate) const INLINE_HANDOFF: Duration = Duration::from_millis(2);
+
+/// A connection that had several requests in flight within its last this many requests is
+/// taken to be pipelining: its lone requests go to the pool as well. Run on the reader, a
+/// lone request of a pipelining client (its others just answered, the next not sent yet)
+/// would hold the next ones back, most of all a large read whose reply blocks in `write`
+/// until the client takes it; a client at queue depth 1 never has two in flight.
+const PIPELINED_WITHIN: u64 = 64;
+
+/// How often the event loop looks for lone requests past [`INLINE_HANDOFF`] while reader
+/// threads exist.
+pub(crate) const INLINE_CHECK: Duration = Duration::from_millis(5);
 
 /// A reply that cannot be written for this long (the client stopped reading) fails and
 /// closes the connection, so such a client cannot pin pool workers.
@@ -89,6 +117,32 @@ impl Pool {
     }
 }
 
+/// The connections' reader threads, joined when the server stops.
+#[derive(Default)]
+pub(crate) struct Readers {
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Readers {
+    /// Whether a reader thread is running (the event loop then checks on lone requests).
+    pub(crate) fn any(&self) -> bool {
+        lock(&self.threads).iter().any(|t| !t.is_finished())
+    }
+
+    /// Joins every reader, including any started meanwhile.
+    pub(crate) fn join(&self) {
+        loop {
+            let threads = std::mem::take(&mut *lock(&self.threads));
+            if threads.is_empty() {
+                return;
+            }
+            for thread in threads {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
 /// A client connection.
 pub(crate) struct Conn {
     /// The event loop's key for this connection.
@@ -107,11 +161,19 @@ pub(crate) struct ConnState {
     handshake: Option<Handshake>,
     /// Set once the transmission phase began.
     session: Option<Session>,
-    /// A worker is reading from the socket; the connection is not armed.
+    /// A worker or the reader thread owns the socket's reading side; the connection is not
+    /// armed in the event loop.
     pub(crate) busy: bool,
-    /// Not armed because `max_in_flight` requests are executing; the next completion
-    /// re-arms it.
-    throttled: bool,
+    /// Which reader thread owns reading (a new reader takes the next number; an old one
+    /// finding it changed ends).
+    reader: u64,
+    /// When the lone request running on the reader started, if one is.
+    inline_since: Option<Instant>,
+    /// Sequence number of the last request read while another was in flight.
+    last_pipelined: Option<u64>,
+    /// Threads waiting on `completed` (a FLUSH, a reader at the in-flight cap); completions
+    /// signal only when there is one, since a signal is a system call.
+    waiters: usize,
     /// No more requests will be read (end-of-file, disconnect, error, stop): the connection
     /// closes when the last request in flight has replied.
     reading_done: bool,
@@ -139,9 +201,7 @@ impl ConnState {
             return self.handshake_deadline;
         }
         match (self.session, idle) {
-            (Some(_), Some(idle)) if self.in_flight == 0 && !self.throttled => {
-                Some(self.last_active + idle)
-            }
+            (Some(_), Some(idle)) if self.in_flight == 0 => Some(self.last_active + idle),
             _ => None,
         }
     }
@@ -163,7 +223,10 @@ impl Conn {
                 handshake: Some(handshake),
                 session: None,
                 busy: false,
-                throttled: false,
+                reader: 0,
+                inline_since: None,
+                last_pipelined: None,
+                waiters: 0,
                 reading_done: false,
                 closed: false,
                 in_flight: 0,
@@ -183,6 +246,9 @@ impl Conn {
         let mut state = lock(&self.state);
         state.reading_done = true;
         let idle = !state.busy && state.in_flight == 0;
+        if state.waiters > 0 {
+            self.completed.notify_all();
+        }
         drop(state);
         if idle {
             self.close(shared);
@@ -239,12 +305,7 @@ impl Conn {
             }
             state.busy = true;
             drop(state);
-            let conn = Arc::clone(self);
-            let job_shared = Arc::clone(shared);
-            shared
-                .pool
-                .submit(Box::new(move || conn.on_readable(&job_shared)));
-            return;
+            return self.wake(shared);
         }
         let event = polling::Event::readable(self.key);
         if let Err(e) = shared.poller.modify(&self.stream, event) {
@@ -253,71 +314,193 @@ impl Conn {
         }
     }
 
-    /// Runs when the socket has bytes to read (the event loop set `busy`).
-    pub(crate) fn on_readable(self: &Arc<Self>, shared: &Arc<Shared>) {
-        let (handshake, session, deadline) = {
+    /// Serves bytes that arrived on a connection whose `busy` the caller has just set: a
+    /// handshake message on the pool, or requests on a new reader thread.
+    pub(crate) fn wake(self: &Arc<Self>, shared: &Arc<Shared>) {
+        if lock(&self.state).session.is_some() {
+            return self.start_reader(shared);
+        }
+        let conn = Arc::clone(self);
+        let job_shared = Arc::clone(shared);
+        shared
+            .pool
+            .submit(Box::new(move || conn.on_readable(&job_shared)));
+    }
+
+    /// Starts a reader thread that owns reading from now on (`busy` is set).
+    pub(crate) fn start_reader(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let epoch = {
             let mut state = lock(&self.state);
-            (
-                state.handshake.take(),
-                state.session,
-                state.handshake_deadline,
-            )
+            state.reader += 1;
+            state.inline_since = None;
+            state.reader
         };
-        if let Some(mut handshake) = handshake {
-            let mut timed = Timed {
-                stream: &self.stream,
-                deadline: deadline.unwrap_or_else(Instant::now),
-            };
-            match handshake.step(&mut timed, shared) {
-                Ok(None) => lock(&self.state).handshake = Some(handshake),
-                Ok(Some(Negotiated::Transmission(session))) => {
-                    // Replies are written without the handshake's deadline from now on.
-                    if let Err(e) = self.stream.set_write_timeout(Some(REPLY_TIMEOUT)) {
-                        log::info!("NBD connection {}: {e}", self.key);
-                        return self.close(shared);
-                    }
+        self.spawn_reader(shared, epoch);
+    }
+
+    /// A lone request that has run on its reader for [`INLINE_HANDOFF`] by `now` gets a new
+    /// reader beside it (decided under the state lock, so the old reader, when its request
+    /// ends, sees that it was replaced). Otherwise returns when to look again, if ever.
+    pub(crate) fn hand_off_if_overdue(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let epoch = {
+            let mut state = lock(&self.state);
+            let since = state.inline_since?;
+            if state.closed || state.reading_done {
+                return None;
+            }
+            let due = since + INLINE_HANDOFF;
+            if due > now {
+                return Some(due);
+            }
+            state.reader += 1;
+            state.inline_since = None;
+            state.reader
+        };
+        log::debug!(
+            "NBD connection {}: a request runs long, reading goes on beside it",
+            self.key
+        );
+        self.spawn_reader(shared, epoch);
+        None
+    }
+
+    fn spawn_reader(self: &Arc<Self>, shared: &Arc<Shared>, epoch: u64) {
+        let conn = Arc::clone(self);
+        let thread_shared = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{}", self.key))
+            .spawn(move || conn.read_requests(&thread_shared, epoch));
+        match spawned {
+            Ok(thread) => {
+                let mut threads = lock(&shared.readers.threads);
+                threads.retain(|t| !t.is_finished());
+                threads.push(thread);
+            }
+            Err(e) => {
+                log::warn!(
+                    "NBD connection {}: cannot start its reader thread: {e}",
+                    self.key
+                );
+                self.stream.shutdown_both();
+                self.finish_reading(shared);
+            }
+        }
+    }
+
+    /// Runs when the socket has handshake bytes to read (the event loop set `busy`).
+    pub(crate) fn on_readable(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let (handshake, deadline) = {
+            let mut state = lock(&self.state);
+            (state.handshake.take(), state.handshake_deadline)
+        };
+        let Some(mut handshake) = handshake else {
+            // In transmission: requests are read on the connection's reader thread.
+            return self.start_reader(shared);
+        };
+        let mut timed = Timed {
+            stream: &self.stream,
+            deadline: deadline.unwrap_or_else(Instant::now),
+        };
+        match handshake.step(&mut timed, shared) {
+            Ok(None) => lock(&self.state).handshake = Some(handshake),
+            Ok(Some(Negotiated::Transmission(session))) => {
+                // Replies are written without the handshake's deadline from now on.
+                if let Err(e) = self.stream.set_write_timeout(Some(REPLY_TIMEOUT)) {
+                    log::info!("NBD connection {}: {e}", self.key);
+                    return self.close(shared);
+                }
+                {
                     let mut state = lock(&self.state);
                     state.session = Some(session);
                     state.handshake_deadline = None;
                     state.last_active = Instant::now();
                 }
-                Ok(Some(Negotiated::Close)) => return self.close(shared),
-                Ok(Some(Negotiated::StartTls)) => {
-                    if let Err(e) = self.start_tls(shared, timed.deadline) {
-                        log::info!("NBD connection {}: TLS handshake failed: {e}", self.key);
-                        return self.close(shared);
-                    }
-                    handshake.tls_started();
-                    lock(&self.state).handshake = Some(handshake);
-                }
-                Err(e) => {
-                    log::info!("NBD connection {} closed in the handshake: {e}", self.key);
+                // The first request follows at once: read it on the reader, not through
+                // the event loop.
+                return self.start_reader(shared);
+            }
+            Ok(Some(Negotiated::Close)) => return self.close(shared),
+            Ok(Some(Negotiated::StartTls)) => {
+                if let Err(e) = self.start_tls(shared, timed.deadline) {
+                    log::info!("NBD connection {}: TLS handshake failed: {e}", self.key);
                     return self.close(shared);
                 }
+                handshake.tls_started();
+                lock(&self.state).handshake = Some(handshake);
             }
-            return self.release(shared);
+            Err(e) => {
+                log::info!("NBD connection {} closed in the handshake: {e}", self.key);
+                return self.close(shared);
+            }
         }
-        let Some(session) = session else {
-            return self.close(shared);
+        self.release(shared)
+    }
+
+    /// The reader thread of a connection in transmission: reads requests in order, runs a
+    /// lone one here and hands the others to the pool; ends when the connection goes quiet
+    /// (parked in the event loop), stops reading, or a newer reader took over.
+    fn read_requests(self: &Arc<Self>, shared: &Arc<Shared>, epoch: u64) {
+        let Some(session) = lock(&self.state).session else {
+            return self.finish_reading(shared);
         };
+        let park_after = shared
+            .config
+            .idle_timeout
+            .map_or(PARK_AFTER, |idle| idle.min(PARK_AFTER))
+            .max(Duration::from_millis(1));
+        // Once per reader, not per read: a read that times out with nothing of a request
+        // read means the connection is quiet (see Patient).
+        if let Err(e) = self.stream.set_read_timeout(Some(park_after)) {
+            log::info!("NBD connection {}: {e}", self.key);
+            self.stream.shutdown_both();
+            return self.finish_reading(shared);
+        }
+        let max_in_flight = shared.config.max_in_flight.max(1);
         loop {
-            let mut timed = Timed {
-                stream: &self.stream,
-                deadline: Instant::now() + REQUEST_TIMEOUT,
-            };
-            let (incoming, then_close) = match session.receive(shared, &mut timed) {
+            {
+                let mut state = lock(&self.state);
+                // At the cap: a completion makes room (or the connection stops reading).
+                let full = |s: &ConnState| {
+                    s.in_flight >= max_in_flight || s.in_flight_bytes >= MAX_IN_FLIGHT_BYTES
+                };
+                if full(&state) && !state.reading_done {
+                    state.waiters += 1;
+                    state = self
+                        .completed
+                        .wait_while(state, |s| full(s) && !s.reading_done)
+                        .unwrap_or_else(|e| e.into_inner());
+                    state.waiters -= 1;
+                }
+                if state.reading_done {
+                    drop(state);
+                    return self.finish_reading(shared);
+                }
+            }
+            let mut patient = Patient::new(&self.stream, REQUEST_TIMEOUT);
+            let (incoming, then_close) = match session.receive(shared, &mut patient) {
                 Ok(Received::Request {
                     incoming,
                     then_close,
                 }) => (incoming, then_close),
                 Ok(Received::Disconnect) | Ok(Received::Eof) => return self.finish_reading(shared),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !patient.began() => {
+                    if self.stream.buffered() {
+                        continue;
+                    }
+                    // Quiet: the event loop watches the socket (and the idle timeout) again.
+                    return self.release(shared);
+                }
                 Err(e) => {
                     log::info!("NBD connection {} closed: {e}", self.key);
                     return self.finish_reading(shared);
                 }
             };
             let bytes = incoming.buffer_len();
-            let seq = {
+            let (seq, lone) = {
                 let mut state = lock(&self.state);
                 state.in_flight_bytes += bytes;
                 let seq = state.next_seq;
@@ -327,19 +510,28 @@ impl Conn {
                 }
                 state.in_flight += 1;
                 state.last_active = Instant::now();
-                seq
+                if state.in_flight > 1 {
+                    state.last_pipelined = Some(seq);
+                }
+                let pipelining = state
+                    .last_pipelined
+                    .is_some_and(|p| seq - p < PIPELINED_WITHIN);
+                (seq, state.in_flight == 1 && !pipelining)
             };
             // A lone request with nothing behind it (a client at queue depth 1) runs right
-            // here: handing it to another worker would add a thread wake-up to every round
-            // trip, the queueing cost this project exists to avoid. Anything pipelined goes
-            // to the pool, so requests still overlap.
-            let lone =
-                !then_close && lock(&self.state).in_flight == 1 && !self.stream.readable_now();
-            if lone {
-                // Watch the socket first: a request that arrives while this one runs (a slow
-                // backing, a pipelining client) is read by another worker, not held behind it.
-                self.release(shared);
-                return self.execute(shared, session, incoming, seq, bytes);
+            // here: handing it to another thread would add a wake-up to every round trip,
+            // the queueing cost this project exists to avoid. Anything pipelined goes to
+            // the pool, so requests still overlap.
+            if !then_close && lone && !self.stream.readable_now() {
+                lock(&self.state).inline_since = Some(Instant::now());
+                self.execute(shared, session, incoming, seq, bytes);
+                let mut state = lock(&self.state);
+                if state.reader != epoch {
+                    // The event loop started a new reader while this request ran long.
+                    return;
+                }
+                state.inline_since = None;
+                continue;
             }
             // Submitted before anything else is read, so jobs queue in request order.
             let conn = Arc::clone(self);
@@ -350,30 +542,15 @@ impl Conn {
             if then_close {
                 return self.finish_reading(shared);
             }
-            {
-                let mut state = lock(&self.state);
-                let full = state.in_flight >= shared.config.max_in_flight.max(1)
-                    || state.in_flight_bytes >= MAX_IN_FLIGHT_BYTES;
-                if full && !state.reading_done {
-                    // The completion that brings it under the cap re-arms it.
-                    state.throttled = true;
-                    state.busy = false;
-                    return;
-                }
-            }
-            // Take every request that is already there before going back to the event loop.
-            if !self.stream.readable_now() {
-                break;
-            }
         }
-        self.release(shared);
     }
 
-    /// A worker is done reading: watch the socket again, or close if the connection stopped
-    /// reading meanwhile (server stop) and nothing is in flight.
+    /// The reading side goes idle: watch the socket again, or close if the connection
+    /// stopped reading meanwhile (server stop) and nothing is in flight.
     fn release(self: &Arc<Self>, shared: &Arc<Shared>) {
         let mut state = lock(&self.state);
         state.busy = false;
+        state.inline_since = None;
         if state.reading_done {
             let done = state.in_flight == 0;
             drop(state);
@@ -391,6 +568,7 @@ impl Conn {
         let mut state = lock(&self.state);
         state.reading_done = true;
         state.busy = false;
+        state.inline_since = None;
         let done = state.in_flight == 0;
         drop(state);
         if done {
@@ -398,7 +576,7 @@ impl Conn {
         }
     }
 
-    /// Executes one request and sends its reply (a pool job).
+    /// Executes one request and sends its reply (on the reader or as a pool job).
     fn execute(
         self: &Arc<Self>,
         shared: &Arc<Shared>,
@@ -410,11 +588,15 @@ impl Conn {
         if incoming.is_flush() {
             // NBD's flush covers every write completed before it was received; waiting for
             // all writes received before it (possibly still executing) covers at least that.
-            let state = lock(&self.state);
-            let state = self
-                .completed
-                .wait_while(state, |s| s.pending_writes.range(..seq).next().is_some())
-                .unwrap_or_else(|e| e.into_inner());
+            let mut state = lock(&self.state);
+            if state.pending_writes.range(..seq).next().is_some() {
+                state.waiters += 1;
+                state = self
+                    .completed
+                    .wait_while(state, |s| s.pending_writes.range(..seq).next().is_some())
+                    .unwrap_or_else(|e| e.into_inner());
+                state.waiters -= 1;
+            }
             drop(state);
         }
         if let Some(pieces) = session.read_in_pieces(shared, &incoming) {
@@ -453,17 +635,12 @@ impl Conn {
         state.in_flight_bytes -= bytes;
         state.pending_writes.remove(&seq);
         state.last_active = Instant::now();
-        self.completed.notify_all();
+        if state.waiters > 0 {
+            self.completed.notify_all();
+        }
         if state.reading_done && state.in_flight == 0 && !state.busy {
             drop(state);
-            return self.close(shared);
-        }
-        let full = state.in_flight >= shared.config.max_in_flight.max(1)
-            || state.in_flight_bytes >= MAX_IN_FLIGHT_BYTES;
-        if state.throttled && !full && !state.reading_done {
-            state.throttled = false;
-            drop(state);
-            self.rearm(shared);
+            self.close(shared);
         }
     }
 }

@@ -60,6 +60,7 @@ impl NbdHarness {
             poller: Poller::new().map_err(|e| ExportError::io("creating a poller", e))?,
             // No workers: nothing is submitted on this path.
             pool: Pool::new(0).map_err(|e| ExportError::io("creating the pool", e))?,
+            readers: Default::default(),
         };
         Ok(NbdHarness {
             shared: Arc::new(shared),

@@ -7,24 +7,27 @@
 //! on. The protocol is small enough that an own, fully tested implementation is simpler
 //! than adapting one.
 //!
-//! Threading: one event-loop thread watches the listener and every connection; a fixed
-//! pool of worker threads ([`NbdConfig::workers`]) does the work. A connection is handed to
-//! the pool only when its client has sent something (a handshake message or requests), so
-//! an idle connection costs a file descriptor, not a thread. Requests of one connection are
-//! read in order and executed concurrently, up to [`NbdConfig::max_in_flight`] at once;
-//! replies go out as requests complete, each written whole under the connection's writer
-//! lock (the protocol lets replies arrive out of order; clients match them by handle). A
-//! FLUSH is answered only after every write received before it on the connection has
-//! completed, then the device is flushed. `NBD_CMD_DISC`, and a client closing its side,
-//! end reading; the requests in flight still reply before the connection closes.
-//! `NBD_FLAG_CAN_MULTI_CONN` is advertised: there is no server-side cache, and every
-//! connection flushes the same device.
+//! Threading: one event-loop thread watches the listener and every quiet connection; a
+//! fixed pool of worker threads ([`NbdConfig::workers`]) runs option haggling and the
+//! requests that overlap. A connection in the transmission phase that has requests gets a
+//! reader thread of its own, which reads its requests in order with blocking reads and runs
+//! a lone request (none other in flight, nothing more waiting on the socket) itself, so a
+//! client at queue depth 1 pays no thread hand-off; when several are in flight the reader
+//! hands them to the pool, up to [`NbdConfig::max_in_flight`] at once. Replies go out as
+//! requests complete, each written whole under the connection's writer lock (the protocol
+//! lets replies arrive out of order; clients match them by handle). A reader that sees no
+//! request for a second ends and the event loop watches the connection again, so an idle
+//! connection costs a file descriptor, not a thread. A FLUSH is answered only after every
+//! write received before it on the connection has completed, then the device is flushed.
+//! `NBD_CMD_DISC`, and a client closing its side, end reading; the requests in flight still
+//! reply before the connection closes. `NBD_FLAG_CAN_MULTI_CONN` is advertised: there is no
+//! server-side cache, and every connection flushes the same device.
 //!
 //! Bounds: a client must finish option haggling within [`NbdConfig::handshake_timeout`]
 //! (10 s, qemu-nbd's default) or is dropped (its replies count too: a client that does not
 //! read them is dropped as well); once a request starts arriving the rest of it must follow
-//! within a minute, and a reply that the client does not take within a minute closes the
-//! connection, so no client holds a worker for long; an optional [`NbdConfig::idle_timeout`] closes transmission
+//! with no stall longer than a minute, and a reply that the client does not take within a
+//! minute closes the connection, so no client holds a thread for long; an optional [`NbdConfig::idle_timeout`] closes transmission
 //! connections without requests (off by default: the kernel's NBD client legitimately sits
 //! idle for hours on an unused device); connections beyond [`NbdConfig::max_clients`] are
 //! closed right after accept, with a log line.
@@ -77,7 +80,7 @@ use crate::ExportDescription;
 pub use harness::NbdHarness;
 pub use tls::{NbdTls, TlsMode};
 
-use conn::{Conn, Pool};
+use conn::{Conn, Pool, Readers, INLINE_CHECK};
 use handshake::Handshake;
 use wire::{Socket, Stream};
 
@@ -179,7 +182,8 @@ pub struct NbdConfig {
     pub allow_insecure_tcp: bool,
     /// READs (with structured replies) and WRITEs of at least this many bytes are done in
     /// 128 KiB pieces, so one piece's crypto overlaps another's transfer; 0 turns it off.
-    /// Default 256 KiB, or `CRYPTBLK_NBD_OVERLAP_MIN` (bytes) from the environment, which
+    /// Default 0 (see `pieces::DEFAULT_OVERLAP_MIN` for the measurement), or
+    /// `CRYPTBLK_NBD_OVERLAP_MIN` (bytes) from the environment, which
     /// exists for A/B benchmarks.
     pub overlap_min: usize,
 }
@@ -280,6 +284,8 @@ pub(crate) struct Shared {
     pub(crate) conns: Mutex<HashMap<usize, Arc<Conn>>>,
     pub(crate) poller: Poller,
     pub(crate) pool: Pool,
+    /// The reader threads of connections in transmission.
+    pub(crate) readers: Readers,
 }
 
 enum Listener {
@@ -353,6 +359,7 @@ impl NbdServer {
             conns: Mutex::new(HashMap::new()),
             poller,
             pool,
+            readers: Readers::default(),
         });
         let loop_shared = Arc::clone(&shared);
         let loop_thread = std::thread::Builder::new()
@@ -442,6 +449,7 @@ impl NbdServer {
         for conn in rest {
             conn.close(&self.shared);
         }
+        self.shared.readers.join();
         self.shared.pool.join();
         let flushed = self
             .shared
@@ -606,8 +614,21 @@ fn event_loop(listener: &Listener, shared: &Arc<Shared>) -> std::io::Result<()> 
         if now >= next_check {
             next_check = now + expire(shared).max(EXPIRE_EVERY);
         }
+        // While readers run, look at their lone requests often (see conn's notes): a
+        // request stuck on the backing must not hold up the ones the client sends after it.
+        let mut wake_at = next_check;
+        if shared.readers.any() {
+            let conns: Vec<Arc<Conn>> = lock(&shared.conns).values().cloned().collect();
+            let mut next_look = now + INLINE_CHECK;
+            for conn in conns {
+                if let Some(due) = conn.hand_off_if_overdue(shared, now) {
+                    next_look = next_look.min(due);
+                }
+            }
+            wake_at = wake_at.min(next_look);
+        }
         events.clear();
-        let timeout = next_check.saturating_duration_since(now);
+        let timeout = wake_at.saturating_duration_since(now);
         match shared.poller.wait(&mut events, Some(timeout)) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -634,10 +655,7 @@ fn event_loop(listener: &Listener, shared: &Arc<Shared>) -> std::io::Result<()> 
                 }
                 state.busy = true;
             }
-            let job_shared = Arc::clone(shared);
-            shared
-                .pool
-                .submit(Box::new(move || conn.on_readable(&job_shared)));
+            conn.wake(shared);
         }
     }
     Ok(())
@@ -739,5 +757,76 @@ fn accept_all(listener: &Listener, shared: &Arc<Shared>, next_key: &mut usize) {
             log::warn!("NBD: cannot watch a client socket: {e}");
             conn.close(shared);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proto::*;
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    /// Greeting and `NBD_OPT_EXPORT_NAME` without zero padding: the shortest way into the
+    /// transmission phase.
+    fn connect(server: &NbdServer) -> TcpStream {
+        let NbdListen::Tcp(addr) = server.address() else {
+            panic!("TCP server expected");
+        };
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut greeting = [0u8; 18];
+        s.read_exact(&mut greeting).unwrap();
+        assert_eq!(greeting[..8], NBDMAGIC.to_be_bytes());
+        let mut hello = Vec::new();
+        hello.extend_from_slice(&(1u32 | FLAG_C_NO_ZEROES).to_be_bytes());
+        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        hello.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+        hello.extend_from_slice(&0u32.to_be_bytes());
+        s.write_all(&hello).unwrap();
+        let mut export = [0u8; 10];
+        s.read_exact(&mut export).unwrap();
+        s
+    }
+
+    fn read_512(s: &mut TcpStream, handle: u64) {
+        let mut req = Vec::new();
+        req.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        req.extend_from_slice(&0u16.to_be_bytes());
+        req.extend_from_slice(&CMD_READ.to_be_bytes());
+        req.extend_from_slice(&handle.to_be_bytes());
+        req.extend_from_slice(&0u64.to_be_bytes());
+        req.extend_from_slice(&512u32.to_be_bytes());
+        s.write_all(&req).unwrap();
+        let mut reply = [0u8; 16 + 512];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(reply[4..8], [0u8; 4], "read succeeded");
+        assert_eq!(reply[8..16], handle.to_be_bytes());
+    }
+
+    /// A connection with requests has a reader thread; once quiet for a while the thread
+    /// ends and the event loop watches the socket, and the next request is served again.
+    #[test]
+    fn a_quiet_connection_gives_its_reader_thread_back() {
+        let disk = Arc::new(cryptblk_dm::RamDisk::new(1 << 20).unwrap());
+        let server = NbdServer::start(disk, NbdConfig::localhost(0)).unwrap();
+        let mut s = connect(&server);
+        read_512(&mut s, 1);
+        assert!(
+            server.shared.readers.any(),
+            "a reader serves the connection"
+        );
+        let deadline = Instant::now() + conn::PARK_AFTER * 5;
+        while server.shared.readers.any() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            !server.shared.readers.any(),
+            "the quiet connection's reader ended"
+        );
+        read_512(&mut s, 2);
+        read_512(&mut s, 3);
+        assert_eq!(server.connection_count(), 1);
+        drop(s);
+        server.stop().unwrap();
     }
 }

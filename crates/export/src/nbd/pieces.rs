@@ -25,8 +25,18 @@ use crate::aligned::AlignedIo;
 /// request has several pieces to overlap.
 pub(crate) const PIECE: usize = 128 << 10;
 
-/// Requests from this size up are done in pieces by default (at least two pieces).
-pub(crate) const DEFAULT_OVERLAP_MIN: usize = 256 << 10;
+/// Requests from this size up are done in pieces by default (at least two pieces); 0: never.
+///
+/// Off by default, from `scripts/nbd-overlap-ab.sh` (crypt aes-xts-plain64, 4096-byte
+/// sectors, randrw, A with pieces at 256 KiB, B without, 7 alternating rounds of 2 s, the
+/// median A/B of bandwidth) on this project's 2-core machine at load 14: 1 MiB QD1 read 0.42
+/// and write 0.49 (B faster in 7 rounds of 7), 256 KiB QD1 0.48/0.45, 1 MiB QD4 0.88/0.75.
+/// A piece that a helper claimed is waited for by the request's thread, and on busy cores
+/// the helper is preempted for whole time slices; without pieces a lone request now runs on
+/// the connection's reader with no hand-off at all. Overlap can only win with an idle core
+/// to spare, which the bench cannot count on; `CRYPTBLK_NBD_OVERLAP_MIN=262144` turns it on
+/// to measure that case.
+pub(crate) const DEFAULT_OVERLAP_MIN: usize = 0;
 
 /// What each piece does.
 #[derive(Clone, Copy)]

@@ -78,7 +78,9 @@ impl Stream {
         }
     }
 
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+    /// Bounds every blocking read (`None`: no bound); a read that times out fails with
+    /// `WouldBlock`.
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match &self.socket {
             Socket::Unix(s) => s.set_read_timeout(timeout),
             Socket::Tcp(s) => s.set_read_timeout(timeout),
@@ -177,7 +179,8 @@ impl Write for &Stream {
 
 /// The socket seen through a deadline: every read and write waits at most until
 /// `deadline`, then fails with `TimedOut`. This is what bounds a client that starts a message and stalls
-/// (it holds a pool worker, so it must not hold it for long).
+/// (it holds a pool worker, so it must not hold it for long). Used in the handshake; the
+/// transmission phase reads through [`Patient`].
 pub(crate) struct Timed<'a> {
     pub(crate) stream: &'a Stream,
     pub(crate) deadline: Instant,
@@ -201,6 +204,56 @@ impl Timed<'_> {
             return Err(timed_out());
         }
         Ok(left)
+    }
+}
+
+/// The socket as a connection's reader thread reads it, its receive timeout set once (not
+/// per read, which cost a system call each): a read that times out before any byte of a
+/// request arrived reports `WouldBlock` (the connection is quiet; [`Patient::began`] is
+/// false); once a request has begun, timed-out reads are retried until it has stalled for
+/// `limit`, then fail with `TimedOut`.
+pub(crate) struct Patient<'a> {
+    stream: &'a Stream,
+    limit: Duration,
+    began: bool,
+    deadline: Option<Instant>,
+}
+
+impl<'a> Patient<'a> {
+    pub(crate) fn new(stream: &'a Stream, limit: Duration) -> Self {
+        Patient {
+            stream,
+            limit,
+            began: false,
+            deadline: None,
+        }
+    }
+
+    /// Whether any byte was read through it.
+    pub(crate) fn began(&self) -> bool {
+        self.began
+    }
+}
+
+impl Read for Patient<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.stream.read(buf) {
+                Ok(n) => {
+                    self.began |= n > 0;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.began => {
+                    // The deadline starts at the first stall: the clock is read only then.
+                    let now = Instant::now();
+                    let deadline = *self.deadline.get_or_insert(now + self.limit);
+                    if now >= deadline {
+                        return Err(timed_out());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
