@@ -716,6 +716,9 @@ fn pipelines_of(status: &serde_json::Value) -> Option<String> {
     (!items.is_empty()).then(|| items.join(", "))
 }
 
+/// Per configuration: the served disk's size in bytes and its `read/write` pipelines.
+type ServedDisks = BTreeMap<String, (u64, String)>;
+
 /// Starts the host servers of a vhost-user boot; returns them, each config's disk size in
 /// bytes (the guest finds its virtio disk by size) and its pipelines, and QEMU's arguments.
 fn start_vhost_servers(
@@ -723,7 +726,7 @@ fn start_vhost_servers(
     lab: &LabOptions,
     work: &Path,
     disk_mb: u64,
-) -> Result<(HostServers, BTreeMap<String, (u64, String)>, String), BenchError> {
+) -> Result<(HostServers, ServedDisks, String), BenchError> {
     let mut servers = HostServers {
         cryptblk: lab.cryptblk.clone(),
         runtime_dir: work.join("run"),
