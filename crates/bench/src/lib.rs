@@ -16,6 +16,8 @@
 //!   against cryptblk's NBD server, and fio `psync --direct=1` on a loop device over the FUSE
 //!   export (the reference's exact command; needs root, FUSE and loop);
 //! - optionally **peers** ([`peers`]): nbdkit's luks filter and qemu-nbd with a LUKS1 image.
+//! - in the kernel lab VM ([`lab`]): ublk and vhost-user, beside the guest kernel's dm-crypt
+//!   (default and `no_*_workqueue`), as ratios.
 //!
 //! Runs alternate between configurations (A B C .. A B C ..) and each figure is the median of
 //! the repeats. Results come back as a [`BenchReport`], which renders as an aligned table,
@@ -35,6 +37,7 @@ pub mod cpu;
 pub mod engine;
 pub mod fio;
 pub mod integrity;
+pub mod lab;
 pub mod live;
 pub mod metrics;
 pub mod pattern;

@@ -96,7 +96,7 @@ pub(crate) fn load_avg() -> f64 {
 }
 
 /// UTC date-time in ISO 8601 (days-to-civil conversion; no calendar crate needed for this).
-fn iso_utc(t: SystemTime) -> String {
+pub(crate) fn iso_utc(t: SystemTime) -> String {
     let secs = t
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

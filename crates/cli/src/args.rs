@@ -1007,7 +1007,8 @@ pub struct BenchArgs {
     /// Workloads to run (repeatable).
     #[arg(long = "workload")]
     pub workloads: Vec<String>,
-    /// Transports to run: inproc, nbd, loop (repeatable).
+    /// Transports to run: inproc, nbd, loop (repeatable); or, in the kernel lab VM (LAB_DIR,
+    /// default ../shared/lab) beside the guest kernel's dm-crypt: ublk, vhost-user.
     #[arg(long = "transport")]
     pub transports: Vec<String>,
     /// Also measure nbdkit's luks filter and qemu-nbd with a LUKS image.

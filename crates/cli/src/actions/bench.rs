@@ -17,6 +17,12 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
     if a.integrity_report {
         return integrity_report(opts, a, device_size);
     }
+    if a.transports
+        .iter()
+        .any(|t| cryptblk_bench::lab::is_lab_transport(t))
+    {
+        return lab_bench(opts, a, device_size);
+    }
     let o = BenchOptions {
         quick: a.quick,
         runtime: a.runtime.map(secs),
@@ -33,6 +39,46 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
         ..BenchOptions::default()
     };
     let report = cryptblk_bench::run(&o).map_err(|e| Failure::usage(e.to_string()))?;
+    if opts.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.render_table());
+    }
+    let failed = report.failures();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            ExitCode::WrongParameters,
+            format!("{} benchmark run(s) failed; see the table", failed.len()),
+        ))
+    }
+}
+
+/// `bench --transport ublk|vhost-user`: the same rows, measured in the kernel lab VM beside
+/// the guest kernel's dm-crypt, with the ratios (and the emulated-CPU caveat).
+fn lab_bench(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> ActionResult {
+    let o = BenchOptions {
+        quick: a.quick,
+        runtime: a.runtime.map(|s| Duration::from_secs_f64(s.max(0.0))),
+        repeats: a.repeats,
+        configs: a.configs.clone(),
+        workloads: a.workloads.clone(),
+        transports: a.transports.clone(),
+        device_size,
+        peers: a.peers,
+        live: a.live.map(|s| Duration::from_secs_f64(s.max(0.0))),
+        json: a.json_file.clone(),
+        svg: a.svg.clone(),
+        markdown: a.markdown.clone(),
+        ..BenchOptions::default()
+    };
+    let lab = cryptblk_bench::lab::LabOptions {
+        lab_dir: None,
+        cryptblk: std::env::current_exe()
+            .map_err(|e| Failure::usage(format!("cannot find the cryptblk binary: {e}")))?,
+    };
+    let report = cryptblk_bench::lab::run(&o, &lab).map_err(|e| Failure::usage(e.to_string()))?;
     if opts.json {
         println!("{}", report.to_json());
     } else {
