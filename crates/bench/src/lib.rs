@@ -39,6 +39,7 @@ pub mod live;
 pub mod metrics;
 pub mod pattern;
 pub mod peers;
+pub mod reencrypt;
 pub mod report;
 mod runner;
 pub mod stack;
