@@ -11,7 +11,8 @@
 //!   asks), the plaintext intact.
 //!
 //! The default tests cut a sample of the writes; `every_cut_both_ways` (ignored, about
-//! 10 minutes: `cargo test -p cryptblk --test reencrypt_decrypt_attached -- --ignored`)
+//! 15 minutes on a loaded 2-CPU machine: `cargo test -p cryptblk --test
+//! reencrypt_decrypt_attached -- --ignored`)
 //! cuts every one.
 
 mod common;
@@ -404,7 +405,7 @@ fn cut_runs_are_finished_by_the_other_tool() {
         let total = writes_of(&lab, &base, cryptsetup_side);
         assert!(total > 15, "only {total} writes");
         let (mut cuts, mut mid) = (0, 0);
-        for n in kill_points(total, 10) {
+        for n in kill_points(total, 5) {
             let was_mid = if cryptsetup_side {
                 cryptsetup_cut_finished_by_cryptblk(&lab, &base, &plain, n)
             } else {
@@ -417,7 +418,7 @@ fn cut_runs_are_finished_by_the_other_tool() {
             "{} cut at {cuts} of {total} writes ({mid} mid-run), finished by the other: 0 bytes lost",
             if cryptsetup_side { "cryptsetup" } else { "cryptblk" }
         );
-        assert!(mid >= 4, "only {mid} cuts left a reencryption in progress");
+        assert!(mid >= 3, "only {mid} cuts left a reencryption in progress");
     }
 }
 
@@ -433,6 +434,14 @@ fn every_cut_both_ways() {
         let total = writes_of(&lab, &base, cryptsetup_side);
         let mut mid = 0;
         for n in 1..=total {
+            eprintln!(
+                "{} cut at write {n} of {total}",
+                if cryptsetup_side {
+                    "cryptsetup"
+                } else {
+                    "cryptblk"
+                }
+            );
             mid += usize::from(if cryptsetup_side {
                 cryptsetup_cut_finished_by_cryptblk(&lab, &base, &plain, n)
             } else {

@@ -400,6 +400,16 @@ pub(crate) fn finish(
         }
     }
     let areas = h.finish_reencryption()?;
+    // The final keyslots area reaches the data offset; a detached header file smaller than
+    // that (a header exported with only its own size) grows to hold it, or cryptsetup
+    // refuses the file as too small.
+    let need = 2 * h.metadata_size() + h.keyslots_size();
+    let have = header.size().map_err(io_err("reading the header size"))?;
+    if have < need {
+        header
+            .write_at(need - 1, &[0])
+            .map_err(io_err("growing the header file"))?;
+    }
     h.write_reencryption(header)?;
     wipe_areas(header, &areas)?;
     if let Some((off, len)) = moved {
