@@ -164,7 +164,6 @@ pub fn check_checksum_blocks(resilience: &Resilience, data_size: u64) -> Result<
 
 /// Rewrites logical `[l, l + len)` from old to new in chunks (read from the old place,
 /// decrypt, encrypt, write to the new place) and syncs.
-#[allow(clippy::too_many_arguments)]
 /// `old`, when given, is the old data of the whole range as [`protect`] read it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rewrite(
@@ -241,12 +240,10 @@ fn recrypt(
                 s.spawn(move || one(at, part))
             })
             .collect();
-        jobs.into_iter()
-            .map(|j| {
-                j.join()
-                    .unwrap_or_else(|_| Err(VolumeError::device("a cipher thread panicked")))
-            })
-            .collect::<Result<()>>()
+        jobs.into_iter().try_for_each(|j| {
+            j.join()
+                .unwrap_or_else(|_| Err(VolumeError::device("a cipher thread panicked")))
+        })
     })
 }
 
