@@ -42,6 +42,7 @@ pub mod live;
 pub mod metrics;
 pub mod pattern;
 pub mod peers;
+pub mod reencrypt;
 pub mod report;
 mod runner;
 pub mod stack;

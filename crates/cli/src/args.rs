@@ -1034,6 +1034,18 @@ pub struct BenchArgs {
     /// with --transport nbd through the NBD export driven by fio (both: one table each).
     #[arg(long)]
     pub integrity_report: bool,
+    /// Instead of the dm-crypt matrix: offline re-key throughput of a RAM-backed LUKS2 image
+    /// (--device-size, default 1 GiB), cryptblk beside `cryptsetup reencrypt
+    /// --force-offline-reencrypt`, alternating, medians of --repeats (default 3); the
+    /// resilience modes to compare, comma-separated (default checksum).
+    #[arg(
+        long,
+        value_name = "RESILIENCE",
+        num_args = 0..=1,
+        default_missing_value = "checksum",
+        value_delimiter = ','
+    )]
+    pub reencrypt: Option<Vec<String>>,
 }
 
 /// Reproduce the disk-encryption experiments on a RAM disk: plain vs crypt, queued vs inline,

@@ -12,112 +12,15 @@
 //! Kill points are a sample of each run's writes (set `CRYPTBLK_REENC_EVERY=1` for all).
 
 mod common;
+use common::reenc::*;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 const PASS: &[u8] = b"encdec-pass";
 const MIB: usize = 1 << 20;
-const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
-struct Lab {
-    dir: tempfile::TempDir,
-    key: PathBuf,
-}
-
-impl Lab {
-    fn new() -> Lab {
-        let dir = tempdir();
-        let key = dir.path().join("key");
-        std::fs::write(&key, PASS).unwrap();
-        Lab { dir, key }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
-
-fn every() -> usize {
-    std::env::var("CRYPTBLK_REENC_EVERY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The kill points to try out of `total` writes: `every` apart when set, else about
-/// `samples` spread over the run plus its first and last writes.
-fn sample(total: usize, samples: usize) -> Vec<usize> {
-    let step = match every() {
-        0 => (total / samples).max(1),
-        e => e,
-    };
-    let mut v: Vec<usize> = (1..=total).step_by(step).collect();
-    v.extend([2, total.saturating_sub(1), total]);
-    v.retain(|&n| n >= 1 && n <= total);
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-/// Number of write(2) calls `cmd` makes (strace counts them).
-/// (cryptsetup's data-shift encryption writes a temporary header file in the working
-/// directory: `cwd` keeps it in the test's directory.)
-fn count_writes(cmd: &[&std::ffi::OsStr], syscall: &str, cwd: &Path) -> usize {
-    let dir = tempdir();
-    let log = dir.path().join("log");
-    let out = run(
-        tool("strace")
-            .unwrap()
-            .args(["-f", "-o"])
-            .arg(&log)
-            .args(["-e", &format!("trace={syscall}")])
-            .args(cmd)
-            .current_dir(cwd),
-        b"",
-    );
-    assert!(out.status.success(), "{out:?}");
-    std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&format!("{syscall}(")) && !l.contains("resumed"))
-        .count()
-}
-
-/// Runs `cmd` under strace, killed at its `n`th `syscall`.
-fn killed(cmd: &[&std::ffi::OsStr], syscall: &str, n: usize, cwd: &Path) {
-    let inject = format!("inject={syscall}:signal=KILL:when={n}");
-    let _ = run(
-        tool("strace")
-            .unwrap()
-            .args(["-f", "-o", "/dev/null", "-e", &format!("trace={syscall}")])
-            .args(["-e", &inject])
-            .args(cmd)
-            .current_dir(cwd),
-        b"",
-    );
-}
-
-fn os<'a>(v: &'a [&'a str]) -> Vec<&'a std::ffi::OsStr> {
-    v.iter().map(std::ffi::OsStr::new).collect()
-}
-
-fn json_of(img: &Path) -> Option<Value> {
-    let out = run(
-        cryptsetup()
-            .unwrap()
-            .args(["luksDump", "--dump-json-metadata"])
-            .arg(img),
-        b"",
-    );
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).unwrap())
-}
-
-fn in_progress(img: &Path) -> bool {
-    json_of(img).is_some_and(|j| !j["config"]["requirements"].is_null())
-}
+type Lab = KeyLab;
 
 /// The metadata with what is random in it blanked: salts, digests and their iterations,
 /// the digests' ids.
@@ -201,7 +104,7 @@ fn cryptsetup_killed_datashift_encryptions_are_read_and_finished_by_cryptblk() {
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.path("plain.img");
     let all = write_pattern(&base, 10 * MIB, 11);
     let plain = &all[..6 * MIB];
@@ -226,7 +129,7 @@ fn cryptsetup_killed_datashift_encryptions_are_read_and_finished_by_cryptblk() {
     let total = count_writes(&os(&cmd), "write", lab.dir.path());
     assert!(total > 10, "only {total} writes");
     let mut tried = 0;
-    for n in sample(total, 6) {
+    for n in kill_points(total, 6) {
         std::fs::copy(&base, &img).unwrap();
         killed(&os(&cmd), "write", n, lab.dir.path());
         let Some(j) = json_of(&img) else {
@@ -298,7 +201,7 @@ fn cryptsetup_killed_detached_decryptions_are_read_and_finished_by_cryptblk() {
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let plain = write_pattern(&lab.path("pattern"), 8 * MIB, 5);
     let (base_hdr, base_data) = detached_volume(&lab, &plain);
     let (hdr, img) = (lab.path("dec.hdr"), lab.path("dec.img"));
@@ -329,7 +232,7 @@ fn cryptsetup_killed_detached_decryptions_are_read_and_finished_by_cryptblk() {
     let total = count_writes(&os(&cmd), "write", lab.dir.path());
     assert!(total > 20, "only {total} writes");
     let mut tried = 0;
-    for n in sample(total, 8) {
+    for n in kill_points(total, 8) {
         reset();
         killed(&os(&cmd), "write", n, lab.dir.path());
         let j = json_of(&hdr).expect("the detached header stays readable");
@@ -391,7 +294,7 @@ fn encdec_metadata_is_cryptsetups() {
     if cryptsetup().is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.path("plain.img");
     let all = write_pattern(&base, 8 * MIB, 2);
     for tool_name in ["cs", "cb"] {
@@ -515,7 +418,7 @@ fn cryptblk_killed_encdec_runs_are_finished_by_cryptsetup() {
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.path("plain.img");
     let all = write_pattern(&base, 8 * MIB, 4);
     let plain = &all[..4 * MIB];
@@ -592,7 +495,7 @@ fn cryptblk_killed_encdec_runs_are_finished_by_cryptsetup() {
     let total = count_writes(&os(&cmd), "pwrite64", lab.dir.path());
     assert!(total >= 8, "only {total} writes");
     let mut tried = 0;
-    for n in sample(total, 6) {
+    for n in kill_points(total, 6) {
         std::fs::copy(&base, &img).unwrap();
         killed(&os(&cmd), "pwrite64", n, lab.dir.path());
         if json_of(&img).is_none() {
@@ -634,7 +537,7 @@ fn cryptblk_killed_encdec_runs_are_finished_by_cryptsetup() {
     };
     reset();
     let dtotal = count_writes(&os(&dcmd), "pwrite64", lab.dir.path());
-    for n in sample(dtotal, 8) {
+    for n in kill_points(dtotal, 8) {
         reset();
         killed(&os(&dcmd), "pwrite64", n, lab.dir.path());
         if in_progress(&hdr) {

@@ -7,32 +7,16 @@
 //! dm-crypt decrypts it from the original image.
 
 mod common;
+use common::reenc::*;
 use common::*;
 use std::path::{Path, PathBuf};
 
 const PASS: &[u8] = b"reencrypt-pass";
 const MIB: usize = 1 << 20;
 
-/// Fast keyslots: the tests are about reencryption metadata, not KDF cost.
-const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
-struct Lab {
-    dir: tempfile::TempDir,
-    key: PathBuf,
-}
+type Lab = KeyLab;
 
 impl Lab {
-    fn new() -> Lab {
-        let dir = tempdir();
-        let key = dir.path().join("key");
-        std::fs::write(&key, PASS).unwrap();
-        Lab { dir, key }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
     /// A LUKS2 image of `total_mib` MiB (2 MiB header, 512-byte sectors) made by cryptsetup.
     fn luks2(&self, name: &str, total_mib: usize) -> PathBuf {
         let img = self.path(name);
@@ -138,7 +122,7 @@ fn init_only_headers_of_every_kind_dump_like_cryptsetup() {
     if cryptsetup().is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 6);
     for resilience in ["checksum", "journal", "none"] {
         let img = lab.path(&format!("{resilience}.img"));
@@ -199,7 +183,7 @@ fn killed_reencryptions_dump_like_cryptsetup_at_every_write() {
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     // 3 MiB of data in 1 MiB hotzones. Seen with these options: writes 1-18 initialise
     // (the new keyslot, then header updates of six writes each: per copy the binary header,
@@ -227,7 +211,7 @@ fn header_changes_are_refused_as_cryptsetup_refuses_them_and_erase_keeps_the_ree
     if cryptsetup().is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     let out = lab.cs_reencrypt(&base, &["--init-only"]);
     assert!(out.status.success(), "{out:?}");
@@ -297,9 +281,9 @@ fn a_killed_reencryption_survives_cryptblk_header_backup_and_restore() {
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
-    let (_, plain_before) = plaintext_by_cryptsetup(&lab, &base);
+    let (_, plain_before) = plaintext_by_cryptsetup(&base, &lab.key);
     // Killed at the second hotzone's data write: the header names the hotzone.
     let img = lab.killed_at(&base, 36, &["--hotzone-size", "1M"]);
     let (_, json) = dump_with(cryptsetup(), &img, true);
@@ -339,21 +323,11 @@ fn a_killed_reencryption_survives_cryptblk_header_backup_and_restore() {
     let out = lab.cs_reencrypt(&img, &["--resume-only"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(requirement_of(&img), None);
-    let (_, plain_after) = plaintext_by_cryptsetup(&lab, &img);
+    let (_, plain_after) = plaintext_by_cryptsetup(&img, &lab.key);
     assert!(
         plain_before == plain_after,
         "data changed across the reencryption"
     );
-}
-
-/// The data segment of `img` decrypted by the independent model with the volume key
-/// cryptsetup reports: (key, plaintext).
-fn plaintext_by_cryptsetup(lab: &Lab, img: &Path) -> (String, Vec<u8>) {
-    let key = cryptsetup_volume_key(img, &lab.key, &[]).unwrap();
-    let (offset, sector) = cryptsetup_luks2_segment(img).unwrap();
-    let data = std::fs::read(img).unwrap();
-    let plain = independent("decrypt", "aes-xts-plain64", &key, sector, &data[offset..]);
-    (key, plain)
 }
 
 #[test]
@@ -361,9 +335,9 @@ fn interrupted_reencryptions_read_back_their_plaintext() {
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
-    let (_, plain) = plaintext_by_cryptsetup(&lab, &base);
+    let (_, plain) = plaintext_by_cryptsetup(&base, &lab.key);
     let hz = ["--hotzone-size", "1M"];
     let cases: [(&str, Vec<&str>, &[usize]); 4] = [
         ("checksum", hz.to_vec(), &[18, 19, 22, 23, 26, 37]),
@@ -470,9 +444,9 @@ fn repair_recovers_a_cut_step_as_cryptsetup_repair_does_and_cryptsetup_resumes()
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
-    let (_, plain) = plaintext_by_cryptsetup(&lab, &base);
+    let (_, plain) = plaintext_by_cryptsetup(&base, &lab.key);
     let hz = ["--hotzone-size", "1M"];
     let journal = [&hz[..], &["--resilience", "journal"]].concat();
     // Hotzone 1 with old data (22) and new data (23), checksum and journal.
@@ -516,7 +490,7 @@ fn repair_recovers_a_cut_step_as_cryptsetup_repair_does_and_cryptsetup_resumes()
         let out = lab.cs_reencrypt(&img, &["--resume-only"]);
         assert!(out.status.success(), "{what}: {out:?}");
         assert_eq!(requirement_of(&img), None, "{what}");
-        let (_, after) = plaintext_by_cryptsetup(&lab, &img);
+        let (_, after) = plaintext_by_cryptsetup(&img, &lab.key);
         assert!(after == plain, "{what}: plaintext changed");
     }
 
@@ -533,7 +507,7 @@ fn repair_recovers_a_cut_step_as_cryptsetup_repair_does_and_cryptsetup_resumes()
         b"",
     );
     assert_eq!(requirement_of(&img), None);
-    let (_, after) = plaintext_by_cryptsetup(&lab, &img);
+    let (_, after) = plaintext_by_cryptsetup(&img, &lab.key);
     assert!(after == plain, "last hotzone: plaintext changed");
 }
 
@@ -542,9 +516,9 @@ fn cryptblk_repair_cut_at_every_write_is_recovered_again() {
     if cryptsetup().is_none() || tool("strace").is_none() {
         return;
     }
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
-    let (_, plain) = plaintext_by_cryptsetup(&lab, &base);
+    let (_, plain) = plaintext_by_cryptsetup(&base, &lab.key);
     // Hotzone 1 cut with its new data written: the recovery rewrites it.
     let cut = lab.killed_at(&base, 23, &["--hotzone-size", "1M"]);
     let img = lab.path("cut-repair.img");
@@ -598,7 +572,7 @@ fn cryptblk_repair_cut_at_every_write_is_recovered_again() {
         }
         let out = lab.cs_reencrypt(&img, &["--resume-only"]);
         assert!(out.status.success(), "cut at write {n}: {out:?}");
-        let (_, after) = plaintext_by_cryptsetup(&lab, &img);
+        let (_, after) = plaintext_by_cryptsetup(&img, &lab.key);
         assert!(after == plain, "cut at write {n}: plaintext lost");
     }
 }

@@ -14,6 +14,7 @@
 //!   by cryptblk (hotzone recovered) and read back their plaintext over NBD.
 
 mod common;
+use common::reenc::*;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,22 +24,9 @@ use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-struct Lab {
-    dir: tempfile::TempDir,
-    key: PathBuf,
-}
+type Lab = KeyLab;
 
 impl Lab {
-    fn new(pass: &[u8]) -> Lab {
-        let dir = tempdir();
-        let key = write_file(dir.path(), "key", pass);
-        Lab { dir, key }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
     /// The served volume's plaintext, read over NBD.
     fn read_export(&self, sock: &Path, name: &str) -> Vec<u8> {
         let out = self.path(name);
@@ -59,17 +47,7 @@ impl Lab {
         );
         let dump = run_ok(cryptsetup().unwrap().arg("luksDump").arg(img), b"");
         assert!(!dump.contains("reencrypt"), "leftovers:\n{dump}");
-        let key = cryptsetup_volume_key(img, &self.key, &[]).unwrap();
-        let (offset, sector) = cryptsetup_luks2_segment(img).unwrap();
-        let cipher = dump
-            .lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix("cipher:"))
-            .unwrap()
-            .trim()
-            .to_string();
-        let data = std::fs::read(img).unwrap();
-        independent("decrypt", &cipher, &key, sector, &data[offset..])
+        plaintext_by_cryptsetup(img, &self.key).1
     }
 
     fn reencrypt(&self, args: &[&str]) -> Command {

@@ -11,29 +11,16 @@
 //! - refusals carry cryptsetup's messages and exit codes.
 
 mod common;
+use common::reenc::*;
 use common::*;
 use std::path::{Path, PathBuf};
 
 const PASS: &[u8] = b"rekey-pass";
 const MIB: usize = 1 << 20;
 
-struct Lab {
-    dir: tempfile::TempDir,
-    key: PathBuf,
-}
+type Lab = KeyLab;
 
 impl Lab {
-    fn new() -> Lab {
-        let dir = tempdir();
-        let key = dir.path().join("key");
-        std::fs::write(&key, PASS).unwrap();
-        Lab { dir, key }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
     /// A 4 MiB LUKS2 image by cryptsetup (2 MiB metadata, 512-byte sectors) over random
     /// data, with a second keyslot under another passphrase; returns the image and the
     /// data area's plaintext (as cryptsetup's old key decrypts it).
@@ -83,24 +70,7 @@ impl Lab {
                 .arg(img),
             b"",
         );
-        let key = cryptsetup_volume_key(img, &self.key, &[])?;
-        let (offset, sector) = cryptsetup_luks2_segment(img)?;
-        let dump = run_ok(cryptsetup()?.arg("luksDump").arg(img), b"");
-        let cipher = dump
-            .lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix("cipher:"))
-            .unwrap()
-            .trim()
-            .to_string();
-        let data = std::fs::read(img).unwrap();
-        Some(independent(
-            "decrypt",
-            &cipher,
-            &key,
-            sector,
-            &data[offset..],
-        ))
+        Some(plaintext_by_cryptsetup(img, &self.key).1)
     }
 
     fn cryptblk_reencrypt(&self, img: &Path, args: &[&str]) -> std::process::Output {
@@ -130,7 +100,7 @@ fn ok(out: &std::process::Output, what: &str) {
 /// cryptsetup drops it.
 #[test]
 fn rekeyed_volumes_are_accepted_by_cryptsetup_and_decrypt_independently() {
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let cases: &[&[&str]] = &[
         &["--key-slot", "0", "--hotzone-size", "256k"],
         &[
@@ -183,7 +153,7 @@ fn rekeyed_volumes_are_accepted_by_cryptsetup_and_decrypt_independently() {
 /// reencryption digest cryptblk wrote (it refuses the metadata otherwise) and finishes.
 #[test]
 fn cryptblk_init_only_is_finished_by_cryptsetup() {
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let Some((img, plain)) = lab.luks2("init.img") else {
         return;
     };
@@ -219,7 +189,7 @@ fn cryptblk_init_only_is_finished_by_cryptsetup() {
 /// cryptsetup: the plaintext survives every cut.
 #[test]
 fn cryptblk_killed_at_its_writes_is_finished_by_cryptsetup() {
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let Some((base, plain)) = lab.luks2("base.img") else {
         return;
     };
@@ -304,7 +274,7 @@ fn cryptblk_killed_at_its_writes_is_finished_by_cryptsetup() {
 /// decrypts the original plaintext independently.
 #[test]
 fn cryptsetup_killed_at_its_writes_is_finished_by_cryptblk() {
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let Some((base, plain)) = lab.luks2("base.img") else {
         return;
     };
@@ -351,7 +321,7 @@ fn cryptsetup_killed_at_its_writes_is_finished_by_cryptblk() {
 /// volume some process holds (exit 5, cryptsetup's busy message).
 #[test]
 fn refusals_carry_cryptsetups_messages_and_codes() {
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let Some((img, _)) = lab.luks2("r.img") else {
         return;
     };
@@ -414,7 +384,7 @@ fn keyslot_shape(img: &Path) -> serde_json::Value {
 /// equal those cryptsetup makes from the same image, and both passphrases open the result.
 #[test]
 fn every_keyslot_is_carried_over_with_its_kdf_as_cryptsetup_does() {
-    let lab = Lab::new();
+    let lab = Lab::new(PASS);
     let Some((img, plain)) = lab.luks2("all.img") else {
         return;
     };

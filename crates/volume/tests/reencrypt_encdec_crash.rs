@@ -6,7 +6,10 @@
 //!
 //! Scenarios: encryption with a data shift (header on the device, backward, datashift
 //! resilience, the moved first segment), encryption with a detached header (forward,
-//! checksum), decryption with a detached header (backward, checksum and journal).
+//! checksum), decryption with a detached header (backward, checksum and journal), and
+//! decryption of a volume whose header is on the device, exported to a new header file
+//! while the data moves back to the device start (forward, `datashift-checksum`, the moved
+//! first segment last).
 //!
 //! A detached header and its data device live in one buffer (header first), seen through
 //! two windows, so one fault plan counts the writes to both.
@@ -39,6 +42,8 @@ enum Kind {
     EncryptShift,
     EncryptDetached,
     DecryptDetached,
+    /// Header on the device, exported to the header window; `step` is the data offset.
+    DecryptExport,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +80,14 @@ const SCENARIOS: &[Scenario] = &[
         kind: Kind::DecryptDetached,
         data: MIB,
         step: 128 * KIB,
+        resilience: ResilienceChoice::Checksum,
+        tears: &[0, 8],
+    },
+    Scenario {
+        name: "decrypt, header exported, datashift-checksum",
+        kind: Kind::DecryptExport,
+        data: 2 * MIB,
+        step: 512 * KIB,
         resilience: ResilienceChoice::Checksum,
         tears: &[0, 8],
     },
@@ -190,6 +203,25 @@ fn make(sc: &Scenario) -> (Vec<u8>, Vec<u8>) {
             dv.write_at(0, &ct).unwrap();
             (io.into_inner(), plain)
         }
+        Kind::DecryptExport => {
+            // The header window stays empty: the export goes there.
+            let io = MemIo::zeroed((HDR + sc.step + sc.data) as usize);
+            let (_, dv) = views(sc, &io);
+            let p = FormatParams {
+                sector_size: 4096,
+                data_offset: Some(sc.step),
+                keyslot: fast(),
+                ..FormatParams::default()
+            };
+            let (h, vk, _) = Luks2Header::format(&dv, &p, PASS).unwrap();
+            let mut ct = plain.clone();
+            h.open_segment_cipher(&vk)
+                .unwrap()
+                .encrypt(0, &mut ct)
+                .unwrap();
+            dv.write_at(sc.step, &ct).unwrap();
+            (io.into_inner(), plain)
+        }
     }
 }
 
@@ -240,6 +272,21 @@ fn op_on(io: &dyn HeaderIo, sc: &Scenario) -> cryptblk_volume::Result<()> {
             )?;
             reencrypt::run_split(&mut h, &hv, &dv, &keys, &run_opts(sc), &mut NoProgress)?;
         }
+        Kind::DecryptExport => {
+            let mut h = Luks2Header::read(&dv)?;
+            let keys = reencrypt::init_decrypt_export(
+                &mut h,
+                &dv,
+                &hv,
+                PASS,
+                None,
+                sc.resilience,
+                HashAlgorithm::Sha256,
+                4096,
+                Some(1000),
+            )?;
+            reencrypt::run_split(&mut h, &hv, &dv, &keys, &run_opts(sc), &mut NoProgress)?;
+        }
     }
     Ok(())
 }
@@ -248,8 +295,10 @@ fn op_on(io: &dyn HeaderIo, sc: &Scenario) -> cryptblk_volume::Result<()> {
 fn plaintext(sc: &Scenario, img: &[u8]) -> Vec<u8> {
     let io = MemIo::new(img.to_vec());
     let (hv, dv) = views(sc, &io);
-    let h = match Luks2Header::read(&hv) {
-        Ok(h) => h,
+    // An export cut before the header file was whole: the device's own header holds.
+    let (h, from): (Luks2Header, &dyn HeaderIo) = match Luks2Header::read(&hv) {
+        Ok(h) => (h, &hv),
+        Err(_) if sc.kind == Kind::DecryptExport => (Luks2Header::read(&dv).unwrap(), &dv),
         Err(_) => {
             // No header: a plain device (datashift encryption cut before its header).
             let mut v = vec![0u8; sc.data as usize];
@@ -267,7 +316,7 @@ fn plaintext(sc: &Scenario, img: &[u8]) -> Vec<u8> {
     let mut buf = vec![0u8; sc.data as usize];
     dv.read_at(seg.offset, &mut buf).unwrap();
     if seg.kind == "crypt" {
-        let u = h.unlock(&hv, PASS, None, UnlockPurpose::Activate).unwrap();
+        let u = h.unlock(from, PASS, None, UnlockPurpose::Activate).unwrap();
         h.open_segment_cipher(&u.key)
             .unwrap()
             .decrypt(0, &mut buf)
@@ -482,7 +531,7 @@ fn cryptsetup_resume(sc: &Scenario, dir: &Path, img: &[u8]) -> Option<Vec<u8>> {
             );
         }
     }
-    if sc.kind != Kind::DecryptDetached {
+    if !matches!(sc.kind, Kind::DecryptDetached | Kind::DecryptExport) {
         let test = cryptsetup(dir)?
             .args(["open", "--test-passphrase"])
             .args(&hdr_arg)

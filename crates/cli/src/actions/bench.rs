@@ -23,6 +23,9 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
     {
         return lab_bench(opts, a, device_size);
     }
+    if let Some(modes) = &a.reencrypt {
+        return reencrypt_report(opts, a, modes, device_size);
+    }
     let o = BenchOptions {
         quick: a.quick,
         runtime: a.runtime.map(secs),
@@ -150,6 +153,54 @@ fn integrity_report(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> Act
         println!("{json}");
     } else {
         print!("{md}");
+    }
+    Ok(())
+}
+
+/// `bench --reencrypt`: offline re-key throughput against cryptsetup's (table on stdout, or
+/// JSON), written to --json-file / --markdown when given.
+fn reencrypt_report(
+    opts: &Opts,
+    a: &BenchArgs,
+    modes: &[String],
+    device_size: Option<u64>,
+) -> ActionResult {
+    use cryptblk_bench::reencrypt::{self, ReencryptBenchOptions};
+    if a.peers || a.live.is_some() || a.integrity_report {
+        return Err(Failure::usage(
+            "--reencrypt takes neither --peers, --live nor --integrity-report",
+        ));
+    }
+    let mut o = ReencryptBenchOptions {
+        cryptblk: std::env::current_exe()?,
+        ..ReencryptBenchOptions::default()
+    };
+    if !modes.is_empty() {
+        o.resiliences = modes.to_vec();
+    }
+    if let Some(r) = a.repeats {
+        o.repeats = r.max(1);
+    }
+    if a.quick {
+        o.repeats = 1;
+        o.size = 128 << 20;
+    }
+    if let Some(d) = device_size {
+        o.size = d;
+    }
+    let report = reencrypt::run(&o).map_err(|e| Failure::usage(e.to_string()))?;
+    let table = report.render_table();
+    let json = report.to_json();
+    if let Some(p) = &a.markdown {
+        std::fs::write(p, format!("```\n{table}```\n"))?;
+    }
+    if let Some(p) = &a.json_file {
+        std::fs::write(p, &json)?;
+    }
+    if opts.json {
+        println!("{json}");
+    } else {
+        print!("{table}");
     }
     Ok(())
 }

@@ -9,8 +9,9 @@ use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::keyfile::KeySource;
+use cryptblk_format::luks2::Luks2Header;
 use cryptblk_volume::reencrypt::{
-    self, EncryptParams, InitParams, ReencryptState, ResilienceChoice, RunOptions,
+    self, EncryptParams, InitParams, ReencryptKeys, ReencryptState, ResilienceChoice, RunOptions,
 };
 use cryptblk_volume::Volume;
 use std::fs::{File, OpenOptions};
@@ -100,6 +101,71 @@ fn resilience_hash(a: &ReencryptArgs) -> Result<HashAlgorithm, Failure> {
             .map_err(|_| Failure::usage(format!("Hash algorithm {name} is not available."))),
         None => Ok(HashAlgorithm::Sha256),
     }
+}
+
+/// The `--hotzone-size` limit, checked as cryptsetup checks it.
+pub(super) fn max_hotzone(a: &ReencryptArgs) -> Result<Option<u64>, Failure> {
+    let max_hotzone = a
+        .hotzone_size
+        .as_deref()
+        .map(|t| cryptblk_volume::format::parse_bytes(t, "--hotzone-size"))
+        .transpose()?;
+    if max_hotzone.is_some_and(|n| n == 0 || n % 512 != 0) {
+        return Err(Failure::usage(
+            "Invalid max reencryption hotzone size specification.",
+        ));
+    }
+    Ok(max_hotzone)
+}
+
+/// The parameters of a new re-key from the command line (offline and online alike).
+pub(super) fn init_params(
+    opts: &Opts,
+    a: &ReencryptArgs,
+    device_block: u32,
+) -> Result<InitParams, Failure> {
+    let pbkdf_chosen = opts.pbkdf.is_some()
+        || opts.hash.is_some()
+        || opts.pbkdf_force_iterations.is_some()
+        || opts.iter_time.is_some();
+    Ok(InitParams {
+        cipher: opts.cipher.clone(),
+        key_size: opts.key_size.map(|b| b as usize / 8),
+        sector_size: opts.sector_size,
+        resilience: resilience_choice(a),
+        resilience_hash: resilience_hash(a)?,
+        pbkdf: if pbkdf_chosen {
+            Some(volume::pbkdf_request(opts, false)?)
+        } else {
+            None
+        },
+        device_block,
+        one_keyslot: opts.key_slot.is_some(),
+    })
+}
+
+/// Both keys of the reencryption `h` holds, from one passphrase.
+pub(super) fn resume_keys(
+    opts: &Opts,
+    h: &Luks2Header,
+    file: &File,
+    device: &Path,
+) -> Result<ReencryptKeys, Failure> {
+    let state = ReencryptState::of(h)?.ok_or_else(|| {
+        Failure::device("LUKS2 reencryption requirement without reencryption metadata")
+    })?;
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    reencrypt::unlock_keys(
+        h,
+        file,
+        &state,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+    )
 }
 
 fn open_rw(path: &Path) -> Result<File, Failure> {
@@ -216,9 +282,106 @@ fn encrypt(opts: &Opts, device: &Path, a: &ReencryptArgs, run_opts: RunOptions) 
     Ok(())
 }
 
+/// `reencrypt --decrypt --header NEW_FILE DEVICE` of a volume whose header is on DEVICE:
+/// the header is exported to NEW_FILE and the data moved back to the device start while
+/// it is decrypted (see [`reencrypt::init_decrypt_export`]).
+fn decrypt_export(
+    opts: &Opts,
+    device: &Path,
+    export: &Path,
+    a: &ReencryptArgs,
+    run_opts: RunOptions,
+) -> ActionResult {
+    let on_device = Opts {
+        header: None,
+        ..opts.clone()
+    };
+    let (mut h, data) = match volume::load(&on_device, device, true)? {
+        Volume::Luks2(h, f) => (h, f),
+        Volume::Luks1(_) => {
+            return Err(Failure::usage(
+                "LUKS1 decryption is not supported by cryptblk yet.",
+            ))
+        }
+    };
+    if h.reencryption_in_progress() {
+        return Err(Failure::usage(
+            "LUKS2 reencryption already initialized. Aborting operation.",
+        ));
+    }
+    volume::confirm(
+        opts,
+        &format!(
+            "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
+             device {} and export LUKS2 header to file {}?",
+            export.display(),
+            device.display(),
+            export.display()
+        ),
+    )?;
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(export)
+            .map_err(|e| {
+                Failure::device(format!(
+                    "Cannot create header file {}: {e}",
+                    export.display()
+                ))
+            })?
+    };
+    let keys = match reencrypt::init_decrypt_export(
+        &mut h,
+        &data,
+        &file,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+        resilience_choice(a),
+        resilience_hash(a)?,
+        run_opts.device_block,
+        // cryptsetup calibrates a decryption's reencryption digest.
+        None,
+    ) {
+        Ok(k) => k,
+        Err(e) => {
+            // Nothing was exported (every check comes first): leave no empty file behind.
+            if file.metadata().is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(export);
+            }
+            return Err(e);
+        }
+    };
+    if a.init_only {
+        if opts.json {
+            summary(
+                device,
+                "initialized",
+                &reencrypt::RunOutcome::default(),
+                None,
+            );
+        }
+        return Ok(());
+    }
+    let mut bar = Bar::new(true);
+    let out = reencrypt::run_split(&mut h, &file, &data, &keys, &run_opts, &mut bar)?;
+    if opts.json {
+        summary(device, "finished", &out, None);
+    }
+    Ok(())
+}
+
 /// `reencrypt DEVICE`: starts (or, when one is in progress, resumes) an offline re-key,
-/// encryption (`--encrypt`) or decryption (`--decrypt`, detached header) of a volume that
-/// no cryptblk process serves.
+/// encryption (`--encrypt`) or decryption (`--decrypt`, with a detached header or
+/// exporting it) of a volume that no cryptblk process serves.
 pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult {
     if a.init_only && a.resume_only {
         return Err(Failure::usage(
@@ -238,16 +401,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
     // A served volume holds its data lock: refuse it as cryptsetup refuses a busy device
     // (online reencryption through the daemon is not built yet).
     let _lock = cryptblk_volume::lock::DataLock::take(device, true)?;
-    let max_hotzone = a
-        .hotzone_size
-        .as_deref()
-        .map(|t| cryptblk_volume::format::parse_bytes(t, "--hotzone-size"))
-        .transpose()?;
-    if max_hotzone.is_some_and(|n| n == 0 || n % 512 != 0) {
-        return Err(Failure::usage(
-            "Invalid max reencryption hotzone size specification.",
-        ));
-    }
+    let max_hotzone = max_hotzone(a)?;
     let device_block = File::open(device)
         .map(|f| reencrypt::init::device_block_size(&f))
         .unwrap_or(4096);
@@ -270,13 +424,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
             None => {
                 return Err(Failure::usage("LUKS2 decryption requires --header option."));
             }
-            Some(hp) if !hp.exists() => {
-                return Err(Failure::usage(format!(
-                    "Exporting the LUKS2 header to {} for decryption is not supported by \
-                     cryptblk yet; back it up with luksHeaderBackup and use that file.",
-                    hp.display()
-                )));
-            }
+            Some(hp) if !hp.exists() => return decrypt_export(opts, device, hp, a, run_opts),
             Some(_) => {}
         }
     }
@@ -306,21 +454,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
                 "LUKS2 reencryption already initialized. Aborting operation.",
             ));
         }
-        let state = ReencryptState::of(&h)?.ok_or_else(|| {
-            Failure::device("LUKS2 reencryption requirement without reencryption metadata")
-        })?;
-        let pass = volume::read_secret(
-            &volume::key_source(opts, None),
-            volume::limits(opts),
-            &format!("Enter passphrase for {}: ", device.display()),
-        )?;
-        let keys = reencrypt::unlock_keys(
-            &h,
-            &file,
-            &state,
-            pass.as_bytes(),
-            opts.key_slot.map(|s| s as usize),
-        )?;
+        let keys = resume_keys(opts, &h, &file, device)?;
         let out = reencrypt::run_split(&mut h, &file, data, &keys, &run_opts, &mut bar)?;
         if opts.json {
             summary(device, "finished", &out, None);
@@ -378,24 +512,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
             ));
         }
     }
-    let pbkdf_chosen = opts.pbkdf.is_some()
-        || opts.hash.is_some()
-        || opts.pbkdf_force_iterations.is_some()
-        || opts.iter_time.is_some();
-    let params = InitParams {
-        cipher: opts.cipher.clone(),
-        key_size: opts.key_size.map(|b| b as usize / 8),
-        sector_size: opts.sector_size,
-        resilience: resilience_choice(a),
-        resilience_hash: resilience_hash(a)?,
-        pbkdf: if pbkdf_chosen {
-            Some(volume::pbkdf_request(opts, false)?)
-        } else {
-            None
-        },
-        device_block: run_opts.device_block,
-        one_keyslot: opts.key_slot.is_some(),
-    };
+    let params = init_params(opts, a, run_opts.device_block)?;
     let pass = passphrases(opts, &h)?;
     let init = reencrypt::init(&mut h, &file, &pass, &params)?;
     if opts.verbose {

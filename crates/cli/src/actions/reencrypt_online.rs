@@ -3,90 +3,16 @@
 //! [`cryptblk_volume::reencrypt`]'s (the online steps run in the daemon: see
 //! [`cryptblk_volume::reencrypt::online`]).
 
-use super::reencrypt::{passphrases, reencrypt, summary};
+use super::reencrypt::{init_params, max_hotzone, passphrases, reencrypt, resume_keys, summary};
 use super::volume;
-use crate::args::{OpenArgs, Opts, ReencryptArgs, ResilienceArg};
+use crate::args::{OpenArgs, Opts, ReencryptArgs};
 use crate::exit::{ActionResult, ExitCode, Failure};
 use crate::progress::Bar;
-use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_cipher::SecretBytes;
-use cryptblk_format::luks2::Luks2Header;
 use cryptblk_volume::control::{self, Request, Status};
-use cryptblk_volume::reencrypt::{
-    self, online, InitParams, ReencryptKeys, ReencryptState, ResilienceChoice, RunState,
-};
+use cryptblk_volume::reencrypt::{self, online, ReencryptKeys, ReencryptState, RunState};
 use cryptblk_volume::{LuksType, Progress, Volume};
 use std::path::{Path, PathBuf};
-
-/// The `--hotzone-size` limit, checked as cryptsetup checks it.
-fn max_hotzone(a: &ReencryptArgs) -> Result<Option<u64>, Failure> {
-    let max_hotzone = a
-        .hotzone_size
-        .as_deref()
-        .map(|t| cryptblk_volume::format::parse_bytes(t, "--hotzone-size"))
-        .transpose()?;
-    if max_hotzone.is_some_and(|n| n == 0 || n % 512 != 0) {
-        return Err(Failure::usage(
-            "Invalid max reencryption hotzone size specification.",
-        ));
-    }
-    Ok(max_hotzone)
-}
-
-/// The parameters of a new re-key from the command line.
-fn init_params(opts: &Opts, a: &ReencryptArgs, device_block: u32) -> Result<InitParams, Failure> {
-    let resilience_hash = match &a.resilience_hash {
-        Some(name) => HashAlgorithm::from_name(name)
-            .map_err(|_| Failure::usage(format!("Hash algorithm {name} is not available.")))?,
-        None => HashAlgorithm::Sha256,
-    };
-    let pbkdf_chosen = opts.pbkdf.is_some()
-        || opts.hash.is_some()
-        || opts.pbkdf_force_iterations.is_some()
-        || opts.iter_time.is_some();
-    Ok(InitParams {
-        cipher: opts.cipher.clone(),
-        key_size: opts.key_size.map(|b| b as usize / 8),
-        sector_size: opts.sector_size,
-        resilience: match a.resilience {
-            None | Some(ResilienceArg::Checksum) => ResilienceChoice::Checksum,
-            Some(ResilienceArg::Journal) => ResilienceChoice::Journal,
-            Some(ResilienceArg::None) => ResilienceChoice::None,
-        },
-        resilience_hash,
-        pbkdf: if pbkdf_chosen {
-            Some(volume::pbkdf_request(opts, false)?)
-        } else {
-            None
-        },
-        device_block,
-        one_keyslot: opts.key_slot.is_some(),
-    })
-}
-
-/// Both keys of the reencryption `h` holds, from one passphrase.
-fn resume_keys(
-    opts: &Opts,
-    h: &Luks2Header,
-    file: &std::fs::File,
-    device: &Path,
-) -> Result<ReencryptKeys, Failure> {
-    let state = ReencryptState::of(h)?.ok_or_else(|| {
-        Failure::device("LUKS2 reencryption requirement without reencryption metadata")
-    })?;
-    let pass = volume::read_secret(
-        &volume::key_source(opts, None),
-        volume::limits(opts),
-        &format!("Enter passphrase for {}: ", device.display()),
-    )?;
-    reencrypt::unlock_keys(
-        h,
-        file,
-        &state,
-        pass.as_bytes(),
-        opts.key_slot.map(|s| s as usize),
-    )
-}
 
 /// True when `a` and `b` name the same file (whatever the path).
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -114,6 +40,12 @@ fn served_volume(device: Option<&Path>, active: Option<&str>) -> Result<Option<S
                 }
             }
         }
+        return Ok(None);
+    }
+    // A daemon serving `device` holds its data lock: when a shared lock can be taken, no
+    // daemon needs asking (one that does not answer, e.g. with a suspended volume, would
+    // otherwise hold up an offline run on an unrelated file for its whole timeout).
+    if cryptblk_volume::lock::DataLock::take(device, false).is_ok() {
         return Ok(None);
     }
     for name in control::list().unwrap_or_default() {

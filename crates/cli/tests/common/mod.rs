@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod memory;
+pub mod reenc;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -377,6 +377,14 @@ impl Luks2Header {
             .any(|r| validate::is_online_reencrypt_requirement(r))
     }
 
+    /// N of the `online-reencrypt-vN` requirement (`None` without one, or for the
+    /// unversioned `online-reencrypt` of cryptsetup 2.2).
+    pub fn reencrypt_requirement_version(&self) -> Option<u8> {
+        self.requirements()
+            .iter()
+            .find_map(|r| r.strip_prefix("online-reencrypt-v")?.parse().ok())
+    }
+
     /// The mandatory requirement names (`config.requirements.mandatory`).
     pub fn requirements(&self) -> Vec<String> {
         validate::mandatory_requirements(&self.json)

@@ -14,6 +14,15 @@
 //!   `backup-previous` the same, `backup-final` crypt at 0; direction `forward`.
 //! - `--decrypt --header FILE` (detached header): segment 0 stays, `backup-previous` its
 //!   copy, `backup-final` linear at the same offset; direction `backward`.
+//! - `--decrypt --header NEW_FILE` of a volume whose header is on the device (data offset
+//!   `N`): the header area is exported to `NEW_FILE`, the device's LUKS magics wiped, the
+//!   first `N` bytes of ciphertext copied to the device start. Segments: crypt 0 (`N`
+//!   bytes at 0, the moved copy), crypt at `2N` (the rest, `dynamic`, iv_tweak advanced),
+//!   `backup-moved-segment` (crypt, `N` at 0), `backup-previous` (the original segment),
+//!   `backup-final` (linear at 0, dynamic); the old digest lists the four crypt ones.
+//!   Keyslot mode `decrypt`, direction `forward`, area `datashift-checksum` (hash,
+//!   sector_size, `shift_size` `N`; the whole largest gap) or `datashift-journal` (only
+//!   when `N` fits the area); requirement `online-reencrypt-v3`.
 //! - During the steps the data segments are listed in logical order (each at its physical
 //!   offset), then `backup-previous`, `backup-final` and `backup-moved-segment`. A re-key
 //!   assigns each digest the hotzone first, then its other data segments, then its backup;
@@ -23,7 +32,7 @@
 
 use super::json::{get_u64_str, u64_value};
 use super::reencrypt::ReencryptMode;
-use super::reencrypt_write::{NewResilience, REENCRYPT_REQUIREMENT};
+use super::reencrypt_write::{NewResilience, REENCRYPT_REQUIREMENT, REENCRYPT_REQUIREMENT_V3};
 use super::Luks2Header;
 use crate::error::{FormatError, Result};
 use cryptblk_cipher::hash::HashAlgorithm;
@@ -216,11 +225,42 @@ impl Luks2Header {
             .find(|s| self.json["keyslots"].get(s.to_string()).is_none())
             .ok_or(FormatError::KeyslotsFull)?;
         let (area_off, area_len) = self.largest_area_gap().ok_or(FormatError::KeyslotsFull)?;
+        // A decryption that moves the data back to the device start protects its first,
+        // in-place hotzone (the moved segment) with checksums or a journal: cryptsetup
+        // 2.6's `datashift-checksum` / `datashift-journal` (requirement v3).
+        let moving_decrypt = p.shift.is_some() && mode == "decrypt";
         let mut area = json!({
             "offset": u64_value(area_off),
-            "size": u64_value(if p.shift.is_some() { 4096.min(area_len) } else { area_len }),
+            "size": u64_value(if p.shift.is_some() && !moving_decrypt {
+                4096.min(area_len)
+            } else {
+                area_len
+            }),
         });
         match (p.shift, p.resilience) {
+            (Some(shift), NewResilience::Checksum { hash, block }) if moving_decrypt => {
+                area["type"] = json!("datashift-checksum");
+                area["hash"] = json!(hash.name());
+                area["sector_size"] = json!(block);
+                area["shift_size"] = u64_value(shift);
+            }
+            (Some(shift), NewResilience::Journal) if moving_decrypt => {
+                if shift > area_len {
+                    return Err(FormatError::InvalidParameter(format!(
+                        "Moved segment too large. Requested size {shift}, available space \
+                         for: {area_len}."
+                    )));
+                }
+                area["type"] = json!("datashift-journal");
+                area["shift_size"] = u64_value(shift);
+            }
+            (Some(_), NewResilience::None) if moving_decrypt => {
+                return Err(FormatError::InvalidParameter(
+                    "Requested --resilience option cannot be applied to current \
+                     reencryption operation."
+                        .into(),
+                ));
+            }
             (Some(shift), _) => {
                 area["type"] = json!("datashift");
                 area["shift_size"] = u64_value(shift);
@@ -246,7 +286,11 @@ impl Luks2Header {
             *reqs = json!([]);
         }
         if let Some(a) = reqs.as_array_mut() {
-            a.push(json!(REENCRYPT_REQUIREMENT));
+            a.push(json!(if moving_decrypt {
+                REENCRYPT_REQUIREMENT_V3
+            } else {
+                REENCRYPT_REQUIREMENT
+            }));
         }
         let data = self.reencrypt_verification_data(old, new)?;
         let id = self.free_digest_id();
@@ -380,20 +424,59 @@ impl Luks2Header {
         }
         let mut prev = cur.clone();
         prev["flags"] = json!(["backup-previous"]);
-        let fin = json!({
-            "type": "linear",
-            "offset": cur["offset"].clone(),
-            "size": "dynamic",
-            "flags": ["backup-final"],
-        });
         let saved = self.json.clone();
         let mut segments = Map::new();
-        segments.insert("0".into(), cur);
-        segments.insert("1".into(), prev);
-        segments.insert("2".into(), fin);
+        let direction = match p.shift {
+            // The header moves off the device: the first `shift` bytes of ciphertext were
+            // copied to the device start (the moved segment, where the data starts once
+            // decrypted); the rest follows in place; the plaintext will start at 0.
+            Some(shift) => {
+                if seg.offset != shift || p.data_size <= shift {
+                    return Err(FormatError::InvalidParameter(
+                        "the data shift does not fit the device".into(),
+                    ));
+                }
+                let moved = piece(&cur, 0, Some(shift), false).map(|mut m| {
+                    m["offset"] = u64_value(0);
+                    m
+                })?;
+                let rest_len = get_u64_str(&cur, "size").map(|n| n - shift);
+                segments.insert("0".into(), moved.clone());
+                segments.insert("1".into(), piece(&cur, shift, rest_len, false)?);
+                let mut flagged = moved;
+                flagged["flags"] = json!(["backup-moved-segment"]);
+                segments.insert("2".into(), flagged);
+                segments.insert("3".into(), prev);
+                segments.insert(
+                    "4".into(),
+                    json!({
+                        "type": "linear",
+                        "offset": "0",
+                        "size": "dynamic",
+                        "flags": ["backup-final"],
+                    }),
+                );
+                "forward"
+            }
+            None => {
+                segments.insert("0".into(), cur.clone());
+                segments.insert("1".into(), prev);
+                segments.insert(
+                    "2".into(),
+                    json!({
+                        "type": "linear",
+                        "offset": cur["offset"].clone(),
+                        "size": "dynamic",
+                        "flags": ["backup-final"],
+                    }),
+                );
+                "backward"
+            }
+        };
+        let crypt_ids: Vec<String> = (0..segments.len() - 1).map(|i| i.to_string()).collect();
         self.json["segments"] = Value::Object(segments);
-        self.json["digests"][&digest]["segments"] = json!(["0", "1"]);
-        match self.add_reencrypt_keyslot("decrypt", "backward", p, Some(old_key), None) {
+        self.json["digests"][&digest]["segments"] = json!(crypt_ids);
+        match self.add_reencrypt_keyslot("decrypt", direction, p, Some(old_key), None) {
             Ok(s) => Ok(s),
             Err(e) => {
                 self.json = saved;

@@ -4,8 +4,8 @@
 //! - [`Luks2Header::begin_reencrypt`]: the `reencrypt` keyslot in the largest free gap of
 //!   the keyslots area, the segment list `0` (the current data) + `backup-previous` +
 //!   `backup-final`, the requirement `online-reencrypt-v2`, and the reencryption digest;
-//! - [`Luks2Header::set_forward_hotzone`]: the segments of a step in progress (new data
-//!   below, the `in-reencryption` hotzone, old data above);
+//! - [`Luks2Header::set_reencrypt_layout`] (in `reencrypt_encdec`): the segments of a step
+//!   in progress or finished, for every mode and direction;
 //! - [`Luks2Header::finish_reencryption`]: the final header (one new segment, the old
 //!   key's keyslots, the `reencrypt` keyslot, the backups and the requirement gone).
 //!
@@ -35,6 +35,9 @@ use serde_json::{json, Map, Value};
 pub const REENCRYPT_REQUIREMENT: &str = "online-reencrypt-v2";
 /// The reencryption metadata version that requirement names.
 const REENCRYPT_VERSION: u8 = 2;
+/// The requirement of a decryption that moves the data to the device start
+/// (`datashift-checksum`/`-journal` resilience), which older cryptsetup cannot resume.
+pub const REENCRYPT_REQUIREMENT_V3: &str = "online-reencrypt-v3";
 /// cryptsetup's cap on the keyslots area (`LUKS2_MAX_KEYSLOTS_SIZE`).
 const MAX_KEYSLOTS_SIZE: u64 = 128 << 20;
 
@@ -148,14 +151,6 @@ pub(super) fn crypt_segment(
         v["flags"] = json!([f]);
     }
     v
-}
-
-fn push_ref(json: &mut Value, digest: &str, field: &str, id: &str) {
-    if let Some(a) = json["digests"][digest][field].as_array_mut() {
-        if !a.iter().any(|x| x.as_str() == Some(id)) {
-            a.push(Value::String(id.to_string()));
-        }
-    }
 }
 
 impl Luks2Header {
@@ -334,7 +329,11 @@ impl Luks2Header {
             .ok_or_else(|| bad("no backup-final segment"))?;
         let d_old = self.digests_of_segment(prev_id).into_iter().next();
         let d_new = self.digests_of_segment(fin_id).into_iter().next();
-        let mut out = vec![b'v', b'0' + REENCRYPT_VERSION];
+        // The version byte is the requirement's (`online-reencrypt-vN`).
+        let version = self
+            .reencrypt_requirement_version()
+            .unwrap_or(REENCRYPT_VERSION);
+        let mut out = vec![b'v', b'0' + version];
         if d_old.is_some() {
             out.extend_from_slice(old.ok_or_else(|| bad("the old volume key is needed"))?);
         }
@@ -496,84 +495,6 @@ impl Luks2Header {
             return Err(e);
         }
         Ok(slot)
-    }
-
-    /// Sets the segments of a forward step over `[offset, offset + len)` (bytes on the data
-    /// device) as cryptsetup does before it rewrites them: new data below (when the step is
-    /// not the first), the `in-reencryption` hotzone with the new parameters, old data
-    /// above (`dynamic`, when `old_after`), then both backups; the hotzone is assigned to
-    /// both digests. In memory; the caller writes it.
-    pub fn set_forward_hotzone(&mut self, offset: u64, len: u64, old_after: bool) -> Result<()> {
-        let (prev_id, prev) = self
-            .segment_json_by_flag("backup-previous")
-            .ok_or_else(|| bad("no backup-previous segment"))?;
-        let (fin_id, fin) = self
-            .segment_json_by_flag("backup-final")
-            .ok_or_else(|| bad("no backup-final segment"))?;
-        let old_digest = self
-            .digests_of_segment(prev_id)
-            .into_iter()
-            .next()
-            .ok_or_else(|| bad("backup-previous has no digest"))?;
-        let new_digest = self
-            .digests_of_segment(fin_id)
-            .into_iter()
-            .next()
-            .ok_or_else(|| bad("backup-final has no digest"))?;
-        let field = |v: &Value, k: &str| get_u64_str(v, k).unwrap_or(0);
-        let seg_from = |backup: &Value, at: u64, size: Option<u64>, flag: Option<&str>| {
-            let base = field(backup, "offset");
-            crypt_segment(
-                at,
-                size,
-                field(backup, "iv_tweak") + (at - base) / 512,
-                backup["encryption"].as_str().unwrap_or(""),
-                get_u32(backup, "sector_size").unwrap_or(512),
-                flag,
-            )
-        };
-        let start = field(&fin, "offset");
-        if offset < start || offset < field(&prev, "offset") {
-            return Err(bad("hotzone before the data start"));
-        }
-        let mut segments = Map::new();
-        let mut next = 0u32;
-        let mut add = |segments: &mut Map<String, Value>, v: Value| {
-            segments.insert(next.to_string(), v);
-            next += 1;
-            (next - 1).to_string()
-        };
-        let new_id = (offset > start).then(|| {
-            add(
-                &mut segments,
-                seg_from(&fin, start, Some(offset - start), None),
-            )
-        });
-        let hz_id = add(
-            &mut segments,
-            seg_from(&fin, offset, Some(len), Some("in-reencryption")),
-        );
-        let old_id =
-            old_after.then(|| add(&mut segments, seg_from(&prev, offset + len, None, None)));
-        let prev_new = add(&mut segments, prev);
-        let fin_new = add(&mut segments, fin);
-        let mut json = self.json.clone();
-        json["segments"] = Value::Object(segments);
-        json["digests"][&old_digest]["segments"] = json!([]);
-        json["digests"][&new_digest]["segments"] = json!([]);
-        push_ref(&mut json, &new_digest, "segments", &hz_id);
-        push_ref(&mut json, &old_digest, "segments", &hz_id);
-        if let Some(n) = new_id {
-            push_ref(&mut json, &new_digest, "segments", &n);
-        }
-        if let Some(o) = old_id {
-            push_ref(&mut json, &old_digest, "segments", &o);
-        }
-        push_ref(&mut json, &old_digest, "segments", &prev_new);
-        push_ref(&mut json, &new_digest, "segments", &fin_new);
-        super::validate::validate(&json, self.hdr_size - super::binary::BIN_HDR_LEN as u64)?;
-        self.json = json;
-        Ok(())
     }
 
     /// The header of a finished re-key, in memory (the caller writes it, then wipes the

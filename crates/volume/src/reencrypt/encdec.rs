@@ -12,6 +12,8 @@
 //!   `FILE`; the device is not touched until the run.
 //! - **decrypt with a detached header**: one header write records the reencryption
 //!   (backward, resilience as asked).
+//! - **decrypt with the header on the device** (`--header NEW_FILE`): see
+//!   [`init_decrypt_export`].
 
 use super::init::ResilienceChoice;
 use super::keys::ReencryptKeys;
@@ -193,16 +195,7 @@ pub fn init_decrypt(
             "Reencryption of device with integrity profile is not supported.",
         ));
     }
-    let key = match h.unlock(header, passphrase, slot, UnlockPurpose::Activate) {
-        Ok(u) => u.key,
-        Err(FormatError::WrongPassphrase) => {
-            return Err(VolumeError::new(
-                ErrorClass::NoPermission,
-                "No key available with this passphrase.",
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let key = unlock_old(h, header, passphrase, slot)?;
     let block = device_block.max(seg.sector_size);
     if choice == ResilienceChoice::Checksum {
         super::run::check_checksum_blocks(
@@ -227,4 +220,113 @@ pub fn init_decrypt(
         old: Some(key),
         new: None,
     })
+}
+
+/// Starts a decryption of the LUKS2 volume whose header `h` is on `data` itself, as
+/// cryptsetup 2.6.1's `reencrypt --decrypt --header NEW_FILE` does (facts from tracing
+/// its writes): the data moves back by the data offset `N`, so the plaintext will start
+/// at byte 0. After every check (the passphrase, the parameters), in this order, each
+/// synced: the header area `[0, N)` is copied to `export` (a new, empty file), the two
+/// LUKS2 magics on `data` are wiped, the first `N` bytes of ciphertext are copied to the
+/// device start, and the reencryption header is written to `export`. A crash before the
+/// last write leaves `export` holding the original header, which still describes the
+/// data (untouched from `N` on) as a detached header. Returns the keys for
+/// [`super::run::run_split`] with `export` as the header.
+#[allow(clippy::too_many_arguments)]
+pub fn init_decrypt_export(
+    h: &mut Luks2Header,
+    data: &dyn HeaderIo,
+    export: &dyn HeaderIo,
+    passphrase: &[u8],
+    slot: Option<usize>,
+    choice: ResilienceChoice,
+    hash: HashAlgorithm,
+    device_block: u32,
+    digest_iterations: Option<u32>,
+) -> Result<ReencryptKeys> {
+    h.check_requirements()?;
+    let seg = h.default_segment()?;
+    if seg.integrity.is_some() {
+        return Err(VolumeError::usage(
+            "Reencryption of device with integrity profile is not supported.",
+        ));
+    }
+    let shift = seg.offset;
+    if shift == 0 || shift > MAX_REDUCE || !shift.is_multiple_of(4096) {
+        return Err(VolumeError::usage(format!(
+            "Moving the data back by the data offset ({shift} bytes) is not supported."
+        )));
+    }
+    let key = unlock_old(h, data, passphrase, slot)?;
+    let dev = data.size().map_err(io_err("reading the device size"))?;
+    let data_size = dev.saturating_sub(shift);
+    let data_size = seg.size.unwrap_or(data_size).min(data_size);
+    if data_size <= shift {
+        return Err(VolumeError::usage("Device is too small."));
+    }
+    let block = device_block.max(seg.sector_size);
+    if choice == ResilienceChoice::Checksum {
+        super::run::check_checksum_blocks(
+            &cryptblk_format::luks2::Resilience::Checksum {
+                hash: String::new(),
+                sector_size: block,
+            },
+            data_size,
+        )?;
+    }
+    // The new metadata first, in memory: a refused parameter writes nothing.
+    let mut new_h = h.clone();
+    new_h.begin_decrypt(
+        &EncDecInit {
+            resilience: resilience(choice, hash, block),
+            shift: Some(shift),
+            data_size,
+            digest_iterations,
+        },
+        key.as_bytes(),
+    )?;
+    let copy = |from: &dyn HeaderIo, src: u64, to: &dyn HeaderIo, dst: u64, what| {
+        let mut buf = vec![0u8; (4u64 << 20).min(shift) as usize];
+        let mut pos = 0u64;
+        while pos < shift {
+            let n = ((shift - pos) as usize).min(buf.len());
+            from.read_at(src + pos, &mut buf[..n])
+                .map_err(io_err("reading the device"))?;
+            to.write_at(dst + pos, &buf[..n]).map_err(io_err(what))?;
+            pos += n as u64;
+        }
+        to.sync().map_err(io_err(what))
+    };
+    copy(data, 0, export, 0, "exporting the LUKS2 header")?;
+    let zeros = [0u8; 6];
+    for at in [0, h.metadata_size()] {
+        data.write_at(at, &zeros)
+            .map_err(io_err("wiping the LUKS2 signature"))?;
+    }
+    data.sync().map_err(io_err("wiping the LUKS2 signature"))?;
+    copy(data, shift, data, 0, "moving the first data segment")?;
+    new_h.write_reencryption(export)?;
+    *h = new_h;
+    Ok(ReencryptKeys {
+        old: Some(key),
+        new: None,
+    })
+}
+
+/// The volume key the passphrase opens in `h` (keyslot `slot` when given), with
+/// cryptsetup's message for a wrong passphrase.
+fn unlock_old(
+    h: &Luks2Header,
+    header: &dyn HeaderIo,
+    passphrase: &[u8],
+    slot: Option<usize>,
+) -> Result<SecretBytes> {
+    match h.unlock(header, passphrase, slot, UnlockPurpose::Activate) {
+        Ok(u) => Ok(u.key),
+        Err(FormatError::WrongPassphrase) => Err(VolumeError::new(
+            ErrorClass::NoPermission,
+            "No key available with this passphrase.",
+        )),
+        Err(e) => Err(e.into()),
+    }
 }

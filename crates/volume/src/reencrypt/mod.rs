@@ -31,7 +31,7 @@ pub mod repair;
 pub mod run;
 pub mod state;
 
-pub use encdec::{init_decrypt, init_encrypt, EncryptParams};
+pub use encdec::{init_decrypt, init_decrypt_export, init_encrypt, EncryptParams};
 pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
 pub use online::{OnlineJob, OnlineRequest, ReencryptProgress, RunState};

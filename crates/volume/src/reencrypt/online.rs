@@ -562,16 +562,14 @@ impl Worker {
             self.swap_top(&hold_table).map_err(held)?;
             hz.suspend().map_err(dm).map_err(held)?;
             let none = state.keyslot.resilience == Resilience::None;
-            run::protect(
-                state,
-                &self.file,
-                &self.file,
-                offset - state.fin.offset,
-                len,
-            )
-            .map_err(held)?;
+            // Logical offsets (from the data start), as the offline engine's.
+            let l = offset - state.fin.offset;
+            let logical_end = end - state.previous.offset;
+            let mut keep = Vec::new();
+            let old =
+                run::protect(state, &self.file, &self.file, l, len, &mut keep).map_err(held)?;
             self.h
-                .set_forward_hotzone(offset, len, !last)
+                .set_reencrypt_layout(&run::layout(state, logical_end, l, Some((l, len))))
                 .map_err(|e| held(e.into()))?;
             if !none {
                 self.h
@@ -585,8 +583,9 @@ impl Worker {
                 state,
                 &self.file,
                 &ciphers,
-                offset - state.fin.offset,
+                l,
                 len,
+                old,
                 &mut done,
                 &mut NoProgress,
             )
@@ -595,7 +594,7 @@ impl Worker {
                 run::finish(&mut self.h, &self.file, &self.file).map_err(named)?;
             } else {
                 self.h
-                    .finish_forward_hotzone()
+                    .set_reencrypt_layout(&run::layout(state, logical_end, l + len, None))
                     .map_err(|e| named(e.into()))?;
                 if !none {
                     self.h

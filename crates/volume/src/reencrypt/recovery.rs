@@ -141,6 +141,18 @@ pub fn read_old(
     l: u64,
     buf: &mut [u8],
 ) -> Result<()> {
+    read_old_raw(state, data, l, buf)?;
+    ciphers.old()?.decrypt_logical(l, buf)
+}
+
+/// The old data of logical `[l, l + buf.len())` as it lies on disk (still under the old
+/// key), read from wherever it lies (the moved segment for the first `shift` bytes).
+pub(crate) fn read_old_raw(
+    state: &ReencryptState,
+    data: &dyn HeaderIo,
+    l: u64,
+    buf: &mut [u8],
+) -> Result<()> {
     let mut done = 0usize;
     while done < buf.len() {
         let pos = l + done as u64;
@@ -155,7 +167,7 @@ pub fn read_old(
             .map_err(|e| VolumeError::device(format!("reading the old data: {e}")))?;
         done += n;
     }
-    ciphers.old()?.decrypt_logical(l, buf)
+    Ok(())
 }
 
 /// The plaintext of the hotzone `hz` (`len` bytes), recovered without changing anything

@@ -36,7 +36,7 @@
 //! own), so tests can cut it at any write.
 
 use super::keys::ReencryptKeys;
-use super::recovery::{hotzone_plaintext, read_old, Ciphers};
+use super::recovery::{hotzone_plaintext, read_old_raw, Ciphers};
 use super::state::{ReencryptState, Side};
 use crate::error::{Result, VolumeError};
 use crate::progress::Progress;
@@ -52,6 +52,13 @@ const CHUNK: u64 = 4 << 20;
 pub const MAX_HOTZONE: u64 = 1 << 30;
 /// cryptsetup's hotzone for resilience `none` without `--hotzone-size` (20 MiB).
 pub const DEFAULT_NONE_HOTZONE: u64 = 20 << 20;
+/// Largest hotzone whose old data is kept in memory between its protection (checksums or
+/// journal) and its rewrite, so it is read once; also the default checksum hotzone. A
+/// checksum area holds far more (cryptsetup would take up to 1 GiB in one step and hold it
+/// all in memory); a smaller step costs two header writes more per 64 MiB and saves a
+/// second read of every byte (a quarter of the CPU time of a re-key on RAM-backed storage,
+/// by `perf record`).
+pub const BUFFERED_HOTZONE: u64 = 64 << 20;
 
 /// How to run the steps.
 #[derive(Clone, Copy, Debug, Default)]
@@ -93,7 +100,12 @@ pub fn hotzone_length(state: &ReencryptState, opts: &RunOptions) -> Result<u64> 
         Resilience::None => opts.max_hotzone.unwrap_or(DEFAULT_NONE_HOTZONE),
         Resilience::Checksum { hash, sector_size } => {
             let h = HashAlgorithm::from_name(hash)?.output_len() as u64;
-            ks.area_size / h * u64::from(*sector_size)
+            let fits = ks.area_size / h * u64::from(*sector_size);
+            if opts.max_hotzone.is_none() {
+                fits.min(BUFFERED_HOTZONE)
+            } else {
+                fits
+            }
         }
         Resilience::Journal => ks.area_size,
         // The data moves by the shift: a longer hotzone would overwrite its own old data.
@@ -152,6 +164,7 @@ pub fn check_checksum_blocks(resilience: &Resilience, data_size: u64) -> Result<
 
 /// Rewrites logical `[l, l + len)` from old to new in chunks (read from the old place,
 /// decrypt, encrypt, write to the new place) and syncs.
+/// `old`, when given, is the old data of the whole range as [`protect`] read it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rewrite(
     state: &ReencryptState,
@@ -159,16 +172,25 @@ pub(crate) fn rewrite(
     ciphers: &Ciphers,
     l: u64,
     len: u64,
+    mut old: Option<&mut [u8]>,
     done: &mut u64,
     progress: &mut dyn Progress,
 ) -> Result<()> {
-    let mut buf = vec![0u8; CHUNK.min(len) as usize];
+    let mut own = Vec::new();
     let mut pos = l;
+    let threads = crypt_threads();
     while pos < l + len {
         let n = (l + len - pos).min(CHUNK) as usize;
-        read_old(state, ciphers, data, pos, &mut buf[..n])?;
-        ciphers.new_side()?.encrypt_logical(pos, &mut buf[..n])?;
-        data.write_at(state.new_phys(pos), &buf[..n])
+        let buf = match old.as_mut().filter(|o| o.len() as u64 == len) {
+            Some(o) => &mut o[(pos - l) as usize..(pos - l) as usize + n],
+            None => {
+                own.resize(n.max(own.len()), 0);
+                read_old_raw(state, data, pos, &mut own[..n])?;
+                &mut own[..n]
+            }
+        };
+        recrypt(state, ciphers, pos, buf, threads)?;
+        data.write_at(state.new_phys(pos), buf)
             .map_err(io_err("writing the hotzone"))?;
         pos += n as u64;
         *done += n as u64;
@@ -177,22 +199,105 @@ pub(crate) fn rewrite(
     data.sync().map_err(io_err("syncing the data"))
 }
 
+/// Threads that hash, decrypt and encrypt a chunk: 1 unless `CRYPTBLK_REENCRYPT_THREADS`
+/// asks for more (at most 4). On a loaded machine each hand-off to a thread waits for the
+/// scheduler: measured on 2 busy CPUs, 2 threads made a 256 MiB re-key 2-3x slower in
+/// wall time for the same CPU time, so the default is cryptsetup's single thread.
+fn crypt_threads() -> usize {
+    std::env::var("CRYPTBLK_REENCRYPT_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .clamp(1, 4)
+}
+
+/// Decrypts `buf` (old data of logical `l`) and encrypts it under the new key, split over
+/// `threads` threads at encryption-sector boundaries.
+fn recrypt(
+    state: &ReencryptState,
+    ciphers: &Ciphers,
+    l: u64,
+    buf: &mut [u8],
+    threads: usize,
+) -> Result<()> {
+    let (old, new) = (ciphers.old()?, ciphers.new_side()?);
+    let one = |l: u64, part: &mut [u8]| -> Result<()> {
+        old.decrypt_logical(l, part)?;
+        new.encrypt_logical(l, part)
+    };
+    // Pieces below 256 KiB are not worth a thread.
+    let ss = state.sector_size() as usize;
+    let per = buf.len().div_ceil(threads).div_ceil(ss) * ss;
+    if threads == 1 || per < 256 << 10 {
+        return one(l, buf);
+    }
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = buf
+            .chunks_mut(per)
+            .enumerate()
+            .map(|(i, part)| {
+                let at = l + (i * per) as u64;
+                s.spawn(move || one(at, part))
+            })
+            .collect();
+        jobs.into_iter().try_for_each(|j| {
+            j.join()
+                .unwrap_or_else(|_| Err(VolumeError::device("a cipher thread panicked")))
+        })
+    })
+}
+
+/// One `alg` hash per `bs`-byte block of `buf`, in order, over `threads` threads.
+fn block_sums(alg: HashAlgorithm, buf: &[u8], bs: usize, threads: usize) -> Vec<u8> {
+    let sums = |part: &[u8]| -> Vec<u8> {
+        part.chunks(bs)
+            .flat_map(|block| alg.digest(&[block]))
+            .collect()
+    };
+    let per = buf.len().div_ceil(threads).div_ceil(bs) * bs;
+    if threads == 1 || per < 256 << 10 {
+        return sums(buf);
+    }
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = buf
+            .chunks(per)
+            .map(|part| s.spawn(move || sums(part)))
+            .collect();
+        jobs.into_iter()
+            .flat_map(|j| j.join().expect("hashing does not panic"))
+            .collect()
+    })
+}
+
 /// Writes the resilience data of logical `[l, l + len)` (step 1) and syncs. A hotzone
-/// whose data moves (datashift) needs none: its old data stays where it was.
-pub(crate) fn protect(
+/// whose data moves (datashift) needs none: its old data stays where it was. Returns the
+/// hotzone's old data as read, in `keep` (reused from step to step: a fresh buffer per
+/// step cost a page fault per 4 KiB), when it is at most [`BUFFERED_HOTZONE`] long (for
+/// [`rewrite`], so it is read once).
+pub(crate) fn protect<'a>(
     state: &ReencryptState,
     header: &dyn HeaderIo,
     data: &dyn HeaderIo,
     l: u64,
     len: u64,
-) -> Result<()> {
+    keep: &'a mut Vec<u8>,
+) -> Result<Option<&'a mut [u8]>> {
     let ks = &state.keyslot;
     if !state.in_place(l, len) {
-        return Ok(());
+        return Ok(None);
     }
     let offset = state.new_phys(l);
-    match &ks.resilience {
-        Resilience::None => return Ok(()),
+    // In place, the old data lies where the new goes.
+    let kept = |what, keep: &'a mut Vec<u8>| -> Result<Option<&'a mut [u8]>> {
+        if len > BUFFERED_HOTZONE {
+            return Ok(None);
+        }
+        keep.resize(len as usize, 0);
+        data.read_at(offset, keep).map_err(io_err(what))?;
+        Ok(Some(keep.as_mut_slice()))
+    };
+    let old = match &ks.resilience {
+        Resilience::None => return Ok(None),
         Resilience::Checksum { hash, sector_size }
         | Resilience::DatashiftChecksum {
             hash, sector_size, ..
@@ -204,22 +309,29 @@ pub(crate) fn protect(
                     "the hotzone does not fit the checksum area",
                 ));
             }
-            let mut sums = Vec::with_capacity((len / bs) as usize * alg.output_len());
-            let step = CHUNK - CHUNK % bs;
-            let mut buf = vec![0u8; step.min(len) as usize];
-            let mut pos = offset;
-            while pos < offset + len {
-                let n = (offset + len - pos).min(step) as usize;
-                data.read_at(pos, &mut buf[..n])
-                    .map_err(io_err("reading the hotzone"))?;
-                for block in buf[..n].chunks(bs as usize) {
-                    sums.extend_from_slice(&alg.digest(&[block]));
+            let threads = crypt_threads();
+            let old = kept("reading the hotzone", keep)?;
+            let sums = match &old {
+                Some(v) => block_sums(alg, v, bs as usize, threads),
+                None => {
+                    let mut sums = Vec::with_capacity((len / bs) as usize * alg.output_len());
+                    let step = CHUNK - CHUNK % bs;
+                    let mut buf = vec![0u8; step.min(len) as usize];
+                    let mut pos = offset;
+                    while pos < offset + len {
+                        let n = (offset + len - pos).min(step) as usize;
+                        data.read_at(pos, &mut buf[..n])
+                            .map_err(io_err("reading the hotzone"))?;
+                        sums.extend_from_slice(&block_sums(alg, &buf[..n], bs as usize, threads));
+                        pos += n as u64;
+                    }
+                    sums
                 }
-                pos += n as u64;
-            }
+            };
             header
                 .write_at(ks.area_offset, &sums)
                 .map_err(io_err("writing the hotzone checksums"))?;
+            old
         }
         Resilience::Journal | Resilience::DatashiftJournal { .. } => {
             if len > ks.area_size {
@@ -227,30 +339,43 @@ pub(crate) fn protect(
                     "the hotzone does not fit the journal area",
                 ));
             }
-            let mut buf = vec![0u8; CHUNK.min(len) as usize];
-            let mut pos = 0u64;
-            while pos < len {
-                let n = (len - pos).min(CHUNK) as usize;
-                data.read_at(offset + pos, &mut buf[..n])
-                    .map_err(io_err("reading the hotzone"))?;
-                header
-                    .write_at(ks.area_offset + pos, &buf[..n])
-                    .map_err(io_err("writing the hotzone journal"))?;
-                pos += n as u64;
+            let old = kept("reading the hotzone", keep)?;
+            match &old {
+                Some(v) => header
+                    .write_at(ks.area_offset, v)
+                    .map_err(io_err("writing the hotzone journal"))?,
+                None => {
+                    let mut buf = vec![0u8; CHUNK.min(len) as usize];
+                    let mut pos = 0u64;
+                    while pos < len {
+                        let n = (len - pos).min(CHUNK) as usize;
+                        data.read_at(offset + pos, &mut buf[..n])
+                            .map_err(io_err("reading the hotzone"))?;
+                        header
+                            .write_at(ks.area_offset + pos, &buf[..n])
+                            .map_err(io_err("writing the hotzone journal"))?;
+                        pos += n as u64;
+                    }
+                }
             }
+            old
         }
         Resilience::Datashift { .. } => {
             return Err(VolumeError::device(
                 "a datashift hotzone overlaps its own old data",
             ))
         }
-    }
-    header.sync().map_err(io_err("syncing the resilience data"))
+    };
+    header
+        .sync()
+        .map_err(io_err("syncing the resilience data"))?;
+    Ok(old)
 }
 
 /// Writes the final header in one write, then wipes the removed keyslots' areas (the old
 /// key's keyslots and the resilience area) and, after a data shift, the moved copy of
-/// the first data (plaintext of an encryption, as cryptsetup wipes it).
+/// the first data (plaintext of an encryption, as cryptsetup wipes it) or the old
+/// ciphertext a decryption left after the plaintext it moved back.
 pub(crate) fn finish(
     h: &mut Luks2Header,
     header: &dyn HeaderIo,
@@ -261,12 +386,31 @@ pub(crate) fn finish(
     let encrypting = h
         .reencrypt_keyslot()?
         .is_some_and(|k| k.mode == cryptblk_format::luks2::ReencryptMode::Encrypt);
-    let moved = h.moved_segment().filter(|_| encrypting);
+    let mut moved = h.moved_segment().filter(|_| encrypting);
+    // A decryption that moved the data back leaves old ciphertext in the last `shift`
+    // bytes after the plaintext; cryptsetup wipes them too.
+    if !encrypting {
+        if let (Some((_, shift)), Some(state)) = (h.moved_segment(), ReencryptState::of(h)?) {
+            let dev = data.size().map_err(io_err("reading the device size"))?;
+            let tail = state.new_phys(state.logical_size(dev));
+            moved = Some((tail, shift.min(dev.saturating_sub(tail))));
+        }
+    }
     let areas = h.finish_reencryption()?;
+    // The final keyslots area reaches the data offset; a detached header file smaller than
+    // that (a header exported with only its own size) grows to hold it, or cryptsetup
+    // refuses the file as too small.
+    let need = 2 * h.metadata_size() + h.keyslots_size();
+    let have = header.size().map_err(io_err("reading the header size"))?;
+    if have < need {
+        header
+            .write_at(need - 1, &[0])
+            .map_err(io_err("growing the header file"))?;
+    }
     h.write_reencryption(header)?;
     wipe_areas(header, &areas)?;
     if let Some((off, len)) = moved {
-        let zeros = vec![0u8; CHUNK.min(len) as usize];
+        let zeros = vec![0u8; CHUNK.min(len).max(1) as usize];
         let mut pos = off;
         while pos < off + len {
             let n = (off + len - pos).min(CHUNK) as usize;
@@ -303,10 +447,28 @@ pub(crate) fn verify_digest(
     .map_err(|e| VolumeError::device(e.to_string()))
 }
 
+/// True for a forward run whose first `shift` bytes were moved (a decryption that moves
+/// the data back to the device start): cryptsetup 2.6.1 rewrites the rest forward from
+/// `shift` first and the moved (in-place) first segment last.
+fn moved_first(state: &ReencryptState) -> Option<u64> {
+    if state.keyslot.direction == ReencryptDirection::Backward {
+        return None;
+    }
+    state.moved.as_ref().and_then(|m| m.size)
+}
+
 /// The boundary between old and new data: forward, the logical end of the new data at
-/// the start; backward, the logical start of the new data at the end.
+/// the start (after the moved first segment, see [`moved_first`]); backward, the logical
+/// start of the new data at the end.
 fn boundary(state: &ReencryptState, end: u64) -> u64 {
     let backward = state.keyslot.direction == ReencryptDirection::Backward;
+    if let Some(shift) = moved_first(state) {
+        return state
+            .segments
+            .iter()
+            .find(|s| s.logical >= shift && s.side != Side::New)
+            .map_or(end, |s| s.logical);
+    }
     if backward {
         state
             .segments
@@ -328,10 +490,28 @@ fn boundary(state: &ReencryptState, end: u64) -> u64 {
 /// `x`, with the hotzone `hz` (logical start and length) next to it, as cryptsetup lists
 /// them: the last one `dynamic` when the original data runs to the device end, one
 /// segment alone keeping its backup's size.
-fn layout(state: &ReencryptState, end: u64, x: u64, hz: Option<(u64, u64)>) -> Vec<LayoutPart> {
+pub(crate) fn layout(
+    state: &ReencryptState,
+    end: u64,
+    x: u64,
+    hz: Option<(u64, u64)>,
+) -> Vec<LayoutPart> {
     let backward = state.keyslot.direction == ReencryptDirection::Backward;
     let mut parts: Vec<(bool, u64, u64, bool)> = Vec::new();
-    if backward {
+    if let Some(shift) = moved_first(state) {
+        // Old moved segment (until its own, last step), new data from `shift` to `x`,
+        // the hotzone, old data after it.
+        match hz {
+            Some((0, n)) => parts.push((true, 0, n, true)),
+            _ => parts.push((false, 0, shift, false)),
+        }
+        parts.push((true, shift, x - shift, false));
+        if let Some((a, n)) = hz.filter(|&(a, _)| a != 0) {
+            parts.push((true, a, n, true));
+        }
+        let hi = hz.filter(|&(a, _)| a != 0).map_or(x, |(a, n)| a + n);
+        parts.push((false, hi, end - hi, false));
+    } else if backward {
         let lo = hz.map_or(x, |(a, _)| a);
         parts.push((false, 0, lo, false));
         if let Some((a, n)) = hz {
@@ -411,12 +591,13 @@ pub fn recover_split(
         .map_err(io_err("writing the hotzone"))?;
     data.sync().map_err(io_err("syncing the data"))?;
     let backward = state.keyslot.direction == ReencryptDirection::Backward;
-    let x = if backward {
-        hz.logical
-    } else {
-        hz.logical + len
+    let (x, all_new) = match moved_first(state) {
+        // The moved first segment is the last step.
+        Some(_) if hz.logical == 0 => (end, true),
+        Some(_) => (hz.logical + len, false),
+        None if backward => (hz.logical, hz.logical == 0),
+        None => (hz.logical + len, hz.logical + len >= end),
     };
-    let all_new = if backward { x == 0 } else { x >= end };
     if all_new {
         finish(h, header, data)?;
     } else {
@@ -460,8 +641,13 @@ pub fn run_split(
     let none = state.keyslot.resilience == Resilience::None;
     let backward = state.keyslot.direction == ReencryptDirection::Backward;
     let x0 = boundary(&state, end);
-    let mut done = if backward { end - x0 } else { x0 };
+    let mut done = match moved_first(&state) {
+        Some(shift) => x0.saturating_sub(shift),
+        None if backward => end - x0,
+        None => x0,
+    };
     progress.start(Some(out.data_size), "reencrypting");
+    let mut keep = Vec::new();
     let result = (|| -> Result<()> {
         let mut state = state;
         loop {
@@ -473,23 +659,41 @@ pub fn run_split(
                 progress.update(done);
             } else {
                 let x = boundary(&state, end);
-                let (l, len) = if backward {
-                    let l = x.saturating_sub(out.hotzone);
-                    (l, x - l)
-                } else {
-                    (x, out.hotzone.min(end - x))
+                // Hotzone [l, l + len) next to the boundary.
+                let (l, len) = match moved_first(&state) {
+                    // The moved first segment goes last, unless it is new already.
+                    Some(shift) if x >= end => {
+                        let first_new = state.segments.first().is_some_and(|s| s.side == Side::New);
+                        (0, if first_new { 0 } else { shift })
+                    }
+                    Some(_) => (x, out.hotzone.min(end - x)),
+                    None if backward => {
+                        let l = x.saturating_sub(out.hotzone);
+                        (l, x - l)
+                    }
+                    None => (x, out.hotzone.min(end - x)),
                 };
                 if len == 0 {
                     return finish(h, header, data);
                 }
-                let last = if backward { l == 0 } else { l + len >= end };
-                protect(&state, header, data, l, len)?;
+                // The step's hotzone, with x the boundary it extends.
+                let x = if moved_first(&state).is_some() && l == 0 {
+                    end
+                } else {
+                    x
+                };
+                let last = match moved_first(&state) {
+                    Some(_) => l == 0,
+                    None if backward => l == 0,
+                    None => l + len >= end,
+                };
+                let old = protect(&state, header, data, l, len, &mut keep)?;
                 h.set_reencrypt_layout(&layout(&state, end, x, Some((l, len))))?;
                 if !none {
                     h.write_reencryption(header)?;
                 }
                 let ciphers = Ciphers::new(&state, keys)?;
-                rewrite(&state, data, &ciphers, l, len, &mut done, progress)?;
+                rewrite(&state, data, &ciphers, l, len, old, &mut done, progress)?;
                 out.bytes += len;
                 out.steps += 1;
                 if last {
