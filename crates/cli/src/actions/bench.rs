@@ -13,7 +13,6 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
         .as_deref()
         .map(|s| cryptblk_dm::parse_size(s).map_err(|e| Failure::usage(e.to_string())))
         .transpose()?;
-    let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
     if a.integrity_report {
         return integrity_report(opts, a, device_size);
     }
@@ -26,7 +25,20 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
     if let Some(modes) = &a.reencrypt {
         return reencrypt_report(opts, a, modes, device_size);
     }
-    let o = BenchOptions {
+    let report = cryptblk_bench::run(&bench_options(a, device_size))
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    print_report(
+        opts,
+        || report.to_json(),
+        || report.render_table(),
+        report.failures().len(),
+    )
+}
+
+/// The options of a dm-crypt matrix run (on the host or in the lab) from the arguments.
+fn bench_options(a: &BenchArgs, device_size: Option<u64>) -> BenchOptions {
+    let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+    BenchOptions {
         quick: a.quick,
         runtime: a.runtime.map(secs),
         repeats: a.repeats,
@@ -40,20 +52,28 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
         svg: a.svg.clone(),
         markdown: a.markdown.clone(),
         ..BenchOptions::default()
-    };
-    let report = cryptblk_bench::run(&o).map_err(|e| Failure::usage(e.to_string()))?;
-    if opts.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.render_table());
     }
-    let failed = report.failures();
-    if failed.is_empty() {
+}
+
+/// Prints a report (its JSON with `--json`, else its table); exit 1 when any of its runs
+/// failed (the table says why).
+fn print_report(
+    opts: &Opts,
+    json: impl FnOnce() -> String,
+    table: impl FnOnce() -> String,
+    failed: usize,
+) -> ActionResult {
+    if opts.json {
+        println!("{}", json());
+    } else {
+        print!("{}", table());
+    }
+    if failed == 0 {
         Ok(())
     } else {
         Err(Failure::new(
             ExitCode::WrongParameters,
-            format!("{} benchmark run(s) failed; see the table", failed.len()),
+            format!("{failed} benchmark run(s) failed; see the table"),
         ))
     }
 }
@@ -61,41 +81,19 @@ pub fn bench(opts: &Opts, a: &BenchArgs) -> ActionResult {
 /// `bench --transport ublk|vhost-user`: the same rows, measured in the kernel lab VM beside
 /// the guest kernel's dm-crypt, with the ratios (and the emulated-CPU caveat).
 fn lab_bench(opts: &Opts, a: &BenchArgs, device_size: Option<u64>) -> ActionResult {
-    let o = BenchOptions {
-        quick: a.quick,
-        runtime: a.runtime.map(|s| Duration::from_secs_f64(s.max(0.0))),
-        repeats: a.repeats,
-        configs: a.configs.clone(),
-        workloads: a.workloads.clone(),
-        transports: a.transports.clone(),
-        device_size,
-        peers: a.peers,
-        live: a.live.map(|s| Duration::from_secs_f64(s.max(0.0))),
-        json: a.json_file.clone(),
-        svg: a.svg.clone(),
-        markdown: a.markdown.clone(),
-        ..BenchOptions::default()
-    };
+    let o = bench_options(a, device_size);
     let lab = cryptblk_bench::lab::LabOptions {
         lab_dir: None,
         cryptblk: std::env::current_exe()
             .map_err(|e| Failure::usage(format!("cannot find the cryptblk binary: {e}")))?,
     };
     let report = cryptblk_bench::lab::run(&o, &lab).map_err(|e| Failure::usage(e.to_string()))?;
-    if opts.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.render_table());
-    }
-    let failed = report.failures();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(Failure::new(
-            ExitCode::WrongParameters,
-            format!("{} benchmark run(s) failed; see the table", failed.len()),
-        ))
-    }
+    print_report(
+        opts,
+        || report.to_json(),
+        || report.render_table(),
+        report.failures().len(),
+    )
 }
 
 /// `bench --integrity-report`: the dm-integrity/dm-verity overhead table (markdown on
