@@ -5,88 +5,16 @@
 
 use cryptblk_format::bitlk::BitlkKey;
 use cryptblk_volume::bitlk;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn images_dir() -> PathBuf {
-    match std::env::var_os("CRYPTBLK_CRYPTSETUP_TESTS") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/cryptsetup-tests"
-        )),
-    }
-}
-
-struct Scratch(PathBuf);
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Reads the whole mapped device: its sha256, and a sparse copy for blkid.
-fn hash_and_copy(table: &str, copy: &Path) -> (String, u64) {
-    use std::os::unix::fs::FileExt;
-    let reg = cryptblk_dm::Registry::new();
-    let dev = reg.create("bitlk-row", table).expect("table loads");
-    let size = cryptblk_dm::BlockDevice::size(&*dev);
-    let out = std::fs::File::create(copy).unwrap();
-    out.set_len(size).unwrap();
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut off = 0;
-    while off < size {
-        let n = buf.len().min((size - off) as usize);
-        cryptblk_dm::BlockDevice::read_at(&*dev, off, &mut buf[..n]).unwrap();
-        h.update(&buf[..n]);
-        if buf[..n].iter().any(|&b| b != 0) {
-            out.write_all_at(&buf[..n], off).unwrap();
-        }
-        off += n as u64;
-    }
-    drop(dev);
-    reg.remove("bitlk-row").unwrap();
-    (hex(&h.finalize()), size)
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn blkid_uuid(p: &Path) -> String {
-    let out = Command::new("blkid")
-        .args(["-p", "-o", "value", "-s", "UUID"])
-        .arg(p)
-        .output()
-        .expect("blkid must be installed");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+mod common;
+use common::*;
 
 #[test]
 fn every_bitlk_row_behaves_as_listed() {
-    let images = images_dir();
-    let tsv = std::fs::read_to_string(images.join("expected.tsv")).expect("expected.tsv");
-    let rows: Vec<Vec<String>> = tsv
-        .lines()
-        .skip(1)
-        .map(|l| l.split('\t').map(str::to_string).collect())
-        .filter(|r: &Vec<String>| r.len() >= 9 && r[3] == "bitlk")
-        .collect();
+    let rows = expected_rows("bitlk");
     assert_eq!(rows.len(), 41, "bitlk rows in expected.tsv");
-    let tmp =
-        Scratch(std::env::temp_dir().join(format!("cryptblk-bitlk-rows-{}", std::process::id())));
-    std::fs::create_dir_all(&tmp.0).unwrap();
-    let st = Command::new("tar")
-        .arg("xJSf")
-        .arg(images.join("bitlk-images.tar.xz"))
-        .arg("-C")
-        .arg(&tmp.0)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let tmp = unpack_images("bitlk");
     // (image, volume key) -> (sha256, fs uuid): each image is read once.
     let mut seen: HashMap<(String, Vec<u8>), (String, String)> = HashMap::new();
     let mut passed = 0;
@@ -124,7 +52,7 @@ fn every_bitlk_row_behaves_as_listed() {
             .entry((path.clone(), vk.as_bytes().to_vec()))
             .or_insert_with(|| {
                 let copy = tmp.0.join("mapped");
-                let (hash, size) = hash_and_copy(&plan.table, &copy);
+                let (hash, size) = hash_and_copy("bitlk-row", &plan.table, &copy);
                 assert_eq!(size, h.volume_size, "{case}");
                 let uuid = blkid_uuid(&copy);
                 std::fs::remove_file(&copy).unwrap();
