@@ -6,37 +6,11 @@
 #![no_main]
 
 use cryptblk_format::bitlk::{BitlkHeader, BitlkKey};
-use cryptblk_format::hdrio::HeaderIo;
 use libfuzzer_sys::fuzz_target;
 
-/// The input at the start of a zero-filled device of `size` bytes.
-struct Device<'a> {
-    data: &'a [u8],
-    size: u64,
-}
-
-impl HeaderIo for Device<'_> {
-    fn size(&self) -> std::io::Result<u64> {
-        Ok(self.size)
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        offset
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= self.size)
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        for (i, b) in buf.iter_mut().enumerate() {
-            let at = offset + i as u64;
-            *b = if at < self.data.len() as u64 { self.data[at as usize] } else { 0 };
-        }
-        Ok(())
-    }
-    fn write_at(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
-        Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied))
-    }
-    fn sync(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+#[path = "zero_device.rs"]
+mod zero_device;
+use zero_device::Device;
 
 fuzz_target!(|data: &[u8]| {
     let dev = Device { data, size: 64 << 20 };
