@@ -17,21 +17,7 @@ const SK_SHA256: &str = "bbb68369d8f7badb2c2330349d9d0cf12e68f54eece25e718d2bb13
 
 fn images(dir: &Path) -> Option<PathBuf> {
     cryptsetup()?;
-    let src = match std::env::var_os("CRYPTBLK_CRYPTSETUP_TESTS") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/cryptsetup-tests"
-        )),
-    };
-    run_ok(
-        Command::new("tar")
-            .arg("xJSf")
-            .arg(src.join("bitlk-images.tar.xz"))
-            .arg("-C")
-            .arg(dir),
-        b"",
-    );
+    common::unpack_cryptsetup_images("bitlk", dir);
     Some(dir.join("bitlk-images"))
 }
 

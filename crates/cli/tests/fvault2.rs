@@ -19,21 +19,7 @@ const DEVICE_SHA256: &str = "2c662e36c0f7e2f5583e6a939bbcbdc660805692d0fccaa45ad
 /// The extracted test image, or `None` when cryptsetup is missing and skipping was asked.
 fn image(dir: &Path) -> Option<PathBuf> {
     cryptsetup()?;
-    let src = match std::env::var_os("CRYPTBLK_CRYPTSETUP_TESTS") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/cryptsetup-tests"
-        )),
-    };
-    run_ok(
-        Command::new("tar")
-            .arg("xJSf")
-            .arg(src.join("fvault2-images.tar.xz"))
-            .arg("-C")
-            .arg(dir),
-        b"",
-    );
+    common::unpack_cryptsetup_images("fvault2", dir);
     Some(dir.join("fvault2-images/small"))
 }
 

@@ -381,6 +381,26 @@ pub fn code(cmd: &mut Command) -> (i32, String) {
     )
 }
 
+/// cryptsetup's `<kind>-images.tar.xz` (from `$CRYPTBLK_CRYPTSETUP_TESTS`, else
+/// ../shared/cryptsetup-tests) unpacked, sparse, into `dir`.
+pub fn unpack_cryptsetup_images(kind: &str, dir: &Path) {
+    let src = match std::env::var_os("CRYPTBLK_CRYPTSETUP_TESTS") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/cryptsetup-tests"
+        )),
+    };
+    run_ok(
+        Command::new("tar")
+            .arg("xJSf")
+            .arg(src.join(format!("{kind}-images.tar.xz")))
+            .arg("-C")
+            .arg(dir),
+        b"",
+    );
+}
+
 /// The sha256 of a file, by coreutils.
 pub fn sha256(p: &Path) -> String {
     let out = run_ok(Command::new("sha256sum").arg(p), b"");
