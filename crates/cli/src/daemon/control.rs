@@ -264,6 +264,11 @@ fn handle_client(stream: UnixStream, stack: &Stack, stopping: &AtomicBool, targe
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
+/// True while a suspended mapping holds requests (they wait for its resume).
+fn holds_suspended_io(info: &cryptblk_dm::MappingInfo) -> bool {
+    info.suspended && info.held > 0
+}
+
 fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> Response {
     let spec = stack.spec();
     let registry = stack.registry();
@@ -359,7 +364,7 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             }))
         }
         Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),
-        Request::Close if mapping.info().suspended && mapping.info().held > 0 => {
+        Request::Close if holds_suspended_io(&mapping.info()) => {
             // The kernel refuses to remove a device someone holds open; a request held by
             // the suspend is that here. Resume lets it finish; then close.
             Response::error(ExitCode::Busy, format!("Device {target} is still in use."))
