@@ -176,6 +176,10 @@ struct Shared {
     crypt_any: JobQueue,
     /// Per-CPU crypt queues for `same_cpu_crypt`.
     crypt_per_cpu: Vec<JobQueue>,
+    /// The CPU numbers this process may run on when the engine started, in order: worker i
+    /// serves (and with `same_cpu_crypt` is bound to) `cpus[i]`. In a container or under
+    /// `taskset` these are not 0..n.
+    cpus: Vec<usize>,
     write_queue: JobQueue,
     bounce: Mutex<Vec<Vec<u8>>>,
     stop: AtomicBool,
@@ -192,6 +196,26 @@ fn current_cpu() -> usize {
     // SAFETY: no arguments, no memory touched.
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).unwrap_or(0)
+}
+
+/// The CPUs the calling thread may run on (CPU 0 alone if the kernel will not say).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; the kernel writes at most its size; CPU_ISSET stays
+    // inside the set for c < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect();
+        if cpus.is_empty() {
+            vec![0]
+        } else {
+            cpus
+        }
+    }
 }
 
 fn pin_to_cpu(cpu: usize) {
@@ -215,7 +239,8 @@ impl QueuedEngine {
         flags: CryptFlags,
         stats: Arc<CryptStats>,
     ) -> io::Result<QueuedEngine> {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let allowed = allowed_cpus();
+        let cpus = allowed.len();
         let shared = Arc::new(Shared {
             cipher,
             dev,
@@ -224,6 +249,7 @@ impl QueuedEngine {
             io_queue: JobQueue::new(),
             crypt_any: JobQueue::new(),
             crypt_per_cpu: (0..cpus).map(|_| JobQueue::new()).collect(),
+            cpus: allowed,
             write_queue: JobQueue::new(),
             bounce: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
@@ -240,11 +266,11 @@ impl QueuedEngine {
             engine.threads.push(h);
             Ok(())
         };
-        for cpu in 0..cpus {
+        for (i, &cpu) in shared.cpus.iter().enumerate() {
             let s = shared.clone();
             spawn(
                 format!("kcryptd/{cpu}"),
-                Box::new(move || s.crypt_worker(cpu)),
+                Box::new(move || s.crypt_worker(i)),
             )?;
         }
         let s = shared.clone();
@@ -340,16 +366,23 @@ impl Shared {
     fn queue_crypt(&self, job: Job) {
         if self.flags.same_cpu_crypt {
             let n = self.crypt_per_cpu.len();
-            self.crypt_per_cpu[job.cpu % n].push(job);
+            // The submitter's CPU may have left the set since (a cpuset change): any worker.
+            let i = self
+                .cpus
+                .iter()
+                .position(|&c| c == job.cpu)
+                .unwrap_or(job.cpu % n);
+            self.crypt_per_cpu[i].push(job);
         } else {
             self.crypt_any.push(job);
         }
     }
 
-    fn crypt_worker(&self, cpu: usize) {
+    /// Worker `i` of [`Shared::cpus`].
+    fn crypt_worker(&self, i: usize) {
         let queue = if self.flags.same_cpu_crypt {
-            pin_to_cpu(cpu);
-            &self.crypt_per_cpu[cpu]
+            pin_to_cpu(self.cpus[i]);
+            &self.crypt_per_cpu[i]
         } else {
             &self.crypt_any
         };
