@@ -47,7 +47,8 @@ fn same_cpu_crypt_workers_stay_on_the_cpus_the_process_may_use() {
         return;
     }
     let last = (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| {
+        .rev()
+        .find(|&c| {
             // SAFETY: plain data; CPU_ISSET within the set.
             unsafe {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -55,7 +56,6 @@ fn same_cpu_crypt_workers_stay_on_the_cpus_the_process_may_use() {
                 libc::CPU_ISSET(c, &set)
             }
         })
-        .last()
         .unwrap();
     std::thread::spawn(move || {
         // SAFETY: plain data; CPU_SET within the set; this thread only.
