@@ -1045,6 +1045,8 @@ pub fn run(opts: &BenchOptions, lab: &LabOptions) -> Result<LabReport, BenchErro
             region: settings.region_mb << 20,
             fio_verify: false,
             order: "in the lab VM, one boot per transport; per workload, repeat r runs every device once, in order (A B C .. A B C ..)".into(),
+            // The guest's scheduler places its threads; --cpus applies to host runs.
+            cpus: Vec::new(),
         },
         workloads: workloads.clone(),
         ..Default::default()

@@ -42,6 +42,7 @@ pub mod live;
 pub mod metrics;
 pub mod pattern;
 pub mod peers;
+pub mod placement;
 pub mod reencrypt;
 pub mod report;
 mod runner;
@@ -174,6 +175,9 @@ pub struct BenchOptions {
     pub fio: PathBuf,
     /// Directory for sockets, mount points and peer images (default: a temporary directory).
     pub work_dir: Option<PathBuf>,
+    /// CPUs the run's threads, peers and fio are pinned to (default: the scheduler's choice;
+    /// the command line defaults to one CPU: see [`placement`]).
+    pub cpus: placement::CpuPlacement,
 }
 
 impl Default for BenchOptions {
@@ -197,6 +201,7 @@ impl Default for BenchOptions {
             progress: None,
             fio: PathBuf::from("fio"),
             work_dir: None,
+            cpus: placement::CpuPlacement::Scheduler,
         }
     }
 }

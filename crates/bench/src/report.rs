@@ -45,6 +45,23 @@ pub struct Settings {
     pub fio_verify: bool,
     /// How runs are ordered.
     pub order: String,
+    /// The CPUs every server thread, peer and fio ran on; empty: wherever the scheduler put
+    /// them ([`crate::placement`]).
+    pub cpus: Vec<usize>,
+}
+
+impl Settings {
+    /// One line saying where the run's threads ran.
+    pub fn placement(&self) -> String {
+        if self.cpus.is_empty() {
+            "placement: the scheduler placed servers and fio (--cpus all)".into()
+        } else {
+            format!(
+                "placement: servers, engine threads, peers and fio pinned to CPU {} (--cpus)",
+                crate::placement::list(&self.cpus)
+            )
+        }
+    }
 }
 
 /// Whether a transport ran, and why not.
@@ -349,6 +366,8 @@ impl BenchReport {
                     "openssl speed -evp aes-256-xts, 4 KiB: {dec:.0} MB/s decrypt, {enc:.0} MB/s encrypt\n"
                 ));
             }
+            out.push_str(&self.settings.placement());
+            out.push('\n');
             out.push_str(&self.noise.summary(&self.host));
             out.push('\n');
         }
@@ -401,6 +420,7 @@ impl BenchReport {
             s.region >> 20,
             self.total_seconds,
         ));
+        md.push_str(&format!("{}\n\n", s.placement()));
         md.push_str(&format!("**{}**\n\n", self.noise.summary(&self.host)));
         md.push_str("## Transports\n\n");
         for t in &self.transports {

@@ -17,6 +17,7 @@ use crate::fio::{self, FioJob, FioTarget, FioVerify};
 use crate::live;
 use crate::metrics::{self, BoundFigures, RunMetrics};
 use crate::peers::{self, PeerImage, PeerKind, PeerServer};
+use crate::placement::{self, Pinned};
 use crate::report::{
     self, BenchReport, ConfigInfo, HostInfo, ResultRow, Settings, TransportStatus,
 };
@@ -347,6 +348,21 @@ fn image_dir(work: &Path) -> Result<(Option<tempfile::TempDir>, PathBuf), BenchE
     Ok((None, work.to_path_buf()))
 }
 
+/// Pins every thread of the run to the CPUs `opts.cpus` names, if any.
+fn pin_for(opts: &BenchOptions) -> Result<Option<Pinned>, BenchError> {
+    let allowed = placement::allowed_cpus(0)
+        .map_err(|e| BenchError::Options(format!("cannot read this process's CPUs: {e}")))?;
+    match opts.cpus.resolve(&allowed).map_err(BenchError::Options)? {
+        None => Ok(None),
+        Some(cpus) => Pinned::all_threads(&cpus).map(Some).map_err(|e| {
+            BenchError::Options(format!(
+                "cannot pin to CPUs {}: {e}",
+                placement::list(&cpus)
+            ))
+        }),
+    }
+}
+
 fn check_options(opts: &BenchOptions) -> Result<(), BenchError> {
     let region = opts.effective_region();
     let size = opts.effective_device_size();
@@ -377,6 +393,8 @@ fn check_options(opts: &BenchOptions) -> Result<(), BenchError> {
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     check_options(opts)?;
     let started = Instant::now();
+    // Before any stack, pool, peer or fio exists, so that all of them inherit it.
+    let pin = pin_for(opts)?;
     let default_configs = if opts.configs.is_empty() {
         Configuration::default_set()
     } else {
@@ -422,6 +440,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             region: opts.effective_region(),
             fio_verify: opts.effective_fio_verify(),
             order: "per workload and transport: repeat r runs every configuration once, in order (A B C .. A B C ..)".into(),
+            cpus: pin.as_ref().map(|p| p.cpus().to_vec()).unwrap_or_default(),
         },
         workloads: workloads.clone(),
         ..Default::default()

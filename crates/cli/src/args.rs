@@ -1014,6 +1014,11 @@ pub struct BenchArgs {
     /// Also measure nbdkit's luks filter and qemu-nbd with a LUKS image.
     #[arg(long)]
     pub peers: bool,
+    /// CPUs the servers, peers and fio run on: `last` (default: one CPU, so queue-depth-1
+    /// runs do not swing with where the scheduler puts client and server), a list such as
+    /// `1` or `0-1`, or `all` to let the scheduler place them.
+    #[arg(long, value_name = "CPUS", default_value = "last", value_parser = cryptblk_bench::placement::CpuPlacement::parse)]
+    pub cpus: cryptblk_bench::placement::CpuPlacement,
     /// Run 4 KiB readwrite this many seconds and flip queued -> inline halfway.
     #[arg(long, value_name = "SECONDS")]
     pub live: Option<f64>,

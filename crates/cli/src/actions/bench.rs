@@ -51,6 +51,7 @@ fn bench_options(a: &BenchArgs, device_size: Option<u64>) -> BenchOptions {
         json: a.json_file.clone(),
         svg: a.svg.clone(),
         markdown: a.markdown.clone(),
+        cpus: a.cpus.clone(),
         ..BenchOptions::default()
     }
 }
