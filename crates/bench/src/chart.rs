@@ -342,16 +342,7 @@ mod tests {
             },
             ..Default::default()
         };
-        ResultRow {
-            config: config.into(),
-            workload: workload.into(),
-            transport: transport.into(),
-            runs: vec![m.clone()],
-            median: Some(m),
-            bound: None,
-            error: None,
-            spread: None,
-        }
+        ResultRow::single(config, workload, transport, m)
     }
 
     #[test]

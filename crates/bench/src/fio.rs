@@ -224,15 +224,7 @@ pub fn fill_with_headers(
     len: u64,
     work_dir: &Path,
 ) -> Result<(), BenchError> {
-    let w = Workload {
-        name: "fill".into(),
-        description: String::new(),
-        pattern: crate::workload::AccessPattern::Sequential,
-        read_percent: 0,
-        block_size: 1 << 20,
-        jobs: 1,
-        iodepth: 4,
-    };
+    let w = Workload::sequential_fill("fill");
     let job = FioJob {
         target: FioTarget::Nbd { uri: uri.into() },
         workload: &w,

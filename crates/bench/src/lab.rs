@@ -1330,15 +1330,7 @@ fn write_outputs(opts: &BenchOptions, r: &LabReport) -> Result<(), BenchError> {
         write(p, &crate::chart::render_matrix_svg(&r.report)?)?;
     }
     if let Some(p) = &opts.markdown {
-        let svg = opts.svg.as_ref().map(|s| {
-            if s.parent() == p.parent() {
-                s.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            } else {
-                s.display().to_string()
-            }
-        });
+        let svg = opts.svg.as_ref().map(|s| crate::report::chart_link(s, p));
         write(p, &r.render_markdown(svg.as_deref()))?;
     }
     Ok(())
@@ -1363,16 +1355,7 @@ mod tests {
             },
             ..Default::default()
         };
-        ResultRow {
-            config: config.into(),
-            workload: wl.into(),
-            transport: t.into(),
-            runs: vec![m.clone()],
-            median: Some(m),
-            bound: None,
-            error: None,
-            spread: None,
-        }
+        ResultRow::single(config, wl, t, m)
     }
 
     #[test]

@@ -110,6 +110,23 @@ pub struct ResultRow {
     pub spread: Option<f64>,
 }
 
+#[cfg(test)]
+impl ResultRow {
+    /// A row of one run `m` (the tests' fixture).
+    pub(crate) fn single(config: &str, workload: &str, transport: &str, m: RunMetrics) -> Self {
+        ResultRow {
+            config: config.into(),
+            workload: workload.into(),
+            transport: transport.into(),
+            runs: vec![m.clone()],
+            median: Some(m),
+            bound: None,
+            error: None,
+            spread: None,
+        }
+    }
+}
+
 /// A `plain` row whose repeats spread by more than this (max - min over median) marks the
 /// whole run noisy. Plain rows measure the machine, not cryptblk: their repeats differ only
 /// because something else took the CPUs or the memory bandwidth. 10% is several times what
@@ -489,6 +506,18 @@ impl BenchReport {
     /// Rows that failed.
     pub fn failures(&self) -> Vec<&ResultRow> {
         self.results.iter().filter(|r| r.error.is_some()).collect()
+    }
+}
+
+/// How the markdown report at `markdown` links the chart at `svg`: by file name when both sit
+/// in one directory, else by the path given.
+pub fn chart_link(svg: &Path, markdown: &Path) -> String {
+    if svg.parent() == markdown.parent() {
+        svg.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        svg.display().to_string()
     }
 }
 

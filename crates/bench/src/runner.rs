@@ -258,15 +258,7 @@ fn run_cell(
 /// Writes the peer's fio region once sequentially, so reads hit written, allocated blocks
 /// (as the in-process prefill does for cryptblk's stacks).
 fn prefill_peer(p: &PeerServer, opts: &BenchOptions, work: &Path) -> Result<(), BenchError> {
-    let w = Workload {
-        name: "prefill".into(),
-        description: String::new(),
-        pattern: crate::workload::AccessPattern::Sequential,
-        read_percent: 0,
-        block_size: 1 << 20,
-        jobs: 1,
-        iodepth: 4,
-    };
+    let w = Workload::sequential_fill("prefill");
     let mut job = fio_job(FioTarget::Nbd { uri: p.uri.clone() }, &w, opts);
     job.verify = FioVerify::Off;
     // One sequential pass: without time_based, a sequential job stops at the end of its size.
@@ -803,16 +795,7 @@ fn write_outputs(opts: &BenchOptions, report: &BenchReport) -> Result<(), BenchE
         report::write_file(p, &svg)?;
     }
     if let Some(p) = &opts.markdown {
-        // Link the chart relative to the markdown file when both sit in one directory.
-        let svg_name = opts.svg.as_ref().map(|s| {
-            if s.parent() == p.parent() {
-                s.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            } else {
-                s.display().to_string()
-            }
-        });
+        let svg_name = opts.svg.as_ref().map(|s| report::chart_link(s, p));
         report::write_file(p, &report.render_markdown(svg_name.as_deref()))?;
     }
     Ok(())

@@ -101,6 +101,20 @@ impl Workload {
 
     /// fio's `--rw` value. Pure reads and writes get fio's one-direction modes: fio treats a
     /// `readwrite` job as mixed even at `--rwmixread=100` and then does not check what it
+    /// One sequential pass of 1 MiB writes, 4 in flight: how regions are filled before
+    /// they are read (fio headers, a peer's image).
+    pub fn sequential_fill(name: &str) -> Workload {
+        Workload {
+            name: name.into(),
+            description: String::new(),
+            pattern: AccessPattern::Sequential,
+            read_percent: 0,
+            block_size: 1 << 20,
+            jobs: 1,
+            iodepth: 4,
+        }
+    }
+
     /// reads against verification headers.
     pub fn fio_rw(&self) -> &'static str {
         match (self.pattern, self.read_percent) {
