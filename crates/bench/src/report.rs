@@ -17,6 +17,9 @@ pub struct HostInfo {
     pub cpu: String,
     /// Online CPUs.
     pub cpus: usize,
+    /// Which of aes, avx2, vaes, vpclmulqdq, avx512f, avx512vl the CPU has: what the
+    /// cipher's speed depends on.
+    pub cpu_features: Vec<String>,
     /// Kernel release.
     pub kernel: String,
     /// `fio --version`, if fio runs.
@@ -26,6 +29,23 @@ pub struct HostInfo {
     pub load_avg_start: f64,
     /// The same when the run ended.
     pub load_avg_end: f64,
+}
+
+impl HostInfo {
+    /// The AES-related CPU features, and the AVX-512 ones it lacks (AWS-LC's fastest
+    /// AES-XTS needs them).
+    pub fn features_text(&self) -> String {
+        let has = |f: &str| self.cpu_features.iter().any(|x| x == f);
+        let mut t = if self.cpu_features.is_empty() {
+            "no AES-NI".to_string()
+        } else {
+            self.cpu_features.join(" ")
+        };
+        if has("aes") && !has("avx512f") {
+            t.push_str(", no avx512f");
+        }
+        t
+    }
 }
 
 /// The settings in force.
@@ -383,6 +403,7 @@ impl BenchReport {
                     "openssl speed -evp aes-256-xts, 4 KiB: {dec:.0} MB/s decrypt, {enc:.0} MB/s encrypt\n"
                 ));
             }
+            out.push_str(&format!("CPU features: {}\n", self.host.features_text()));
             out.push_str(&self.settings.placement());
             out.push('\n');
             out.push_str(&self.noise.summary(&self.host));
@@ -419,13 +440,14 @@ impl BenchReport {
         let mut md = String::new();
         md.push_str("# cryptblk bench results\n\n");
         md.push_str(&format!(
-            "Measured {} on {} ({} CPUs; 1-minute load average {:.1} at the start, {:.1} at the end), kernel {}, {}. Each figure is the median of {} run(s) of {:.2} s; \
+            "Measured {} on {} ({} CPUs with {}; 1-minute load average {:.1} at the start, {:.1} at the end), kernel {}, {}. Each figure is the median of {} run(s) of {:.2} s; \
              runs alternate between configurations ({}). RAM disk of {} MiB per configuration, \
              I/O over {} MiB. MB/s are 10^6 bytes/s; latencies are total latency (submission to completion). \
              Whole run: {:.0} s.\n\n",
             self.started_utc,
             self.host.cpu,
             self.host.cpus,
+            self.host.features_text(),
             self.host.load_avg_start,
             self.host.load_avg_end,
             self.host.kernel,

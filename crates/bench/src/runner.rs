@@ -76,9 +76,12 @@ fn host_info(fio_bin: &Path) -> HostInfo {
             })
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|| "unknown CPU".into()),
-        cpus: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        // Online CPUs, not this thread's: `--cpus` has pinned it by now.
+        // SAFETY: sysconf reads a system value; no memory is touched.
+        cpus: usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+            .unwrap_or(1)
+            .max(1),
+        cpu_features: cpu_features(&cpuinfo),
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
@@ -86,6 +89,23 @@ fn host_info(fio_bin: &Path) -> HostInfo {
         load_avg_start: load_avg(),
         load_avg_end: 0.0,
     }
+}
+
+/// The CPU features AES-XTS speed depends on (AES-NI, the vector AES and carry-less multiply
+/// of AVX2/AVX-512 code paths), as /proc/cpuinfo names them: a cipher figure is only
+/// comparable between machines that have the same ones.
+fn cpu_features(cpuinfo: &str) -> Vec<String> {
+    const WANTED: [&str; 6] = ["aes", "avx2", "vaes", "vpclmulqdq", "avx512f", "avx512vl"];
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("flags").and_then(|r| r.split(':').nth(1)))
+        .map(|f| f.split_whitespace().collect())
+        .unwrap_or_default();
+    WANTED
+        .iter()
+        .filter(|w| flags.contains(w))
+        .map(|w| (*w).to_string())
+        .collect()
 }
 
 /// The 1-minute load average (0 if /proc/loadavg is unreadable).
@@ -804,6 +824,13 @@ fn write_outputs(opts: &BenchOptions, report: &BenchReport) -> Result<(), BenchE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_features_come_from_the_flags_line() {
+        let info = "processor\t: 0\nflags\t\t: fpu sse2 aes avx2 vaes vpclmulqdq\n";
+        assert_eq!(cpu_features(info), ["aes", "avx2", "vaes", "vpclmulqdq"]);
+        assert!(cpu_features("no flags here").is_empty());
+    }
 
     #[test]
     fn iso_dates() {
