@@ -20,6 +20,9 @@ pub struct HostInfo {
     /// Which of aes, avx2, vaes, vpclmulqdq, avx512f, avx512vl the CPU has: what the
     /// cipher's speed depends on.
     pub cpu_features: Vec<String>,
+    /// On a VM with the `haltpoll` cpuidle driver: how long an idle vCPU polls before it
+    /// halts. 0 makes every cross-CPU wakeup a VM exit ([`crate::placement`]).
+    pub guest_halt_poll_ns: Option<u64>,
     /// Kernel release.
     pub kernel: String,
     /// `fio --version`, if fio runs.
@@ -404,7 +407,7 @@ impl BenchReport {
                 ));
             }
             out.push_str(&format!("CPU features: {}\n", self.host.features_text()));
-            out.push_str(&self.settings.placement());
+            out.push_str(&self.placement_text());
             out.push('\n');
             out.push_str(&self.noise.summary(&self.host));
             out.push('\n');
@@ -413,6 +416,17 @@ impl BenchReport {
             out.push_str(&live.summary());
         }
         out
+    }
+
+    /// Where the threads ran, and why it matters on this host.
+    pub fn placement_text(&self) -> String {
+        match self.host.guest_halt_poll_ns {
+            Some(ns) => format!(
+                "{} (idle vCPUs poll {ns} ns before they halt: haltpoll guest_halt_poll_ns)",
+                self.settings.placement()
+            ),
+            None => self.settings.placement(),
+        }
     }
 
     /// The results table in markdown.
@@ -459,7 +473,7 @@ impl BenchReport {
             s.region >> 20,
             self.total_seconds,
         ));
-        md.push_str(&format!("{}\n\n", s.placement()));
+        md.push_str(&format!("{}\n\n", self.placement_text()));
         md.push_str(&format!("**{}**\n\n", self.noise.summary(&self.host)));
         md.push_str("## Transports\n\n");
         for t in &self.transports {

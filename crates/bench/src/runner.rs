@@ -82,6 +82,11 @@ fn host_info(fio_bin: &Path) -> HostInfo {
             .unwrap_or(1)
             .max(1),
         cpu_features: cpu_features(&cpuinfo),
+        guest_halt_poll_ns: std::fs::read_to_string(
+            "/sys/module/haltpoll/parameters/guest_halt_poll_ns",
+        )
+        .ok()
+        .and_then(|s| s.trim().parse().ok()),
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
