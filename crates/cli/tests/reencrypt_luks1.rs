@@ -338,7 +338,16 @@ fn sweep(sample: Option<usize>) -> usize {
         let total = count_writes(&os(&cmd), "pwrite64", count_dir.path());
         assert!(total > 20, "only {total} writes");
         let points: Vec<usize> = match sample {
-            Some(s) => kill_points(total, s),
+            Some(s) => {
+                // The spread, plus every write of two whole blocks (journal, marker, data,
+                // log), so each window of a block is cut: the run ends with 4 writes per
+                // 1 MiB block of the 4 MiB data area and 2 for the header restore.
+                let mut v = kill_points(total, s);
+                v.extend(total.saturating_sub(17)..=total.saturating_sub(10));
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
             None => (1..=total).collect(),
         };
         total_cuts += cut_and_resume(&lab, &base, &plain, args, &points);
