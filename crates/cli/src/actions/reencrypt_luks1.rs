@@ -135,8 +135,11 @@ pub(super) fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> Action
                 Some(s) => format!("Enter passphrase for key slot {s}: "),
                 None => "Enter any existing passphrase: ".to_string(),
             };
-            let pass =
-                volume::read_secret(&volume::key_source(opts, None), volume::limits(opts), &prompt)?;
+            let pass = volume::read_secret(
+                &volume::key_source(opts, None),
+                volume::limits(opts),
+                &prompt,
+            )?;
             Luks1Rekey::resume(
                 &dev,
                 &dir,
@@ -150,7 +153,10 @@ pub(super) fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> Action
                 return Err(Failure::usage("Device reencryption not in progress."));
             }
             let vol = Luks1Volume::open(&dev).map_err(|_| {
-                Failure::usage(format!("Device {} is not a valid LUKS device.", device.display()))
+                Failure::usage(format!(
+                    "Device {} is not a valid LUKS device.",
+                    device.display()
+                ))
             })?;
             let mut kdf = volume::pbkdf_request(opts, true)?;
             kdf.hash = volume::hash_opt(opts)?;
@@ -170,7 +176,10 @@ pub(super) fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> Action
             drop(vol);
             let job = Luks1Rekey::start(&dev, &dir, &pass, &params)?;
             if opts.verbose {
-                eprintln!("LUKS1 header backup of device {} created.", device.display());
+                eprintln!(
+                    "LUKS1 header backup of device {} created.",
+                    device.display()
+                );
                 eprintln!("New LUKS header for device {} created.", device.display());
                 for s in &job.keyslots {
                     eprintln!("Key slot {s} created.");

@@ -353,7 +353,9 @@ impl Luks1Rekey {
         dev.read_exact_at(&mut magic, 0)
             .map_err(dev_err("reading the header"))?;
         if magic[..6] != LUKS1_MAGIC {
-            return Err(VolumeError::device("LUKS1 signature changed under the run."));
+            return Err(VolumeError::device(
+                "LUKS1 signature changed under the run.",
+            ));
         }
         dev.write_all_at(&UNUSABLE_MAGIC, 0)
             .map_err(dev_err("marking the device"))?;
@@ -395,9 +397,7 @@ impl Luks1Rekey {
             .read(true)
             .write(true)
             .open(&files.log)
-            .map_err(|e| {
-                VolumeError::device(format!("Cannot open reencryption log file: {e}"))
-            })?;
+            .map_err(|e| VolumeError::device(format!("Cannot open reencryption log file: {e}")))?;
         let mut text = [0u8; LOG_TEXT];
         log_file
             .read_exact_at(&mut text, 0)
@@ -410,15 +410,16 @@ impl Luks1Rekey {
             ));
         }
         let open = |p: &Path| -> Result<Luks1Volume<File>> {
-            let f = File::open(p).map_err(|e| {
-                VolumeError::device(format!("Cannot open {}: {e}", p.display()))
-            })?;
+            let f = File::open(p)
+                .map_err(|e| VolumeError::device(format!("Cannot open {}: {e}", p.display())))?;
             Ok(Luks1Volume::open(f)?)
         };
         let newvol = open(&files.new)?;
         let orgvol = open(&files.org)?;
         if newvol.header().uuid != uuid || orgvol.header().uuid != uuid {
-            return Err(VolumeError::device("Reencryption files do not match the device."));
+            return Err(VolumeError::device(
+                "Reencryption files do not match the device.",
+            ));
         }
         let n = newvol.unlock(passphrase, slot)?;
         let o = orgvol.unlock(passphrase, Some(n.keyslot))?;
@@ -435,8 +436,12 @@ impl Luks1Rekey {
         Ok(Luks1Rekey {
             data_offset: oh.data_offset_bytes(),
             data_size: data_size(dev, oh)?,
-            old: (!keep).then(|| data_cipher(oh, &o.volume_key)).transpose()?,
-            new: (!keep).then(|| data_cipher(nh, &n.volume_key)).transpose()?,
+            old: (!keep)
+                .then(|| data_cipher(oh, &o.volume_key))
+                .transpose()?,
+            new: (!keep)
+                .then(|| data_cipher(nh, &n.volume_key))
+                .transpose()?,
             files,
             log,
             log_file,
@@ -553,7 +558,13 @@ impl Luks1Rekey {
 
     /// Rewrites the block at the log's offset whose old ciphertext is `buf[JOURNAL_HEAD..][..n]`
     /// under the new key, then moves the log past it.
-    fn rewrite(&mut self, dev: &File, buf: &mut [u8], n: usize, out: &mut RunOutcome) -> Result<()> {
+    fn rewrite(
+        &mut self,
+        dev: &File,
+        buf: &mut [u8],
+        n: usize,
+        out: &mut RunOutcome,
+    ) -> Result<()> {
         let (old, new) = match (&self.old, &self.new) {
             (Some(o), Some(n)) => (o, n),
             _ => return Err(VolumeError::device("both volume keys are needed")),
@@ -576,15 +587,16 @@ impl Luks1Rekey {
     /// The new header onto the device (keyslot areas first, the header sector with the
     /// magic last, so the device is unusable until it is whole), then the files go.
     fn restore(&mut self, dev: &File) -> Result<()> {
-        let newvol = Luks1Volume::open(File::open(&self.files.new).map_err(dev_err(
-            "opening the new header",
-        ))?)?;
+        let newvol = Luks1Volume::open(
+            File::open(&self.files.new).map_err(dev_err("opening the new header"))?,
+        )?;
         let image = newvol.header_backup()?;
         let size = (newvol.header().required_size() as usize).min(image.len());
         if size > 4096 {
             dev.write_all_at(&image[4096..size], 4096)
                 .map_err(dev_err("writing the new keyslots"))?;
-            dev.sync_data().map_err(dev_err("syncing the new keyslots"))?;
+            dev.sync_data()
+                .map_err(dev_err("syncing the new keyslots"))?;
         }
         dev.write_all_at(&image[..size.min(4096)], 0)
             .map_err(dev_err("writing the new header"))?;
@@ -606,7 +618,8 @@ fn prepare_headers(
     let org = create(&files.org, 0o400)?;
     org.write_all_at(&vol.header_backup()?, 0)
         .map_err(dev_err("writing the header backup"))?;
-    org.sync_all().map_err(dev_err("syncing the header backup"))?;
+    org.sync_all()
+        .map_err(dev_err("syncing the header backup"))?;
 
     let cipher = p.cipher.clone().unwrap_or_else(|| h.cipher_spec());
     let key_bytes = if p.keep_key {
@@ -641,7 +654,12 @@ fn prepare_headers(
 fn write_log(f: &File, log: &Log) -> Result<()> {
     f.write_all_at(&log.render(), 0)
         .and_then(|()| f.sync_data())
-        .map_err(|_| VolumeError::new(ErrorClass::WrongDevice, "Cannot write reencryption log file."))
+        .map_err(|_| {
+            VolumeError::new(
+                ErrorClass::WrongDevice,
+                "Cannot write reencryption log file.",
+            )
+        })
 }
 
 #[cfg(test)]
@@ -653,8 +671,8 @@ mod tests {
         let mut l = Log::new("d48cac46-5d09-4414-b8d4-08048cd75f06");
         l.offset = 4194304;
         let sector = l.render();
-        let text = std::str::from_utf8(&sector[..sector.iter().position(|&b| b == 0).unwrap()])
-            .unwrap();
+        let text =
+            std::str::from_utf8(&sector[..sector.iter().position(|&b| b == 0).unwrap()]).unwrap();
         assert_eq!(
             text,
             "# LUKS reencryption log, DO NOT EDIT OR DELETE.\nversion = 2\n\
