@@ -192,6 +192,28 @@ fn rekeyed_luks1_is_accepted_by_cryptsetup_and_decrypts_with_the_new_key() {
         std::fs::remove_file(&img).unwrap();
     }
 
+    // No key file: one passphrase per active keyslot, read line by line from stdin as
+    // cryptsetup asks ("Enter passphrase for key slot N: "); both keyslots are carried and
+    // each passphrase gives cryptsetup the same new key.
+    let (img, plain) = lab.luks1("two.img", 4, true).unwrap();
+    let (old_vk, _) = luks1_plaintext(&img, &lab.key, &[]);
+    let out = run(
+        cryptblk()
+            .args(["reencrypt", "-q"])
+            .args(FAST)
+            .arg(&img)
+            .current_dir(lab.dir.path()),
+        b"luks1-pass\nother-pass\n",
+    );
+    ok(&out, "cryptblk reencrypt with two passphrases");
+    let (vk0, got) = luks1_plaintext(&img, &lab.key, &["--key-slot", "0"]);
+    let (vk1, _) = luks1_plaintext(&img, &other, &["--key-slot", "1"]);
+    assert_ne!(vk0, old_vk);
+    assert_eq!(vk0, vk1);
+    assert!(got == plain);
+    assert!(lab.temp_files().is_empty());
+    std::fs::remove_file(&img).unwrap();
+
     // --keep-key re-wraps the keyslots only (here with a new hash): same key, same data.
     // --json prints the LUKS2 path's summary line.
     let (img, plain) = lab.luks1("k.img", 4, false).unwrap();
