@@ -1225,4 +1225,19 @@ pub struct ReencryptArgs {
     /// moves by half of it).
     #[arg(long, value_name = "BYTES")]
     pub reduce_device_size: Option<String>,
+    /// LUKS1 only: reencryption block size in MiB (1-64, default 4).
+    #[arg(long, value_name = "MiB")]
+    pub block_size: Option<u32>,
+    /// LUKS1 only: keep the volume key, re-wrap the keyslots only (no data rewritten).
+    #[arg(long)]
+    pub keep_key: bool,
+    /// LUKS1 only, accepted for cryptsetup's sake: cryptblk always logs and syncs every block.
+    #[arg(long)]
+    pub write_log: bool,
+    /// LUKS1 only, accepted for cryptsetup's sake: cryptblk always syncs every block.
+    #[arg(long)]
+    pub use_fsync: bool,
+    /// LUKS1 only, accepted for cryptsetup's sake (buffered I/O with a sync per block).
+    #[arg(long)]
+    pub use_directio: bool,
 }

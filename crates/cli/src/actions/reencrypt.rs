@@ -401,6 +401,9 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
     // A served volume holds its data lock: refuse it as cryptsetup refuses a busy device
     // (online reencryption through the daemon is not built yet).
     let _lock = cryptblk_volume::lock::DataLock::take(device, true)?;
+    if super::reencrypt_luks1::is_luks1(opts.header.as_deref().unwrap_or(device)) {
+        return super::reencrypt_luks1::reencrypt(opts, device, a);
+    }
     let max_hotzone = max_hotzone(a)?;
     let device_block = File::open(device)
         .map(|f| reencrypt::init::device_block_size(&f))

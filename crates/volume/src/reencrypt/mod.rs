@@ -24,6 +24,7 @@
 pub mod encdec;
 pub mod init;
 pub mod keys;
+pub mod luks1;
 pub mod online;
 pub mod read;
 pub mod recovery;
