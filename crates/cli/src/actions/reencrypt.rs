@@ -9,7 +9,7 @@ use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::keyfile::KeySource;
-use cryptblk_format::luks2::Luks2Header;
+use cryptblk_format::luks2::{Luks2Header, UnlockPurpose};
 use cryptblk_volume::reencrypt::{
     self, EncryptParams, InitParams, ReencryptKeys, ReencryptState, ResilienceChoice, RunOptions,
 };
@@ -25,7 +25,21 @@ use super::volume;
 pub(super) fn passphrases(
     opts: &Opts,
     h: &cryptblk_format::luks2::Luks2Header,
-) -> Result<Vec<(usize, SecretBytes)>, Failure> {
+    file: &File,
+    device: &Path,
+) -> Result<(Vec<(usize, SecretBytes)>, bool), Failure> {
+    // Named tokens first (`--token-id`, `--token-type`, `--token-only`): the secret of the
+    // one that opens its keyslot is that keyslot's passphrase, and that keyslot alone is
+    // carried over, as with `--key-slot`.
+    if super::token::choice(opts).explicit() {
+        let mut open = |secret: &[u8], slot: usize| {
+            h.unlock(file, secret, Some(slot), UnlockPurpose::Verify)?;
+            Ok((slot, SecretBytes::from_slice(secret)))
+        };
+        if let Some(one) = super::token::try_tokens_with(opts, h, device, &mut open)? {
+            return Ok((vec![one], true));
+        }
+    }
     let active: Vec<usize> = h
         .keyslots()
         .iter()
@@ -48,6 +62,7 @@ pub(super) fn passphrases(
         }
         None => active,
     };
+    let one = opts.key_slot.is_some();
     slots
         .into_iter()
         .map(|s| {
@@ -58,7 +73,8 @@ pub(super) fn passphrases(
             )?;
             Ok((s, p))
         })
-        .collect()
+        .collect::<Result<Vec<_>, Failure>>()
+        .map(|v| (v, one))
 }
 
 /// The JSON line `--json` prints for an offline run (or an online `--init-only`).
@@ -87,7 +103,7 @@ pub(super) fn summary(
     println!("{v}");
 }
 
-fn resilience_choice(a: &ReencryptArgs) -> ResilienceChoice {
+pub(super) fn resilience_choice(a: &ReencryptArgs) -> ResilienceChoice {
     match a.resilience {
         None | Some(ResilienceArg::Checksum) => ResilienceChoice::Checksum,
         Some(ResilienceArg::Journal) => ResilienceChoice::Journal,
@@ -95,7 +111,7 @@ fn resilience_choice(a: &ReencryptArgs) -> ResilienceChoice {
     }
 }
 
-fn resilience_hash(a: &ReencryptArgs) -> Result<HashAlgorithm, Failure> {
+pub(super) fn resilience_hash(a: &ReencryptArgs) -> Result<HashAlgorithm, Failure> {
     match &a.resilience_hash {
         Some(name) => HashAlgorithm::from_name(name)
             .map_err(|_| Failure::usage(format!("Hash algorithm {name} is not available."))),
@@ -141,10 +157,18 @@ pub(super) fn init_params(
         },
         device_block,
         one_keyslot: opts.key_slot.is_some(),
+        new_key: opts
+            .volume_key_file
+            .as_deref()
+            .map(volume::read_volume_key_file)
+            .transpose()?,
     })
 }
 
-/// Both keys of the reencryption `h` holds, from one passphrase.
+/// Both keys of the reencryption `h` holds, from one passphrase, or from the secret of a
+/// token (tried first, as for `open`: `--token-id`, `--token-type`, `--token-only`, or any
+/// token when no key file is given). cryptsetup assigns a re-key's new keyslots the tokens
+/// of the old ones, so one token secret opens both keys.
 pub(super) fn resume_keys(
     opts: &Opts,
     h: &Luks2Header,
@@ -154,6 +178,11 @@ pub(super) fn resume_keys(
     let state = ReencryptState::of(h)?.ok_or_else(|| {
         Failure::device("LUKS2 reencryption requirement without reencryption metadata")
     })?;
+    let mut open =
+        |secret: &[u8], slot: usize| reencrypt::unlock_keys(h, file, &state, secret, Some(slot));
+    if let Some(keys) = super::token::try_tokens_with(opts, h, device, &mut open)? {
+        return Ok(keys);
+    }
     let pass = volume::read_secret(
         &volume::key_source(opts, None),
         volume::limits(opts),
@@ -512,8 +541,9 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
             ));
         }
     }
-    let params = init_params(opts, a, run_opts.device_block)?;
-    let pass = passphrases(opts, &h)?;
+    let mut params = init_params(opts, a, run_opts.device_block)?;
+    let (pass, one) = passphrases(opts, &h, &file, device)?;
+    params.one_keyslot |= one;
     let init = reencrypt::init(&mut h, &file, &pass, &params)?;
     if opts.verbose {
         for (_, n) in &init.keyslots {
