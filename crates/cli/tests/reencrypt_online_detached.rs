@@ -9,7 +9,8 @@
 //!   model) to what the export served; fio again after a reopen;
 //! - decryption (backward, as cryptsetup runs it): the same, ending with the plaintext the
 //!   export served on the data device and a header cryptsetup reads as finished;
-//! - the daemon SIGKILLed mid-run (re-key and decryption): `cryptsetup reencrypt
+//! - the daemon SIGKILLed mid-run (re-key and decryption): cryptblk's `open --header`
+//!   serves the data of a copy (a cut hotzone recovered first), and `cryptsetup reencrypt
 //!   --resume-only` (after `repair` where it asks) finishes it with the data intact.
 
 mod common;
@@ -291,6 +292,7 @@ fn detached_decrypt_online_under_fio_close_resume() {
 }
 
 /// The daemon SIGKILLed at 30% and 70% of a detached re-key and a detached decryption:
+/// cryptblk's `open --header` serves a copy's data (recovering a cut hotzone first), and
 /// `cryptsetup reencrypt --resume-only` (after `repair` where it asks) finishes each with
 /// the data intact.
 #[test]
@@ -302,6 +304,7 @@ fn killed_detached_runs_are_finished_by_cryptsetup() {
     let name = "t-reenc-det-kill";
     let (base, pattern) = detached_volume(&lab, name);
     let mut kills = 0;
+    let mut recovered = 0;
     for (decrypt, at) in [(false, 0.3), (false, 0.7), (true, 0.3), (true, 0.7)] {
         let v = base.copy(&lab, "cut");
         let sock = lab.path("nbd.sock");
@@ -333,6 +336,22 @@ fn killed_detached_runs_are_finished_by_cryptsetup() {
         drop(served);
         let _ = std::fs::remove_file(&sock);
         assert!(in_progress(&v.hdr), "killed at {at}: not mid-reencryption");
+        // cryptblk opens a copy (recovering a cut hotzone from the detached header's
+        // resilience data first) and serves the data.
+        let c = v.copy(&lab, "cb");
+        if json_of(&c.hdr)
+            .unwrap()
+            .to_string()
+            .contains("in-reencryption")
+        {
+            recovered += 1;
+        }
+        let s = c.open(&lab, name, &sock);
+        assert!(
+            lab.read_export(&sock, "cut.bin") == pattern,
+            "killed at {at} (decrypt: {decrypt}): cryptblk serves other data"
+        );
+        drop(s);
         v.finish_by_cryptsetup(&lab);
         let plain = if decrypt {
             std::fs::read(&v.data).unwrap()
@@ -346,4 +365,5 @@ fn killed_detached_runs_are_finished_by_cryptsetup() {
         kills += 1;
     }
     assert_eq!(kills, 4);
+    eprintln!("4 killed runs served by cryptblk ({recovered} with a cut hotzone) and finished by cryptsetup");
 }

@@ -103,7 +103,7 @@ pub(super) fn summary(
     println!("{v}");
 }
 
-pub(super) fn resilience_choice(a: &ReencryptArgs) -> ResilienceChoice {
+fn resilience_choice(a: &ReencryptArgs) -> ResilienceChoice {
     match a.resilience {
         None | Some(ResilienceArg::Checksum) => ResilienceChoice::Checksum,
         Some(ResilienceArg::Journal) => ResilienceChoice::Journal,
@@ -111,7 +111,7 @@ pub(super) fn resilience_choice(a: &ReencryptArgs) -> ResilienceChoice {
     }
 }
 
-pub(super) fn resilience_hash(a: &ReencryptArgs) -> Result<HashAlgorithm, Failure> {
+fn resilience_hash(a: &ReencryptArgs) -> Result<HashAlgorithm, Failure> {
     match &a.resilience_hash {
         Some(name) => HashAlgorithm::from_name(name)
             .map_err(|_| Failure::usage(format!("Hash algorithm {name} is not available."))),
@@ -408,6 +408,51 @@ fn decrypt_export(
     Ok(())
 }
 
+/// `--decrypt` of a volume whose header is detached (offline or online): the passphrase,
+/// then the reencryption metadata (backward) in the header file of `h`. `dev_size` is the
+/// data device's size. Returns both keys, or `None` after `--init-only` (its JSON line
+/// printed).
+pub(super) fn start_decrypt(
+    opts: &Opts,
+    a: &ReencryptArgs,
+    h: &mut Luks2Header,
+    file: &File,
+    dev_size: u64,
+    device_block: u32,
+    device: &Path,
+) -> Result<Option<ReencryptKeys>, Failure> {
+    let seg = h.default_segment()?;
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let keys = reencrypt::init_decrypt(
+        h,
+        file,
+        dev_size.saturating_sub(seg.offset),
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+        resilience_choice(a),
+        resilience_hash(a)?,
+        device_block,
+        // cryptsetup calibrates a decryption's reencryption digest.
+        None,
+    )?;
+    if a.init_only {
+        if opts.json {
+            summary(
+                device,
+                "initialized",
+                &reencrypt::RunOutcome::default(),
+                None,
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(keys))
+}
+
 /// `reencrypt DEVICE`: starts (or, when one is in progress, resumes) an offline re-key,
 /// encryption (`--encrypt`) or decryption (`--decrypt`, with a detached header or
 /// exporting it) of a volume that no cryptblk process serves.
@@ -497,35 +542,18 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
         let dev_size = data
             .size()
             .map_err(|e| Failure::device(format!("reading the device size: {e}")))?;
-        let seg = h.default_segment()?;
-        let pass = volume::read_secret(
-            &volume::key_source(opts, None),
-            volume::limits(opts),
-            &format!("Enter passphrase for {}: ", device.display()),
-        )?;
-        let keys = reencrypt::init_decrypt(
+        let Some(keys) = start_decrypt(
+            opts,
+            a,
             &mut h,
             &file,
-            dev_size.saturating_sub(seg.offset),
-            pass.as_bytes(),
-            opts.key_slot.map(|s| s as usize),
-            resilience_choice(a),
-            resilience_hash(a)?,
+            dev_size,
             run_opts.device_block,
-            // cryptsetup calibrates a decryption's reencryption digest.
-            None,
-        )?;
-        if a.init_only {
-            if opts.json {
-                summary(
-                    device,
-                    "initialized",
-                    &reencrypt::RunOutcome::default(),
-                    None,
-                );
-            }
+            device,
+        )?
+        else {
             return Ok(());
-        }
+        };
         let out = reencrypt::run_split(&mut h, &file, data, &keys, &run_opts, &mut bar)?;
         if opts.json {
             summary(device, "finished", &out, None);

@@ -4,8 +4,7 @@
 //! [`cryptblk_volume::reencrypt::online`]).
 
 use super::reencrypt::{
-    init_params, max_hotzone, passphrases, reencrypt, resilience_choice, resilience_hash,
-    resume_keys, summary,
+    init_params, max_hotzone, passphrases, reencrypt, resume_keys, start_decrypt, summary,
 };
 use super::volume;
 use crate::args::{OpenArgs, Opts, ReencryptArgs};
@@ -191,35 +190,10 @@ fn online_reencrypt(opts: &Opts, st: Status, a: &ReencryptArgs) -> ActionResult 
     } else if a.decrypt {
         // Backward over the data device, the detached header keeping the old key.
         let dev_size = cryptblk_volume::device::device_size(&data)?;
-        let seg = h.default_segment()?;
-        let pass = volume::read_secret(
-            &volume::key_source(opts, None),
-            volume::limits(opts),
-            &format!("Enter passphrase for {}: ", header.display()),
-        )?;
-        let keys = reencrypt::init_decrypt(
-            &mut h,
-            &file,
-            dev_size.saturating_sub(seg.offset),
-            pass.as_bytes(),
-            opts.key_slot.map(|s| s as usize),
-            resilience_choice(a),
-            resilience_hash(a)?,
-            device_block,
-            None,
-        )?;
-        if a.init_only {
-            if opts.json {
-                summary(
-                    &header,
-                    "initialized",
-                    &reencrypt::RunOutcome::default(),
-                    None,
-                );
-            }
-            return Ok(());
+        match start_decrypt(opts, a, &mut h, &file, dev_size, device_block, &header)? {
+            Some(keys) => keys,
+            None => return Ok(()),
         }
-        keys
     } else {
         let mut params = init_params(opts, a, device_block)?;
         let (pass, one) = passphrases(opts, &h, &file, &header)?;
