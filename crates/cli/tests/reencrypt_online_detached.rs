@@ -310,7 +310,7 @@ fn killed_detached_runs_are_finished_by_cryptsetup() {
         let sock = lab.path("nbd.sock");
         let served = v.open(&lab, name, &sock);
         let pid = status(name)["pid"].as_u64().unwrap() as i32;
-        let mut args = vec!["--hotzone-size", "256k", "--header", v.hdr_arg()];
+        let mut args = vec!["--hotzone-size", "64k", "--header", v.hdr_arg()];
         if decrypt {
             args.push("--decrypt");
         }

@@ -353,38 +353,12 @@ pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionRe
             }
         }
     }
-    let device = cryptblk_volume::device::table_path(&a.device)?;
-    let dev_size = cryptblk_volume::device::device_size(&a.device)?;
     let crypt_flags = cryptblk_dm::CryptFlags::parse(&flags.library().crypt.table_flags())
         .map_err(Failure::usage)?;
-    let table = online::served_table(
-        &state,
-        &keys,
-        &device.display().to_string(),
-        &crypt_flags,
-        dev_size,
-    )?;
-    let start = state.fin.offset.min(state.previous.offset);
-    let path = std::fs::canonicalize(&a.device)?.display().to_string();
-    let header = std::fs::canonicalize(&header_path)?.display().to_string();
-    let key_bits = keys.new.as_ref().map_or(0, |k| k.len() * 8);
-    let info = serde_json::json!({
-        "type": "LUKS2",
-        "uuid": h.uuid(),
-        "cipher": state.fin.encryption,
-        "keysize": format!("{key_bits} bits"),
-        "device": path,
-        "header": header,
-        "sector_size": state.fin.sector_size,
-        "offset": format!("{} sectors", start / 512),
-        "reencryption": online::paused_progress(&state, dev_size),
-    });
-    let plan = cryptblk_volume::plan::ActivationPlan {
-        name: name.to_string(),
-        table,
-        lower: Vec::new(),
-        keyed_lower: Vec::new(),
-        info,
+    let at = cryptblk_volume::plan::LuksLocation {
+        device: &a.device,
+        header: &header_path,
     };
+    let plan = online::mid_reencryption_plan(&h, &state, &keys, at, name, &crypt_flags)?;
     super::luks::serve_plan(plan, opts, a)
 }

@@ -259,6 +259,49 @@ pub fn served_table(
     layout.table(&state_pieces(state, end)?, "")
 }
 
+/// The activation plan of a volume mid-reencryption whose hotzone was recovered: the
+/// [`served_table`] of its data on `at.device` (header at `at.header`, the same file or a
+/// detached one), named `name`, with `status` facts and the paused progress. `flags` are
+/// the activation flags of the crypt lines.
+pub fn mid_reencryption_plan(
+    h: &Luks2Header,
+    state: &ReencryptState,
+    keys: &ReencryptKeys,
+    at: crate::plan::LuksLocation<'_>,
+    name: &str,
+    flags: &CryptFlags,
+) -> Result<crate::plan::ActivationPlan> {
+    let device = crate::device::table_path(at.device)?;
+    let dev_size = crate::device::device_size(at.device)?;
+    let table = served_table(state, keys, &device.display().to_string(), flags, dev_size)?;
+    let canonical = |p: &std::path::Path| -> Result<String> {
+        Ok(std::fs::canonicalize(p)
+            .map_err(|e| VolumeError::device(format!("{}: {e}", p.display())))?
+            .display()
+            .to_string())
+    };
+    let start = state.fin.offset.min(state.previous.offset);
+    let key_bits = keys.new.as_ref().map_or(0, |k| k.len() * 8);
+    let info = serde_json::json!({
+        "type": "LUKS2",
+        "uuid": h.uuid(),
+        "cipher": state.fin.encryption,
+        "keysize": format!("{key_bits} bits"),
+        "device": canonical(at.device)?,
+        "header": canonical(at.header)?,
+        "sector_size": state.fin.sector_size,
+        "offset": format!("{} sectors", start / 512),
+        "reencryption": paused_progress(state, dev_size),
+    });
+    Ok(crate::plan::ActivationPlan {
+        name: name.to_string(),
+        table,
+        lower: Vec::new(),
+        keyed_lower: Vec::new(),
+        info,
+    })
+}
+
 /// The bytes of the volume's data under the new key (or new plaintext).
 fn done_bytes(pieces: &[Piece]) -> u64 {
     pieces
