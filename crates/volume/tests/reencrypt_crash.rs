@@ -147,6 +147,7 @@ fn reencrypt_on(io: &dyn HeaderIo, sc: &Scenario) -> cryptblk_volume::Result<()>
             pbkdf: None,
             device_block: 4096,
             one_keyslot: false,
+            new_key: None,
         },
     )?;
     let keys = ReencryptKeys {

@@ -9,7 +9,7 @@ use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::keyfile::KeySource;
-use cryptblk_format::luks2::Luks2Header;
+use cryptblk_format::luks2::{Luks2Header, UnlockPurpose};
 use cryptblk_volume::reencrypt::{
     self, EncryptParams, InitParams, ReencryptKeys, ReencryptState, ResilienceChoice, RunOptions,
 };
@@ -25,7 +25,21 @@ use super::volume;
 pub(super) fn passphrases(
     opts: &Opts,
     h: &cryptblk_format::luks2::Luks2Header,
-) -> Result<Vec<(usize, SecretBytes)>, Failure> {
+    file: &File,
+    device: &Path,
+) -> Result<(Vec<(usize, SecretBytes)>, bool), Failure> {
+    // Named tokens first (`--token-id`, `--token-type`, `--token-only`): the secret of the
+    // one that opens its keyslot is that keyslot's passphrase, and that keyslot alone is
+    // carried over, as with `--key-slot`.
+    if super::token::choice(opts).explicit() {
+        let mut open = |secret: &[u8], slot: usize| {
+            h.unlock(file, secret, Some(slot), UnlockPurpose::Verify)?;
+            Ok((slot, SecretBytes::from_slice(secret)))
+        };
+        if let Some(one) = super::token::try_tokens_with(opts, h, device, &mut open)? {
+            return Ok((vec![one], true));
+        }
+    }
     let active: Vec<usize> = h
         .keyslots()
         .iter()
@@ -48,6 +62,7 @@ pub(super) fn passphrases(
         }
         None => active,
     };
+    let one = opts.key_slot.is_some();
     slots
         .into_iter()
         .map(|s| {
@@ -58,7 +73,8 @@ pub(super) fn passphrases(
             )?;
             Ok((s, p))
         })
-        .collect()
+        .collect::<Result<Vec<_>, Failure>>()
+        .map(|v| (v, one))
 }
 
 /// The JSON line `--json` prints for an offline run (or an online `--init-only`).
@@ -141,10 +157,18 @@ pub(super) fn init_params(
         },
         device_block,
         one_keyslot: opts.key_slot.is_some(),
+        new_key: opts
+            .volume_key_file
+            .as_deref()
+            .map(volume::read_volume_key_file)
+            .transpose()?,
     })
 }
 
-/// Both keys of the reencryption `h` holds, from one passphrase.
+/// Both keys of the reencryption `h` holds, from one passphrase, or from the secret of a
+/// token (tried first, as for `open`: `--token-id`, `--token-type`, `--token-only`, or any
+/// token when no key file is given). cryptsetup assigns a re-key's new keyslots the tokens
+/// of the old ones, so one token secret opens both keys.
 pub(super) fn resume_keys(
     opts: &Opts,
     h: &Luks2Header,
@@ -154,6 +178,11 @@ pub(super) fn resume_keys(
     let state = ReencryptState::of(h)?.ok_or_else(|| {
         Failure::device("LUKS2 reencryption requirement without reencryption metadata")
     })?;
+    let mut open =
+        |secret: &[u8], slot: usize| reencrypt::unlock_keys(h, file, &state, secret, Some(slot));
+    if let Some(keys) = super::token::try_tokens_with(opts, h, device, &mut open)? {
+        return Ok(keys);
+    }
     let pass = volume::read_secret(
         &volume::key_source(opts, None),
         volume::limits(opts),
@@ -379,6 +408,51 @@ fn decrypt_export(
     Ok(())
 }
 
+/// `--decrypt` of a volume whose header is detached (offline or online): the passphrase,
+/// then the reencryption metadata (backward) in the header file of `h`. `dev_size` is the
+/// data device's size. Returns both keys, or `None` after `--init-only` (its JSON line
+/// printed).
+pub(super) fn start_decrypt(
+    opts: &Opts,
+    a: &ReencryptArgs,
+    h: &mut Luks2Header,
+    file: &File,
+    dev_size: u64,
+    device_block: u32,
+    device: &Path,
+) -> Result<Option<ReencryptKeys>, Failure> {
+    let seg = h.default_segment()?;
+    let pass = volume::read_secret(
+        &volume::key_source(opts, None),
+        volume::limits(opts),
+        &format!("Enter passphrase for {}: ", device.display()),
+    )?;
+    let keys = reencrypt::init_decrypt(
+        h,
+        file,
+        dev_size.saturating_sub(seg.offset),
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+        resilience_choice(a),
+        resilience_hash(a)?,
+        device_block,
+        // cryptsetup calibrates a decryption's reencryption digest.
+        None,
+    )?;
+    if a.init_only {
+        if opts.json {
+            summary(
+                device,
+                "initialized",
+                &reencrypt::RunOutcome::default(),
+                None,
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(keys))
+}
+
 /// `reencrypt DEVICE`: starts (or, when one is in progress, resumes) an offline re-key,
 /// encryption (`--encrypt`) or decryption (`--decrypt`, with a detached header or
 /// exporting it) of a volume that no cryptblk process serves.
@@ -471,35 +545,18 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
         let dev_size = data
             .size()
             .map_err(|e| Failure::device(format!("reading the device size: {e}")))?;
-        let seg = h.default_segment()?;
-        let pass = volume::read_secret(
-            &volume::key_source(opts, None),
-            volume::limits(opts),
-            &format!("Enter passphrase for {}: ", device.display()),
-        )?;
-        let keys = reencrypt::init_decrypt(
+        let Some(keys) = start_decrypt(
+            opts,
+            a,
             &mut h,
             &file,
-            dev_size.saturating_sub(seg.offset),
-            pass.as_bytes(),
-            opts.key_slot.map(|s| s as usize),
-            resilience_choice(a),
-            resilience_hash(a)?,
+            dev_size,
             run_opts.device_block,
-            // cryptsetup calibrates a decryption's reencryption digest.
-            None,
-        )?;
-        if a.init_only {
-            if opts.json {
-                summary(
-                    device,
-                    "initialized",
-                    &reencrypt::RunOutcome::default(),
-                    None,
-                );
-            }
+            device,
+        )?
+        else {
             return Ok(());
-        }
+        };
         let out = reencrypt::run_split(&mut h, &file, data, &keys, &run_opts, &mut bar)?;
         if opts.json {
             summary(device, "finished", &out, None);
@@ -515,8 +572,9 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
             ));
         }
     }
-    let params = init_params(opts, a, run_opts.device_block)?;
-    let pass = passphrases(opts, &h)?;
+    let mut params = init_params(opts, a, run_opts.device_block)?;
+    let (pass, one) = passphrases(opts, &h, &file, device)?;
+    params.one_keyslot |= one;
     let init = reencrypt::init(&mut h, &file, &pass, &params)?;
     if opts.verbose {
         for (_, n) in &init.keyslots {

@@ -3,7 +3,9 @@
 //! [`cryptblk_volume::reencrypt`]'s (the online steps run in the daemon: see
 //! [`cryptblk_volume::reencrypt::online`]).
 
-use super::reencrypt::{init_params, max_hotzone, passphrases, reencrypt, resume_keys, summary};
+use super::reencrypt::{
+    init_params, max_hotzone, passphrases, reencrypt, resume_keys, start_decrypt, summary,
+};
 use super::volume;
 use crate::args::{OpenArgs, Opts, ReencryptArgs};
 use crate::exit::{ActionResult, ExitCode, Failure};
@@ -66,7 +68,7 @@ fn served_volume(device: Option<&Path>, active: Option<&str>) -> Result<Option<S
 /// `reencrypt [DEVICE]`: a re-key of a LUKS2 volume, online through its daemon when a
 /// cryptblk daemon serves it (unless `--force-offline-reencrypt`), else [`reencrypt`].
 pub fn reencrypt_action(opts: &Opts, device: Option<&Path>, a: &ReencryptArgs) -> ActionResult {
-    if !a.force_offline_reencrypt && opts.header.is_none() {
+    if !a.force_offline_reencrypt {
         if let Some(st) = served_volume(device, a.active_name.as_deref())? {
             return online_reencrypt(opts, st, a);
         }
@@ -123,12 +125,32 @@ fn online_reencrypt(opts: &Opts, st: Status, a: &ReencryptArgs) -> ActionResult 
             ))
         }
     }
-    let header = cryptblk_volume::suspend::header_of(&st)?;
-    let data = st.info["device"].as_str().map(PathBuf::from);
-    if !data.as_deref().is_some_and(|d| same_file(d, &header)) {
-        return Err(Failure::usage(
-            "reencryption with a detached header (--header) is not supported yet",
-        ));
+    let served_header = cryptblk_volume::suspend::header_of(&st)?;
+    let data = st.info["device"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| Failure::usage(format!("{name} has no data device")))?;
+    // `--header H` names the detached header the daemon serves the volume with.
+    let header = match &opts.header {
+        Some(h) if a.decrypt && !h.exists() => {
+            return Err(Failure::usage(
+                "online decryption exporting the header (--header NEW_FILE of an active \
+                 volume) is not supported by cryptblk yet; close the volume or use \
+                 --force-offline-reencrypt.",
+            ))
+        }
+        Some(h) if !same_file(h, &served_header) => {
+            return Err(Failure::usage(format!(
+                "{} is not the header of active device {name} ({}).",
+                h.display(),
+                served_header.display()
+            )))
+        }
+        _ => served_header,
+    };
+    let detached = !same_file(&data, &header);
+    if a.decrypt && !detached {
+        return Err(Failure::usage("LUKS2 decryption requires --header option."));
     }
     if st.readonly {
         return Err(Failure::usage(format!(
@@ -148,7 +170,9 @@ fn online_reencrypt(opts: &Opts, st: Status, a: &ReencryptArgs) -> ActionResult 
     // Serialises with other header writers; released before the daemon takes it.
     cryptblk_volume::lock::lock_header(&file, true)
         .map_err(|e| Failure::device(format!("cannot lock the header: {e}")))?;
-    let device_block = reencrypt::init::device_block_size(&file);
+    let device_block = std::fs::File::open(&data)
+        .map(|f| reencrypt::init::device_block_size(&f))
+        .unwrap_or(4096);
     let keys = if h.reencryption_in_progress() {
         if a.init_only {
             return Err(Failure::usage(
@@ -156,12 +180,24 @@ fn online_reencrypt(opts: &Opts, st: Status, a: &ReencryptArgs) -> ActionResult 
             ));
         }
         resume_keys(opts, &h, &file, &header)?
-    } else {
-        if a.resume_only {
-            return Err(Failure::usage("Device reencryption not in progress."));
+    } else if a.resume_only {
+        return Err(Failure::usage("Device reencryption not in progress."));
+    } else if a.encrypt {
+        return Err(Failure::usage(format!(
+            "Device {} is already a LUKS device.",
+            header.display()
+        )));
+    } else if a.decrypt {
+        // Backward over the data device, the detached header keeping the old key.
+        let dev_size = cryptblk_volume::device::device_size(&data)?;
+        match start_decrypt(opts, a, &mut h, &file, dev_size, device_block, &header)? {
+            Some(keys) => keys,
+            None => return Ok(()),
         }
-        let params = init_params(opts, a, device_block)?;
-        let pass = passphrases(opts, &h)?;
+    } else {
+        let mut params = init_params(opts, a, device_block)?;
+        let (pass, one) = passphrases(opts, &h, &file, &header)?;
+        params.one_keyslot |= one;
         let init = reencrypt::init(&mut h, &file, &pass, &params)?;
         if opts.verbose {
             for (_, n) in &init.keyslots {
@@ -252,18 +288,15 @@ fn wait_online(opts: &Opts, name: &str, header: &Path) -> ActionResult {
 /// `open` of a LUKS2 volume mid-reencryption (cryptsetup's activation): both keys from one
 /// passphrase, the hotzone of a cut step recovered from its resilience data first (its data
 /// rewritten under the new key, the header of the finished step written), then a table of
-/// both segments served: the new key's below the boundary, the old key's above it.
+/// both segments served: the new side's data and the old side's, each with its key. The
+/// header is on the device or detached (`--header`).
 pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionResult {
     let name = super::luks::mapping_name(a)?;
-    if opts.header.is_some() {
-        return Err(Failure::usage(
-            "opening a reencryption with a detached header is not supported yet",
-        ));
-    }
     let flags = super::luks::persistent::effective(opts, &a.perf, &vol.stored_flags());
     let Volume::Luks2(h, file) = vol else {
         return Err(Failure::usage("reencryption needs a LUKS2 header"));
     };
+    let header_path = opts.header.clone().unwrap_or_else(|| a.device.clone());
     let mut state = ReencryptState::of(&h)?.ok_or_else(|| {
         Failure::device("LUKS2 reencryption requirement without reencryption metadata")
     })?;
@@ -277,21 +310,40 @@ pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionRe
         }
         // Nobody else may write the data while the hotzone is rewritten.
         let _lock = cryptblk_volume::lock::DataLock::take(&a.device, true)?;
-        let Volume::Luks2(mut h, file) = Volume::load(&a.device, LuksType::Luks2, true)? else {
+        let Volume::Luks2(mut h, file) = Volume::load(&header_path, LuksType::Luks2, true)? else {
             return Err(Failure::usage("reencryption needs a LUKS2 header"));
         };
-        reencrypt::run::recover(&mut h, &file, &state, &keys)?;
+        let data = match &opts.header {
+            Some(_) => Some(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&a.device)
+                    .map_err(|e| {
+                        Failure::device(format!("Cannot open device {}: {e}", a.device.display()))
+                    })?,
+            ),
+            None => None,
+        };
+        reencrypt::run::recover_split(
+            &mut h,
+            &file,
+            data.as_ref().unwrap_or(&file),
+            &state,
+            &keys,
+        )?;
         match ReencryptState::of(&h)? {
             Some(s) => state = s,
             None => {
-                // That was the last hotzone: the volume is re-keyed; open it as any other.
-                drop((_lock, file));
+                // That was the last hotzone: the reencryption is done; open the volume as
+                // any other (a finished decryption has no LUKS2 volume left to open).
+                drop((_lock, file, data));
                 let vol = volume::load(opts, &a.device, false)?;
                 let vk = keys
                     .new
                     .clone()
                     .ok_or_else(|| Failure::device("no new volume key"))?;
-                let header = std::fs::canonicalize(&a.device)?;
+                let header = std::fs::canonicalize(&header_path)?;
                 let at = cryptblk_volume::plan::LuksLocation {
                     device: &a.device,
                     header: &header,
@@ -301,37 +353,12 @@ pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionRe
             }
         }
     }
-    let device = cryptblk_volume::device::table_path(&a.device)?;
-    let dev_size = cryptblk_volume::device::device_size(&a.device)?;
     let crypt_flags = cryptblk_dm::CryptFlags::parse(&flags.library().crypt.table_flags())
         .map_err(Failure::usage)?;
-    let table = online::served_table(
-        &state,
-        &keys,
-        &device.display().to_string(),
-        &crypt_flags,
-        dev_size,
-    )?;
-    let start = state.fin.offset.min(state.previous.offset);
-    let path = std::fs::canonicalize(&a.device)?.display().to_string();
-    let key_bits = keys.new.as_ref().map_or(0, |k| k.len() * 8);
-    let info = serde_json::json!({
-        "type": "LUKS2",
-        "uuid": h.uuid(),
-        "cipher": state.fin.encryption,
-        "keysize": format!("{key_bits} bits"),
-        "device": path,
-        "header": path,
-        "sector_size": state.fin.sector_size,
-        "offset": format!("{} sectors", start / 512),
-        "reencryption": online::paused_progress(&state, dev_size),
-    });
-    let plan = cryptblk_volume::plan::ActivationPlan {
-        name: name.to_string(),
-        table,
-        lower: Vec::new(),
-        keyed_lower: Vec::new(),
-        info,
+    let at = cryptblk_volume::plan::LuksLocation {
+        device: &a.device,
+        header: &header_path,
     };
+    let plan = online::mid_reencryption_plan(&h, &state, &keys, at, name, &crypt_flags)?;
     super::luks::serve_plan(plan, opts, a)
 }

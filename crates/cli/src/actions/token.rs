@@ -148,17 +148,32 @@ pub fn try_tokens(
     device: &Path,
     purpose: UnlockPurpose,
 ) -> Result<Option<(usize, SecretBytes)>, Failure> {
+    let Volume::Luks2(h, f) = vol else {
+        if choice(opts).explicit() {
+            return Err(cryptblk_volume::luks::not_luks2(device));
+        }
+        return Ok(None);
+    };
+    let mut open = |secret: &[u8], slot: usize| -> cryptblk_volume::Result<(usize, SecretBytes)> {
+        let u = h.unlock(f, secret, Some(slot), purpose)?;
+        Ok((u.slot, u.key))
+    };
+    try_tokens_with(opts, h, device, &mut open)
+}
+
+/// [`try_tokens`] on header `h` with what a token's secret opens left to `open` (called
+/// with the secret and a keyslot the token names): e.g. both keys of a reencryption.
+pub fn try_tokens_with<T>(
+    opts: &Opts,
+    h: &cryptblk_format::luks2::Luks2Header,
+    device: &Path,
+    open: &mut dyn FnMut(&[u8], usize) -> cryptblk_volume::Result<T>,
+) -> Result<Option<T>, Failure> {
     let choice = choice(opts);
     let given_key = opts.key_file.is_some() || opts.volume_key_file.is_some();
     if given_key && !choice.explicit() {
         return Ok(None);
     }
-    let Some(h) = vol.luks2() else {
-        if choice.explicit() {
-            return Err(cryptblk_volume::luks::not_luks2(device));
-        }
-        return Ok(None);
-    };
     if h.token_ids().is_empty() && !choice.explicit() {
         return Ok(None);
     }
@@ -169,8 +184,8 @@ pub fn try_tokens(
             &format!("Enter {what} for {}: ", device.display()),
         )
     };
-    match lib::unlock(vol, &choice, purpose, &mut ask)? {
-        Ok(u) => Ok(Some((u.slot, u.key))),
+    match lib::unlock_with(h, &choice, &mut ask, open)? {
+        Ok((_, t)) => Ok(Some(t)),
         Err(miss) => {
             if choice.only {
                 let msg = if miss.reasons.is_empty() {

@@ -79,6 +79,15 @@ fn start_export(
     cryptblk_export::start(config, device).map_err(|e| Failure::device(format!("{what}: {e}")))
 }
 
+/// True when paths `a` and `b` name the same file.
+fn same_file(a: &str, b: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => a == b,
+    }
+}
+
 /// The mappings and the export of one daemon.
 pub(super) struct Stack {
     spec: ServeSpec,
@@ -180,15 +189,19 @@ impl Stack {
                 self.spec.name
             )));
         }
+        let device = self.spec.info["device"].as_str();
         let header = self.spec.info["header"]
             .as_str()
-            .or_else(|| self.spec.info["device"].as_str())
+            .or(device)
             .ok_or_else(|| Failure::usage(format!("{} is not a LUKS2 volume", self.spec.name)))?;
+        // A detached header: the data is the device the volume was opened on.
+        let data = device.filter(|d| !same_file(d, header)).map(Into::into);
         *job = Some(OnlineJob::start(
             self.registry.clone(),
             OnlineRequest {
                 name: self.spec.name.clone(),
                 header: header.into(),
+                data,
                 keys,
                 opts,
             },

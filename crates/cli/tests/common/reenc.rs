@@ -5,6 +5,9 @@
 use super::*;
 use serde_json::Value;
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A throw-away directory holding the passphrase as the key file `key`.
 pub struct KeyLab {
@@ -25,6 +28,22 @@ impl KeyLab {
     /// `name` inside the directory.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// `cryptblk reencrypt -q --key-file KEY ARGS`.
+    pub fn reencrypt(&self, args: &[&str]) -> Command {
+        let mut c = cryptblk();
+        c.args(["reencrypt", "-q", "--key-file"])
+            .arg(&self.key)
+            .args(args);
+        c
+    }
+
+    /// The served volume's plaintext, read over NBD.
+    pub fn read_export(&self, sock: &Path, name: &str) -> Vec<u8> {
+        let out = self.path(name);
+        run_ok(Command::new("nbdcopy").arg(nbd_uri(sock)).arg(&out), b"");
+        std::fs::read(&out).unwrap()
     }
 }
 
@@ -130,4 +149,112 @@ pub fn plaintext_by_cryptsetup(img: &Path, key: &Path) -> (String, Vec<u8>) {
     let data = std::fs::read(img).unwrap();
     let plain = independent("decrypt", &cipher, &vk, sector, &data[offset..]);
     (vk, plain)
+}
+
+/// One fio run writing and verifying (crc32c) two 2 MiB regions at the start of the export.
+pub fn fio_once(dir: &Path, sock: &Path, what: &str) {
+    let child = spawn_fio_verify(dir, sock, "online", "2M", 1);
+    for job in fio_jobs(child, what) {
+        assert_eq!(job["error"], 0, "fio job error {what}: {job}");
+        assert!(
+            job["read"]["io_bytes"].as_u64().unwrap() > 0,
+            "fio verified nothing {what}"
+        );
+    }
+}
+
+/// fio runs (write + verify) one after the other on a thread of their own until stopped.
+pub struct FioLoop {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<usize>,
+}
+
+impl FioLoop {
+    /// Starts the loop; returns once the first run has begun writing.
+    pub fn start(dir: &Path, sock: &Path, what: &str) -> FioLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (dir, sock, what) = (dir.to_path_buf(), sock.to_path_buf(), what.to_string());
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut runs = 0;
+            while !flag.load(Ordering::SeqCst) {
+                fio_once(&dir, &sock, &format!("{what} (run {runs})"));
+                runs += 1;
+            }
+            runs
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        FioLoop { stop, handle }
+    }
+
+    /// Lets the current run finish (its errors fail the test); returns the number of runs.
+    pub fn finish(self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle.join().expect("a fio run failed")
+    }
+}
+
+/// Polls `status` of `name` until `child` exits or `stop_when` says so with the fraction
+/// done; returns the fractions seen while the run was going.
+pub fn watch(
+    name: &str,
+    child: &mut std::process::Child,
+    mut stop_when: impl FnMut(f64) -> bool,
+) -> Vec<f64> {
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(100),
+            "the reencryption did not end"
+        );
+        let out = run(cryptblk().args(["status", "--json", name]), b"");
+        if let Ok(st) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            let r = &st["reencryption"];
+            if r["state"] == "running" {
+                let f = r["done"].as_f64().unwrap() / r["total"].as_f64().unwrap();
+                seen.push(f);
+                if stop_when(f) {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    seen
+}
+
+pub fn tools() -> bool {
+    ["fio", "nbdcopy", "cryptsetup", "python3"]
+        .iter()
+        .all(|t| tool(t).is_some())
+}
+
+/// Starts `cmd` (an online reencryption of `name`) under fio, closes the volume once
+/// `status` shows at least `at` done, and returns what the export served at the close.
+/// The reencryption must end interrupted (exit 1) with the header mid-reencryption.
+pub fn close_midway(
+    lab: &KeyLab,
+    header: &Path,
+    name: &str,
+    sock: &Path,
+    mut cmd: Command,
+) -> Vec<u8> {
+    let fio = FioLoop::start(lab.dir.path(), sock, "before the close");
+    let mut re = spawn_captured(&mut cmd);
+    let seen = watch(name, &mut re, |f| f >= 0.4);
+    assert!(!seen.is_empty(), "status never showed the run");
+    fio.finish();
+    // fio is done: what the export serves now is what the closed volume must hold.
+    let at_close = lab.read_export(sock, "at-close.bin");
+    run_ok(cryptblk().args(["close", name]), b"");
+    let out = re.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("was interrupted"), "{err}");
+    assert!(
+        in_progress(header),
+        "closed before the end was not mid-reencryption"
+    );
+    at_close
 }

@@ -56,6 +56,9 @@ pub struct InitParams {
     pub device_block: u32,
     /// True when `--key-slot` limited the passphrases to one keyslot.
     pub one_keyslot: bool,
+    /// The new volume key (`--volume-key-file`: its first bytes, as many as the new key
+    /// size); `None`: a random one.
+    pub new_key: Option<SecretBytes>,
 }
 
 /// What [`init`] made.
@@ -174,7 +177,29 @@ pub fn init(
     }
     let old_key = old_key.ok_or_else(|| VolumeError::device("no keyslot opened"))?;
     h.verify_volume_key(old_key.as_bytes())?;
-    let new_key = SecretBytes::random(key_size);
+    let new_key = match &p.new_key {
+        None => SecretBytes::random(key_size),
+        Some(k) if k.len() < key_size => {
+            return Err(VolumeError::usage(format!(
+                "Cannot read {key_size} bytes from volume key file."
+            )))
+        }
+        Some(k) => {
+            let k = SecretBytes::from_slice(&k.as_bytes()[..key_size]);
+            // cryptsetup keeps the key when the file holds the current one; with nothing
+            // else changed there is nothing to do.
+            if key_size == cur_size && h.verify_volume_key(k.as_bytes()).is_ok() {
+                let unchanged = cipher == seg.encryption && sector_size == seg.sector_size;
+                return Err(VolumeError::usage(if unchanged {
+                    "No data segment parameters changed. Reencryption aborted."
+                } else {
+                    "Reencryption keeping the volume key (--keep-key) is not supported by \
+                     cryptblk."
+                }));
+            }
+            k
+        }
+    };
     // cryptsetup skips calibration (1000 iterations) when the KDF is copied or forced.
     let digest_iterations = match &p.pbkdf {
         None => Some(1000),

@@ -14,12 +14,12 @@
 //!   (detached header) in place;
 //! - [`run`]: running or resuming any of them step by step, forward or backward, with the
 //!   header on the data device or detached;
-//! - [`online`]: a forward re-key run in a daemon while the volume is served, and the table
-//!   that serves a volume mid-reencryption.
+//! - [`online`]: any of them (forward or backward, header attached or detached) run in a
+//!   daemon while the volume is served, and the table that serves a volume
+//!   mid-reencryption.
 //!
-//! What is not here yet: decryption that exports an attached header (cryptsetup's
-//! `datashift-checksum`, readable but not resumable here); online encryption, decryption,
-//! backward runs and detached headers.
+//! What is not here yet: starting online a decryption that exports an attached header
+//! (offline it is [`init_decrypt_export`]).
 
 pub mod encdec;
 pub mod init;

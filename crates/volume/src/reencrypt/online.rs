@@ -1,14 +1,17 @@
-//! A LUKS2 re-key of a volume while it is served (online), and the table that serves a
-//! volume mid-reencryption.
+//! A LUKS2 reencryption of a volume while it is served (online), and the table that serves
+//! a volume mid-reencryption.
 //!
 //! A served volume's daemon runs the steps of [`super::run`] on a thread of its own while
-//! the export keeps serving. The top mapping's table follows the on-disk state: the data
-//! below the boundary through a crypt line under the new key (`backup-final`'s parameters),
-//! the rest under the old key (`backup-previous`'s). Each step over the hotzone
-//! `[offset, offset + len)`:
+//! the export keeps serving: a re-key, or a decryption or encryption (a plaintext side is
+//! mapped linear), forward or backward as the header says, with the header on the data
+//! device or detached. The top mapping's table follows the on-disk state, in the volume's
+//! logical bytes: the new side's data through lines under the new key (`backup-final`'s
+//! parameters), the old side's under the old key (`backup-previous`'s), each at the
+//! device bytes where that side keeps it (a data shift puts them apart). Each step over the
+//! hotzone `[offset, offset + len)`:
 //!
-//! 1. *Hold*: a mapping of its own, `<name>-hotzone-forward` (cryptsetup's name for its
-//!    hotzone device), maps the hotzone under the old key; the top table is swapped to
+//! 1. *Hold*: a mapping of its own, `<name>-hotzone-forward` or `-backward` (cryptsetup's
+//!    names for its hotzone device), maps the hotzone under the old key; the top table is swapped to
 //!    reach the hotzone through it, and it is suspended: requests in flight there drain and
 //!    new ones wait, while the rest of the volume keeps serving.
 //! 2. The step itself, exactly as offline (resilience data, the header naming the hotzone,
@@ -31,11 +34,10 @@ use super::state::{ReencryptState, Side};
 use crate::error::{ErrorClass, Result, VolumeError};
 use crate::luks::{LuksType, Volume};
 use crate::progress::NoProgress;
-use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::{
-    CryptConfig, CryptFlags, CryptKey, ErrorConfig, LinearConfig, Registry, TableSpec,
+    CryptConfig, CryptFlags, CryptKey, ErrorConfig, LinearConfig, Registry, TableSpec, TargetSpec,
 };
-use cryptblk_format::luks2::{Luks2Header, ReencryptDirection, Resilience, SegmentInfo};
+use cryptblk_format::luks2::{Luks2Header, ReencryptDirection, Resilience};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::path::PathBuf;
@@ -84,8 +86,8 @@ pub struct ReencryptProgress {
     pub error: Option<String>,
 }
 
-/// One piece of the served data area: bytes `[from, to)` of the data device and whose key
-/// maps them.
+/// One piece of the served volume: logical bytes `[from, to)` (from the first byte of the
+/// volume's data) and the side whose key (or plaintext) maps them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Piece {
     side: Side,
@@ -93,7 +95,41 @@ struct Piece {
     to: u64,
 }
 
+/// `pieces` with `[from, to)` given to `side`; neighbours of one side merged (their bytes
+/// and IVs are contiguous, see [`Layout::push`]).
+fn with_range(pieces: &[Piece], from: u64, to: u64, side: Side) -> Vec<Piece> {
+    let mut out: Vec<Piece> = pieces
+        .iter()
+        .filter(|p| p.from < from)
+        .map(|p| Piece {
+            to: p.to.min(from),
+            ..*p
+        })
+        .collect();
+    out.push(Piece { side, from, to });
+    out.extend(pieces.iter().filter(|p| p.to > to).map(|p| Piece {
+        from: p.from.max(to),
+        ..*p
+    }));
+    merged(out)
+}
+
+/// `pieces` without empty ones, neighbours of one (non-hotzone) side merged.
+fn merged(pieces: Vec<Piece>) -> Vec<Piece> {
+    let mut out: Vec<Piece> = Vec::new();
+    for p in pieces.into_iter().filter(|p| p.to > p.from) {
+        match out.last_mut() {
+            Some(q) if q.side == p.side && q.to == p.from && p.side != Side::Hotzone => q.to = p.to,
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
 /// How the data area of a reencryption is mapped: device, flags and both sides' keys.
+/// Tables count in logical bytes (sector 0 is the first byte of the volume's data); each
+/// side's bytes lie where [`ReencryptState::old_phys`] and [`ReencryptState::new_phys`]
+/// put them (apart with a data shift, the old side's first bytes in the moved segment).
 struct Layout<'a> {
     state: &'a ReencryptState,
     keys: &'a ReencryptKeys,
@@ -101,69 +137,84 @@ struct Layout<'a> {
     device: String,
     /// Activation flags of every crypt line (the sector size is each side's).
     flags: CryptFlags,
-    /// Start of the data area on the device (bytes).
-    start: u64,
 }
 
 impl Layout<'_> {
-    /// A crypt line for the data from byte `from` under `seg`'s parameters and `key`.
-    fn crypt(
-        &self,
-        seg: &SegmentInfo,
-        key: Option<&SecretBytes>,
-        from: u64,
-    ) -> Result<CryptConfig> {
+    /// The line mapping `side`'s bytes from logical `from`: crypt under the side's
+    /// parameters and key (IVs count from the volume's first byte), or linear for a
+    /// plaintext side (an encryption's old data, a decryption's new data).
+    fn line(&self, side: Side, from: u64) -> Result<TargetSpec> {
+        let (seg, key, phys) = match side {
+            Side::New => (
+                &self.state.fin,
+                self.keys.new.as_ref(),
+                self.state.new_phys(from),
+            ),
+            _ => (
+                &self.state.previous,
+                self.keys.old.as_ref(),
+                self.state.old_phys(from),
+            ),
+        };
+        if seg.kind == "linear" {
+            return Ok(LinearConfig {
+                device: self.device.clone(),
+                offset: phys / 512,
+            }
+            .into());
+        }
         let cipher = seg
             .encryption
             .as_deref()
             .ok_or_else(|| VolumeError::device("reencryption segment without a cipher"))?;
         let key =
             key.ok_or_else(|| VolumeError::device("a volume key of the reencryption is locked"))?;
-        let rel = from
-            .checked_sub(seg.offset)
-            .ok_or_else(|| VolumeError::device("data before its segment's start"))?;
         let mut cfg = CryptConfig::new(
             cipher,
             CryptKey::for_cipher(cipher, key),
-            seg.iv_tweak + rel / 512,
+            seg.iv_tweak + from / 512,
             &self.device,
-            from / 512,
+            phys / 512,
         );
         cfg.flags = self.flags;
         cfg.flags.sector_size = seg.sector_size;
-        Ok(cfg)
+        Ok(cfg.into())
     }
 
-    /// The crypt line of `side` (old or new) from byte `from`.
-    fn side(&self, side: Side, from: u64) -> Result<CryptConfig> {
-        match side {
-            Side::New => self.crypt(&self.state.fin, self.keys.new.as_ref(), from),
-            _ => self.crypt(&self.state.previous, self.keys.old.as_ref(), from),
+    /// Appends the lines of `side` over logical `[from, to)`: one, or two where the old
+    /// side's bytes continue outside the moved segment.
+    fn push(&self, spec: &mut TableSpec, side: Side, from: u64, to: u64) -> Result<()> {
+        let split = match (&self.state.moved, side) {
+            (Some(m), Side::Old) => m.size.filter(|&n| from < n && n < to),
+            _ => None,
+        };
+        for (a, b) in split.map_or(vec![(from, to)], |n| vec![(from, n), (n, to)]) {
+            spec.push((b - a) / 512, self.line(side, a)?);
         }
+        Ok(())
     }
 
-    /// The table of `pieces` (contiguous from the data start); a hotzone piece goes through
+    /// The table of `pieces` (contiguous from logical 0); a hotzone piece goes through
     /// mapping `hotzone`.
     fn table(&self, pieces: &[Piece], hotzone: &str) -> Result<Zeroizing<String>> {
         let mut spec = TableSpec::default();
         for p in pieces.iter().filter(|p| p.to > p.from) {
-            let len = (p.to - p.from) / 512;
             match p.side {
                 Side::Hotzone => spec.push(
-                    len,
+                    (p.to - p.from) / 512,
                     LinearConfig {
                         device: hotzone.to_string(),
                         offset: 0,
                     },
                 ),
-                side => spec.push(len, self.side(side, p.from)?),
+                side => self.push(&mut spec, side, p.from, p.to)?,
             }
         }
         Ok(spec.to_text(true))
     }
 }
 
-/// The pieces of a header's state with no hotzone, up to `end`.
+/// The pieces of a header's state with no hotzone, up to logical `end`.
 fn state_pieces(state: &ReencryptState, end: u64) -> Result<Vec<Piece>> {
     let mut out = Vec::new();
     for s in &state.segments {
@@ -172,23 +223,21 @@ fn state_pieces(state: &ReencryptState, end: u64) -> Result<Vec<Piece>> {
                 "Device requires reencryption recovery. Run repair first.",
             ));
         }
-        let to = s.size.map_or(end, |n| (s.offset + n).min(end));
-        if to > s.offset {
-            out.push(Piece {
-                side: s.side,
-                from: s.offset,
-                to,
-            });
-        }
+        let to = s.size.map_or(end, |n| (s.logical + n).min(end));
+        out.push(Piece {
+            side: s.side,
+            from: s.logical,
+            to,
+        });
     }
-    Ok(out)
+    Ok(merged(out))
 }
 
 /// The table that serves a volume mid-reencryption whose hotzone was recovered (see
-/// [`super::run::recover`]): the new key's segment and the old key's, each with its
-/// parameters, over `device` of `dev_size` bytes (whole encryption sectors of both sides
-/// are mapped). `flags` are the activation flags of both crypt lines. Keys included: only
-/// ever sent through a pipe.
+/// [`super::run::recover`]): the new side's data and the old side's, each with its
+/// parameters, over data device `device` of `dev_size` bytes (the volume's data:
+/// [`ReencryptState::logical_size`]). `flags` are the activation flags of the crypt lines.
+/// Keys included: only ever sent through a pipe.
 pub fn served_table(
     state: &ReencryptState,
     keys: &ReencryptKeys,
@@ -197,39 +246,78 @@ pub fn served_table(
     dev_size: u64,
 ) -> Result<Zeroizing<String>> {
     let start = state.fin.offset.min(state.previous.offset);
-    let ss = u64::from(state.previous.sector_size.max(state.fin.sector_size));
     if dev_size <= start {
         return Err(VolumeError::device("The device has no data area."));
     }
-    let end = start + (dev_size - start) / ss * ss;
+    let end = state.logical_size(dev_size);
     let layout = Layout {
         state,
         keys,
         device: device.to_string(),
         flags: *flags,
-        start,
     };
     layout.table(&state_pieces(state, end)?, "")
 }
 
-/// The bytes of the data area under the new key.
-fn done_bytes(state: &ReencryptState, start: u64, end: u64) -> u64 {
-    state
-        .segments
+/// The activation plan of a volume mid-reencryption whose hotzone was recovered: the
+/// [`served_table`] of its data on `at.device` (header at `at.header`, the same file or a
+/// detached one), named `name`, with `status` facts and the paused progress. `flags` are
+/// the activation flags of the crypt lines.
+pub fn mid_reencryption_plan(
+    h: &Luks2Header,
+    state: &ReencryptState,
+    keys: &ReencryptKeys,
+    at: crate::plan::LuksLocation<'_>,
+    name: &str,
+    flags: &CryptFlags,
+) -> Result<crate::plan::ActivationPlan> {
+    let device = crate::device::table_path(at.device)?;
+    let dev_size = crate::device::device_size(at.device)?;
+    let table = served_table(state, keys, &device.display().to_string(), flags, dev_size)?;
+    let canonical = |p: &std::path::Path| -> Result<String> {
+        Ok(std::fs::canonicalize(p)
+            .map_err(|e| VolumeError::device(format!("{}: {e}", p.display())))?
+            .display()
+            .to_string())
+    };
+    let start = state.fin.offset.min(state.previous.offset);
+    let key_bits = keys.new.as_ref().map_or(0, |k| k.len() * 8);
+    let info = serde_json::json!({
+        "type": "LUKS2",
+        "uuid": h.uuid(),
+        "cipher": state.fin.encryption,
+        "keysize": format!("{key_bits} bits"),
+        "device": canonical(at.device)?,
+        "header": canonical(at.header)?,
+        "sector_size": state.fin.sector_size,
+        "offset": format!("{} sectors", start / 512),
+        "reencryption": paused_progress(state, dev_size),
+    });
+    Ok(crate::plan::ActivationPlan {
+        name: name.to_string(),
+        table,
+        lower: Vec::new(),
+        keyed_lower: Vec::new(),
+        info,
+    })
+}
+
+/// The bytes of the volume's data under the new key (or new plaintext).
+fn done_bytes(pieces: &[Piece]) -> u64 {
+    pieces
         .iter()
-        .find(|s| s.side != Side::New)
-        .map_or(end, |s| s.offset)
-        - start
+        .filter(|p| p.side == Side::New)
+        .map(|p| p.to - p.from)
+        .sum()
 }
 
 /// `status` of a volume opened mid-reencryption with no run going on.
 pub fn paused_progress(state: &ReencryptState, dev_size: u64) -> ReencryptProgress {
-    let start = state.fin.offset.min(state.previous.offset);
-    let end = dev_size.max(start);
+    let end = state.logical_size(dev_size);
     ReencryptProgress {
         state: RunState::Paused,
-        done: done_bytes(state, start, end).min(end - start),
-        total: end - start,
+        done: state_pieces(state, end).map_or(0, |p| done_bytes(&p)),
+        total: end,
         ..ReencryptProgress::default()
     }
 }
@@ -238,9 +326,11 @@ pub fn paused_progress(state: &ReencryptState, dev_size: u64) -> ReencryptProgre
 pub struct OnlineRequest {
     /// The served (top) mapping.
     pub name: String,
-    /// The LUKS2 header, on the data device (detached headers are not supported online).
+    /// The LUKS2 header (on the data device, or a detached header file).
     pub header: PathBuf,
-    /// Both volume keys.
+    /// The data device when the header is detached; `None`: the header's own file.
+    pub data: Option<PathBuf>,
+    /// Both volume keys (the key of a plaintext side is not needed).
     pub keys: ReencryptKeys,
     /// Hotzone size and device block.
     pub opts: RunOptions,
@@ -269,15 +359,18 @@ struct Worker {
     name: String,
     hotzone_name: String,
     h: Luks2Header,
-    /// Header and data (the same file: detached headers are refused), holding the header
-    /// lock for the whole run.
-    file: File,
+    /// The header's file, holding the header lock for the whole run.
+    header: File,
+    /// The data device when the header is detached.
+    data: Option<File>,
     keys: ReencryptKeys,
     device: String,
     flags: CryptFlags,
-    start: u64,
+    /// Logical size of the volume's data.
     end: u64,
     hotzone: u64,
+    /// A hotzone's old data between its protection and its rewrite (reused).
+    keep: Vec<u8>,
     shared: Arc<Shared>,
 }
 
@@ -287,6 +380,14 @@ fn busy(msg: impl Into<String>) -> VolumeError {
 
 fn dm(e: cryptblk_dm::DmError) -> VolumeError {
     VolumeError::device(e.to_string())
+}
+
+/// True when the keys at hand map every side the data still has: the new side's key
+/// unless it is plaintext, the old side's while old data is left and it is not plaintext.
+fn keys_cover(state: &ReencryptState, keys: &ReencryptKeys) -> bool {
+    let old_left = state.segments.iter().any(|s| s.side != Side::New);
+    (state.new_is_plain() || keys.new.is_some())
+        && (!old_left || state.old_is_plain() || keys.old.is_some())
 }
 
 impl OnlineJob {
@@ -302,28 +403,29 @@ impl OnlineJob {
         // Another header writer (luksAddKey...) waits until the run ends.
         crate::lock::lock_header(&file, true)
             .map_err(|e| VolumeError::device(format!("cannot lock the header: {e}")))?;
+        let data = match &req.data {
+            Some(p) => Some(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(p)
+                    .map_err(|e| {
+                        VolumeError::device(format!("Cannot open device {}: {e}", p.display()))
+                    })?,
+            ),
+            None => None,
+        };
         let h = *h;
         let state = ReencryptState::of(&h)?
             .ok_or_else(|| VolumeError::usage("Device reencryption not in progress."))?;
-        if state.keyslot.direction != ReencryptDirection::Forward {
-            return Err(VolumeError::usage(
-                "online backward reencryption is not supported yet",
-            ));
-        }
         run::verify_digest(&h, &state, &req.keys)?;
-        // The old key only while old data is left (cryptsetup drops its keyslots before it
-        // clears the requirement).
-        let old_left = state.segments.iter().any(|s| s.side != Side::New);
-        if req.keys.new.is_none() || (old_left && req.keys.old.is_none()) {
+        if !keys_cover(&state, &req.keys) {
             return Err(VolumeError::device(
                 "online reencryption needs both volume keys",
             ));
         }
-        // The engine counts in logical bytes from the data offset; the tables here in
-        // device bytes (a forward re-key moves no data: both sides share the offset).
-        let end = state.previous.offset + run::data_end(&state, &file)?;
-        let start = state.fin.offset.min(state.previous.offset);
-        run::check_checksum_blocks(&state.keyslot.resilience, end - start)?;
+        let end = run::data_end(&state, data.as_ref().unwrap_or(&file))?;
+        run::check_checksum_blocks(&state.keyslot.resilience, end)?;
         let hotzone = run::hotzone_length(&state, &req.opts)?;
         let top = registry.get(&req.name).map_err(dm)?;
         if top.info().suspended {
@@ -333,19 +435,23 @@ impl OnlineJob {
             )));
         }
         let live = TableSpec::parse(top.table(true).as_str()).map_err(dm)?;
-        let first = live
+        let device = live
+            .lines
+            .first()
+            .and_then(|l| l.target.devices().first().map(|d| d.to_string()))
+            .ok_or_else(|| VolumeError::usage(format!("{} has an empty table", req.name)))?;
+        let flags = live
             .crypt_lines()
             .next()
-            .ok_or_else(|| VolumeError::usage(format!("{} has no crypt line", req.name)))?
-            .clone();
+            .map_or_else(CryptFlags::default, |c| c.flags);
         let layout = Layout {
             state: &state,
             keys: &req.keys,
-            device: first.device.clone(),
-            flags: first.flags,
-            start,
+            device: device.clone(),
+            flags,
         };
-        let expected = layout.table(&state_pieces(&state, end)?, "")?;
+        let pieces = state_pieces(&state, end)?;
+        let expected = layout.table(&pieces, "")?;
         let expected = TableSpec::parse(&expected).map_err(dm)?;
         if expected != live {
             return Err(VolumeError::usage(format!(
@@ -353,31 +459,36 @@ impl OnlineJob {
                  (served size {} bytes, data area {} bytes).",
                 req.name,
                 top.info().size,
-                end - start
+                end
             )));
         }
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             progress: Mutex::new(ReencryptProgress {
                 state: RunState::Running,
-                done: done_bytes(&state, start, end),
-                total: end - start,
+                done: done_bytes(&pieces),
+                total: end,
                 hotzone,
                 ..ReencryptProgress::default()
             }),
         });
+        let direction = match state.keyslot.direction {
+            ReencryptDirection::Forward => "forward",
+            ReencryptDirection::Backward => "backward",
+        };
         let worker = Worker {
             registry,
-            hotzone_name: format!("{}-hotzone-forward", req.name),
+            hotzone_name: format!("{}-hotzone-{direction}", req.name),
             name: req.name,
             h,
-            file,
+            header: file,
+            data,
             keys: req.keys,
-            device: first.device,
-            flags: first.flags,
-            start,
+            device,
+            flags,
             end,
             hotzone,
+            keep: Vec::new(),
             shared: shared.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -438,32 +549,28 @@ impl Worker {
                     // With resilience none the steps wrote no header: record the boundary
                     // now, so the volume reopens with the right keys.
                     if self.resilience() == Resilience::None {
-                        self.h.write_reencryption(&self.file)?;
+                        self.h.write_reencryption(&self.header)?;
                     }
                     return Ok(RunState::Stopped);
                 }
                 let Some(state) = ReencryptState::of(&self.h)? else {
                     return Ok(RunState::Finished);
                 };
-                let Some(old) = state.segments.iter().find(|s| s.side == Side::Old) else {
+                let Some(step) = run::next_step(&state, self.end, self.hotzone) else {
                     // Everything is new already: write the final header.
-                    let areas = self.h.finish_reencryption()?;
-                    self.h.write_reencryption(&self.file)?;
-                    cryptblk_format::luks2::reencrypt_write::wipe_areas(&self.file, &areas)?;
+                    let data = self.data.as_ref().unwrap_or(&self.header);
+                    run::finish(&mut self.h, &self.header, data)?;
                     return Ok(RunState::Finished);
                 };
-                let offset = old.offset;
-                let len = self.hotzone.min(self.end - offset);
-                let last = offset + len >= self.end;
-                self.step(&state, offset, len, last)?;
-                rewritten += len;
+                let done = self.step(&state, step)?;
+                rewritten += step.len;
                 let secs = started.elapsed().as_secs_f64().max(1e-3);
                 self.shared.set(|p| {
-                    p.done = offset + len - self.start;
+                    p.done = done;
                     p.steps += 1;
                     p.bytes_per_sec = (rewritten as f64 / secs) as u64;
                 });
-                if last {
+                if step.last {
                     return Ok(RunState::Finished);
                 }
             }
@@ -494,7 +601,6 @@ impl Worker {
             keys: &self.keys,
             device: self.device.clone(),
             flags: self.flags,
-            start: self.start,
         }
     }
 
@@ -530,50 +636,48 @@ impl Worker {
         self.registry.replace_table(&self.name, table).map_err(dm)
     }
 
-    /// One step over `[offset, offset + len)`: hold, rewrite as offline, release.
-    fn step(&mut self, state: &ReencryptState, offset: u64, len: u64, last: bool) -> Result<()> {
+    /// One step over the hotzone of `step` (logical bytes, in either direction): hold,
+    /// rewrite as offline, release. Returns the bytes under the new key afterwards.
+    fn step(&mut self, state: &ReencryptState, step: run::Step) -> Result<u64> {
         let end = self.end;
-        let (hold_table, hz_old, hz_new, after) = {
-            let l = self.layout(state);
-            let hz_line = |side: Side| -> Result<Zeroizing<String>> {
-                Ok(TableSpec::single(len / 512, l.side(side, offset)?).to_text(true))
+        let (l, len) = (step.l, step.len);
+        let (hold_table, hz_old, hz_new, after, done) = {
+            let lay = self.layout(state);
+            let hz_table = |side: Side| -> Result<Zeroizing<String>> {
+                let mut spec = TableSpec::default();
+                lay.push(&mut spec, side, l, l + len)?;
+                Ok(spec.to_text(true))
             };
-            let piece = |side, from, to| Piece { side, from, to };
-            let hold = l.table(
-                &[
-                    piece(Side::New, l.start, offset),
-                    piece(Side::Hotzone, offset, offset + len),
-                    piece(Side::Old, offset + len, end),
-                ],
+            let pieces = state_pieces(state, end)?;
+            let hold = lay.table(
+                &with_range(&pieces, l, l + len, Side::Hotzone),
                 &self.hotzone_name,
             )?;
-            let after = l.table(
-                &[
-                    piece(Side::New, l.start, offset + len),
-                    piece(Side::Old, offset + len, end),
-                ],
-                "",
-            )?;
-            (hold, hz_line(Side::Old)?, hz_line(Side::New)?, after)
+            let after_pieces = with_range(&pieces, l, l + len, Side::New);
+            let after = lay.table(&after_pieces, "")?;
+            (
+                hold,
+                hz_table(Side::Old)?,
+                hz_table(Side::New)?,
+                after,
+                done_bytes(&after_pieces),
+            )
         };
         let hz = self.hotzone_mapping(&hz_old)?;
+        let mut keep = std::mem::take(&mut self.keep);
         let result = (|| -> std::result::Result<(), (Phase, VolumeError)> {
             let held = |e: VolumeError| (Phase::Held, e);
             self.swap_top(&hold_table).map_err(held)?;
             hz.suspend().map_err(dm).map_err(held)?;
             let none = state.keyslot.resilience == Resilience::None;
-            // Logical offsets (from the data start), as the offline engine's.
-            let l = offset - state.fin.offset;
-            let logical_end = end - state.previous.offset;
-            let mut keep = Vec::new();
-            let old =
-                run::protect(state, &self.file, &self.file, l, len, &mut keep).map_err(held)?;
+            let data = self.data.as_ref().unwrap_or(&self.header);
+            let old = run::protect(state, &self.header, data, l, len, &mut keep).map_err(held)?;
             self.h
-                .set_reencrypt_layout(&run::layout(state, logical_end, l, Some((l, len))))
+                .set_reencrypt_layout(&run::layout(state, end, step.x, Some((l, len))))
                 .map_err(|e| held(e.into()))?;
             if !none {
                 self.h
-                    .write_reencryption(&self.file)
+                    .write_reencryption(&self.header)
                     .map_err(|e| held(e.into()))?;
             }
             let named = |e: VolumeError| (Phase::Named, e);
@@ -581,7 +685,7 @@ impl Worker {
             let mut done = 0;
             run::rewrite(
                 state,
-                &self.file,
+                data,
                 &ciphers,
                 l,
                 len,
@@ -590,15 +694,15 @@ impl Worker {
                 &mut NoProgress,
             )
             .map_err(named)?;
-            if last {
-                run::finish(&mut self.h, &self.file, &self.file).map_err(named)?;
+            if step.last {
+                run::finish(&mut self.h, &self.header, data).map_err(named)?;
             } else {
                 self.h
-                    .set_reencrypt_layout(&run::layout(state, logical_end, l + len, None))
+                    .set_reencrypt_layout(&run::layout(state, end, step.next, None))
                     .map_err(|e| named(e.into()))?;
                 if !none {
                     self.h
-                        .write_reencryption(&self.file)
+                        .write_reencryption(&self.header)
                         .map_err(|e| named(e.into()))?;
                 }
             }
@@ -610,13 +714,14 @@ impl Worker {
             self.swap_top(&after).map_err(named)?;
             Ok(())
         })();
+        self.keep = keep;
         match result {
             Ok(()) => {
                 drop(hz);
                 // A request that just left may still hold the old top table (and so the
                 // hotzone mapping) for a moment: then the next step reuses it.
                 let _ = self.registry.remove(&self.hotzone_name);
-                Ok(())
+                Ok(done)
             }
             Err((phase, e)) => {
                 // Never leave requests waiting on a hotzone nobody will release: all old
@@ -630,7 +735,7 @@ impl Worker {
                 Err(VolumeError::new(
                     e.code,
                     format!(
-                        "reencryption step at byte {offset} failed: {}{}",
+                        "reencryption step at byte {l} failed: {}{}",
                         e.message,
                         if phase == Phase::Named {
                             " (close the volume and open it again to recover the hotzone)"
@@ -648,7 +753,8 @@ impl Worker {
 mod tests {
     use super::super::state::StateSegment;
     use super::*;
-    use cryptblk_format::luks2::{ReencryptKeyslot, ReencryptMode};
+    use cryptblk_cipher::SecretBytes;
+    use cryptblk_format::luks2::{ReencryptKeyslot, ReencryptMode, SegmentInfo};
 
     const MIB: u64 = 1 << 20;
 
@@ -749,5 +855,118 @@ mod tests {
             new: keys.new.clone(),
         };
         assert!(served_table(&st, &no_old, "/dev/x", &CryptFlags::default(), 24 * MIB).is_err());
+    }
+
+    fn linear(id: u32, offset: u64, size: Option<u64>, flag: &str) -> SegmentInfo {
+        SegmentInfo {
+            id,
+            kind: "linear".into(),
+            offset,
+            size,
+            iv_tweak: 0,
+            encryption: None,
+            sector_size: 512,
+            flags: vec![flag.into()],
+        }
+    }
+
+    fn seg(side: Side, logical: u64, size: Option<u64>) -> StateSegment {
+        StateSegment {
+            offset: 0,
+            size,
+            side,
+            logical,
+        }
+    }
+
+    /// A backward decryption: the old (crypt) data at the start, the new plaintext after
+    /// the boundary mapped linear at its own bytes; a step's hold and after tables put the
+    /// hotzone through the hotzone mapping, then to the plaintext side.
+    #[test]
+    fn backward_decryption_maps_the_plaintext_side_linear() {
+        let mut st = state(vec![
+            seg(Side::Old, 0, Some(20 * MIB)),
+            seg(Side::New, 20 * MIB, None),
+        ]);
+        st.keyslot.direction = ReencryptDirection::Backward;
+        st.keyslot.mode = ReencryptMode::Decrypt;
+        st.previous.offset = 0;
+        st.fin = linear(3, 0, None, "backup-final");
+        let keys = ReencryptKeys {
+            old: Some(SecretBytes::from_slice(&[0x11; 64])),
+            new: None,
+        };
+        let t = served_table(&st, &keys, "/dev/x", &CryptFlags::default(), 24 * MIB).unwrap();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    "0 40960 crypt aes-xts-plain64 {} 0 /dev/x 0",
+                    "11".repeat(64)
+                ),
+                "40960 8192 linear /dev/x 40960".to_string(),
+            ]
+        );
+        let l = Layout {
+            state: &st,
+            keys: &keys,
+            device: "/dev/x".into(),
+            flags: CryptFlags::default(),
+        };
+        let pieces = state_pieces(&st, 24 * MIB).unwrap();
+        assert_eq!(done_bytes(&pieces), 4 * MIB);
+        let hold = l
+            .table(
+                &with_range(&pieces, 19 * MIB, 20 * MIB, Side::Hotzone),
+                "hz",
+            )
+            .unwrap();
+        assert_eq!(
+            hold.lines().skip(1).collect::<Vec<_>>(),
+            ["38912 2048 linear hz 0", "40960 8192 linear /dev/x 40960"]
+        );
+        let after = with_range(&pieces, 19 * MIB, 20 * MIB, Side::New);
+        assert_eq!(done_bytes(&after), 5 * MIB);
+        let after = l.table(&after, "").unwrap();
+        assert_eq!(
+            after.lines().nth(1),
+            Some("38912 10240 linear /dev/x 38912"),
+            "the new plaintext merges into one line"
+        );
+    }
+
+    /// An encryption with a data shift: the old plaintext's first `shift` bytes lie in the
+    /// moved segment (mapped from there), the rest in place; the new side's data lies
+    /// `shift` further on with IVs counted from the volume's first byte.
+    #[test]
+    fn datashift_encryption_maps_the_moved_segment_and_the_shift() {
+        let mut st = state(vec![
+            seg(Side::Old, 0, Some(10 * MIB)),
+            seg(Side::New, 10 * MIB, Some(20 * MIB)),
+        ]);
+        st.keyslot.direction = ReencryptDirection::Backward;
+        st.keyslot.mode = ReencryptMode::Encrypt;
+        st.previous = linear(2, 0, Some(30 * MIB), "backup-previous");
+        st.fin.offset = MIB;
+        st.fin.sector_size = 512;
+        st.moved = Some(linear(4, 31 * MIB, Some(MIB), "backup-moved-segment"));
+        let keys = ReencryptKeys {
+            old: None,
+            new: Some(SecretBytes::from_slice(&[0x22; 64])),
+        };
+        let t = served_table(&st, &keys, "/dev/x", &CryptFlags::default(), 32 * MIB).unwrap();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "0 2048 linear /dev/x 63488".to_string(),
+                "2048 18432 linear /dev/x 2048".to_string(),
+                format!(
+                    "20480 40960 crypt aes-xts-plain64 {} 20480 /dev/x 22528",
+                    "22".repeat(64)
+                ),
+            ]
+        );
     }
 }

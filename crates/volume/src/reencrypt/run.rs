@@ -554,6 +554,62 @@ pub(crate) fn layout(
         .collect()
 }
 
+/// The next step of a reencryption whose header names no hotzone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// Logical start of the hotzone.
+    pub l: u64,
+    /// Its length.
+    pub len: u64,
+    /// The boundary the header naming the hotzone is laid out with (see [`layout`]).
+    pub x: u64,
+    /// The boundary after the step.
+    pub next: u64,
+    /// True for the last step (the final header follows it).
+    pub last: bool,
+}
+
+/// The hotzone next to the boundary of `state` (data of `end` logical bytes, hotzones of
+/// `hotzone` bytes), in the run's direction; `None` when all data is new already (only
+/// the final header is left).
+pub(crate) fn next_step(state: &ReencryptState, end: u64, hotzone: u64) -> Option<Step> {
+    let backward = state.keyslot.direction == ReencryptDirection::Backward;
+    let x = boundary(state, end);
+    let (l, len) = match moved_first(state) {
+        // The moved first segment goes last, unless it is new already.
+        Some(shift) if x >= end => {
+            let first_new = state.segments.first().is_some_and(|s| s.side == Side::New);
+            (0, if first_new { 0 } else { shift })
+        }
+        Some(_) => (x, hotzone.min(end - x)),
+        None if backward => {
+            let l = x.saturating_sub(hotzone);
+            (l, x - l)
+        }
+        None => (x, hotzone.min(end - x)),
+    };
+    if len == 0 {
+        return None;
+    }
+    let x = if moved_first(state).is_some() && l == 0 {
+        end
+    } else {
+        x
+    };
+    let last = match moved_first(state) {
+        Some(_) => l == 0,
+        None if backward => l == 0,
+        None => l + len >= end,
+    };
+    Some(Step {
+        l,
+        len,
+        x,
+        next: if backward { l } else { l + len },
+        last,
+    })
+}
+
 /// Recovers a hotzone a crash left (its data rewritten from the recovered plaintext under
 /// the new key, synced) and writes the header of the finished step (or the final header
 /// when it was the last one). Returns the hotzone's length, 0 when there was none. Header
@@ -658,34 +714,15 @@ pub fn run_split(
                 done += n;
                 progress.update(done);
             } else {
-                let x = boundary(&state, end);
-                // Hotzone [l, l + len) next to the boundary.
-                let (l, len) = match moved_first(&state) {
-                    // The moved first segment goes last, unless it is new already.
-                    Some(shift) if x >= end => {
-                        let first_new = state.segments.first().is_some_and(|s| s.side == Side::New);
-                        (0, if first_new { 0 } else { shift })
-                    }
-                    Some(_) => (x, out.hotzone.min(end - x)),
-                    None if backward => {
-                        let l = x.saturating_sub(out.hotzone);
-                        (l, x - l)
-                    }
-                    None => (x, out.hotzone.min(end - x)),
-                };
-                if len == 0 {
+                let Some(Step {
+                    l,
+                    len,
+                    x,
+                    next,
+                    last,
+                }) = next_step(&state, end, out.hotzone)
+                else {
                     return finish(h, header, data);
-                }
-                // The step's hotzone, with x the boundary it extends.
-                let x = if moved_first(&state).is_some() && l == 0 {
-                    end
-                } else {
-                    x
-                };
-                let last = match moved_first(&state) {
-                    Some(_) => l == 0,
-                    None if backward => l == 0,
-                    None => l + len >= end,
                 };
                 let old = protect(&state, header, data, l, len, &mut keep)?;
                 h.set_reencrypt_layout(&layout(&state, end, x, Some((l, len))))?;
@@ -699,8 +736,7 @@ pub fn run_split(
                 if last {
                     return finish(h, header, data);
                 }
-                let nx = if backward { l } else { l + len };
-                h.set_reencrypt_layout(&layout(&state, end, nx, None))?;
+                h.set_reencrypt_layout(&layout(&state, end, next, None))?;
                 if !none {
                     h.write_reencryption(header)?;
                 }

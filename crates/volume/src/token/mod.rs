@@ -309,11 +309,34 @@ pub fn unlock(
     purpose: UnlockPurpose,
     ask: &mut dyn FnMut(&str) -> Result<SecretBytes>,
 ) -> Result<std::result::Result<TokenUnlock, TokenMiss>> {
-    let mut miss = TokenMiss::default();
     let Volume::Luks2(h, f) = vol else {
+        let mut miss = TokenMiss::default();
         miss.reasons.push("LUKS1 volumes have no tokens.".into());
         return Ok(Err(miss));
     };
+    let mut open = |secret: &[u8], slot: usize| -> Result<(usize, SecretBytes)> {
+        let u = h.unlock(f, secret, Some(slot), purpose)?;
+        Ok((u.slot, u.key))
+    };
+    Ok(
+        unlock_with(h, choice, ask, &mut open)?.map(|(token, (slot, key))| TokenUnlock {
+            token,
+            slot,
+            key,
+        }),
+    )
+}
+
+/// [`unlock`] of header `h` with what a token's secret opens left to `open` (called with the secret and
+/// each keyslot the token names, until one succeeds): e.g. both volume keys of a
+/// reencryption. Returns the token id and what `open` returned.
+pub fn unlock_with<T>(
+    h: &Luks2Header,
+    choice: &TokenChoice,
+    ask: &mut dyn FnMut(&str) -> Result<SecretBytes>,
+    open: &mut dyn FnMut(&[u8], usize) -> Result<T>,
+) -> Result<std::result::Result<(usize, T), TokenMiss>> {
+    let mut miss = TokenMiss::default();
     let ids: Vec<usize> = match choice.id {
         Some(i) => {
             check_token_id(i)?;
@@ -370,15 +393,9 @@ pub fn unlock(
             .unwrap_or_default();
         let mut last = None;
         for s in slots {
-            match h.unlock(f, secret.as_bytes(), Some(s), purpose) {
-                Ok(u) => {
-                    return Ok(Ok(TokenUnlock {
-                        token: id,
-                        slot: u.slot,
-                        key: u.key,
-                    }))
-                }
-                Err(e) => last = Some(VolumeError::from(e)),
+            match open(secret.as_bytes(), s) {
+                Ok(t) => return Ok(Ok((id, t))),
+                Err(e) => last = Some(e),
             }
         }
         let why = match last {

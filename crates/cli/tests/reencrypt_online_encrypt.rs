@@ -1,0 +1,211 @@
+//! Online encryption with a data shift (`--encrypt --reduce-device-size`), which
+//! cryptsetup 2.6.1 runs backward: initialised offline (`--init-only`), the device opened
+//! mid-encryption (its plaintext served through the header's moved segment and the rest),
+//! then encrypted online by the daemon as cryptsetup's man page shows it (`reencrypt
+//! --resume-only DEVICE` or `--active-name NAME`). Checked against cryptsetup and the
+//! independent model:
+//!
+//! - fio writes and verifies (crc32c) on the NBD export through the run, a `close` at
+//!   about 40%, the reopen of the half-encrypted device and the online resume to the end,
+//!   and after a reopen of the finished volume: zero errors;
+//! - cryptsetup finishes a copy of the closed volume with the data the export served;
+//!   cryptsetup accepts the finished header and its volume key decrypts the device to what
+//!   the export served;
+//! - the daemon SIGKILLed mid-run leaves a state `cryptsetup reencrypt --resume-only`
+//!   finishes with the data intact.
+
+mod common;
+use common::reenc::*;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The plain device of the run under fio (large enough that a run of 256 KiB steps lasts
+/// past fio's stop at the close); the kill test's is smaller.
+const DEVICE: usize = 128 << 20;
+const KILL_DEVICE: usize = 32 << 20;
+/// `--reduce-device-size`: the data moves by half of it (256 KiB, the hotzone of every
+/// step: about 500 steps), the header takes that (it fits with a 256-bit key).
+const REDUCE: usize = 512 << 10;
+/// fio writes the first 4 MiB; the rest keeps the pattern.
+const FIO_BYTES: usize = 4 << 20;
+
+/// A plain device of `size` bytes holding a random pattern in all but its last
+/// [`REDUCE`] bytes (the volume's data), initialised for encryption with a data shift by
+/// cryptblk (`--init-only`); returns it and the pattern.
+fn initialised(lab: &KeyLab, name: &str, size: usize) -> (PathBuf, Vec<u8>) {
+    let dev = lab.path(name);
+    let mut pattern = write_pattern(&dev, size, 5);
+    pattern.truncate(size - REDUCE);
+    run_ok(
+        lab.reencrypt(&["--encrypt", "--init-only", "--reduce-device-size", "512k"])
+            .args(["--key-size", "256"])
+            .args(FAST)
+            .arg(&dev),
+        b"",
+    );
+    assert!(in_progress(&dev));
+    (dev, pattern)
+}
+
+/// Finishes the encryption of `dev` with `cryptsetup reencrypt --resume-only`, after
+/// `repair` where it asks.
+fn finish_by_cryptsetup(lab: &KeyLab, dev: &Path) {
+    let resume = || {
+        run(
+            cryptsetup()
+                .unwrap()
+                .args(["reencrypt", "--batch-mode", "--resume-only"])
+                .args(["--force-offline-reencrypt", "--key-file"])
+                .arg(&lab.key)
+                .arg(dev),
+            b"",
+        )
+    };
+    if resume().status.success() {
+        return;
+    }
+    run_ok(
+        cryptsetup()
+            .unwrap()
+            .args(["repair", "--batch-mode", "--key-file"])
+            .arg(&lab.key)
+            .arg(dev),
+        b"",
+    );
+    if in_progress(dev) {
+        let out = resume();
+        assert!(
+            out.status.success(),
+            "cryptsetup resume after repair: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The first `len` bytes of data of the finished `dev` decrypted by the independent model
+/// with cryptsetup's volume key (cryptsetup must accept the header as finished).
+fn independent_plaintext(lab: &KeyLab, dev: &Path, len: usize) -> Vec<u8> {
+    let dump = run_ok(cryptsetup().unwrap().arg("luksDump").arg(dev), b"");
+    assert!(!dump.contains("reencrypt"), "leftovers:\n{dump}");
+    let mut plain = plaintext_by_cryptsetup(dev, &lab.key).1;
+    plain.truncate(len);
+    plain
+}
+
+#[test]
+fn datashift_encryption_online_under_fio_close_resume_reopen() {
+    if !tools() {
+        return;
+    }
+    let lab = KeyLab::new(b"online encrypt pass");
+    let name = "t-reenc-enc";
+    let (dev, pattern) = initialised(&lab, "plain.img", DEVICE);
+    let sock = lab.path("nbd.sock");
+    // Opened mid-encryption: all plaintext, served from the moved segment and the rest.
+    let served = open_nbd(&dev, &lab.key, name, &sock, &[]);
+    let st = status(name);
+    assert_eq!(st["reencryption"]["state"], "paused", "{st}");
+    assert_eq!(st["size"].as_u64().unwrap(), pattern.len() as u64, "{st}");
+    assert!(lab.read_export(&sock, "init.bin") == pattern);
+    let mut cmd = lab.reencrypt(&["--resume-only"]);
+    cmd.arg(&dev);
+    let at_close = close_midway(&lab, &dev, name, &sock, cmd);
+    drop(served);
+    assert!(at_close[FIO_BYTES..] == pattern[FIO_BYTES..]);
+    let js = json_of(&dev).unwrap();
+    let ks = js["keyslots"]
+        .as_object()
+        .unwrap()
+        .values()
+        .find(|k| k["type"] == "reencrypt")
+        .unwrap()
+        .clone();
+    assert_eq!(ks["direction"], "backward", "{js}");
+    assert_eq!(ks["area"]["type"], "datashift", "{js}");
+    // cryptsetup finishes a copy of the closed volume with the data the export served.
+    let copy = lab.path("cs.img");
+    std::fs::copy(&dev, &copy).unwrap();
+    finish_by_cryptsetup(&lab, &copy);
+    assert!(
+        independent_plaintext(&lab, &copy, pattern.len()) == at_close,
+        "cryptsetup's resume of the closed encryption lost data"
+    );
+    std::fs::remove_file(&copy).unwrap();
+    // Reopened half-encrypted: both sides served; resumed online by --active-name.
+    let served = open_nbd(&dev, &lab.key, name, &sock, &[]);
+    let st = status(name);
+    assert_eq!(st["reencryption"]["state"], "paused", "{st}");
+    assert!(st["reencryption"]["done"].as_u64().unwrap() > 0, "{st}");
+    fio_once(lab.dir.path(), &sock, "on the device opened mid-encryption");
+    let fio = FioLoop::start(lab.dir.path(), &sock, "during the resumed encryption");
+    let mut re = spawn_captured(&mut lab.reencrypt(&["--resume-only", "--active-name", name]));
+    watch(name, &mut re, |_| false);
+    let out = re.wait_with_output().unwrap();
+    let runs = fio.finish();
+    assert!(
+        out.status.success(),
+        "online resume failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = status(name);
+    assert_eq!(st["reencryption"]["state"], "finished", "{st}");
+    assert_eq!(st["table"].as_str().unwrap().lines().count(), 1, "{st}");
+    fio_once(lab.dir.path(), &sock, "after the online encryption");
+    let after = lab.read_export(&sock, "after.bin");
+    assert!(after[FIO_BYTES..] == pattern[FIO_BYTES..]);
+    drop(served);
+    assert!(
+        independent_plaintext(&lab, &dev, pattern.len()) == after,
+        "the volume key does not decrypt what the export served"
+    );
+    let _again = open_nbd(&dev, &lab.key, name, &sock, &[]);
+    fio_once(lab.dir.path(), &sock, "after a reopen");
+    eprintln!("online encryption resumed under {runs} fio runs");
+}
+
+/// The daemon SIGKILLed at 20%, 50% and 80% of an online encryption: cryptsetup
+/// finishes each with the data intact.
+#[test]
+fn killed_online_encryption_is_finished_by_cryptsetup() {
+    if !tools() {
+        return;
+    }
+    let lab = KeyLab::new(b"online encrypt kill pass");
+    let name = "t-reenc-enc-kill";
+    let (base, pattern) = initialised(&lab, "base.img", KILL_DEVICE);
+    for at in [0.2, 0.5, 0.8] {
+        let dev = lab.path("cut.img");
+        std::fs::copy(&base, &dev).unwrap();
+        let sock = lab.path("nbd.sock");
+        let served = open_nbd(&dev, &lab.key, name, &sock, &[]);
+        let pid = status(name)["pid"].as_u64().unwrap() as i32;
+        let re = spawn_captured(lab.reencrypt(&["--resume-only"]).arg(&dev));
+        let start = Instant::now();
+        loop {
+            let st = status(name);
+            let r = &st["reencryption"];
+            if r["state"] == "running"
+                && r["done"].as_f64().unwrap() / r["total"].as_f64().unwrap() >= at
+            {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no progress: {st}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: kill(2) of the daemon this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = re.wait_with_output();
+        drop(served);
+        let _ = std::fs::remove_file(&sock);
+        assert!(in_progress(&dev), "killed at {at}: not mid-encryption");
+        finish_by_cryptsetup(&lab, &dev);
+        assert!(
+            independent_plaintext(&lab, &dev, pattern.len()) == pattern,
+            "killed at {at}, finished by cryptsetup: data lost"
+        );
+    }
+}
