@@ -245,10 +245,7 @@ impl Luks2Header {
     /// Until it does, the synced primary copy is the newest valid one, which a crash keeps
     /// and a load prefers over a stale or torn secondary (cryptsetup's rule too), so one
     /// sync per header write is saved without weakening any step.
-    pub fn write_reencryption_then_sync(
-        &mut self,
-        io: &dyn crate::hdrio::HeaderIo,
-    ) -> Result<()> {
+    pub fn write_reencryption_then_sync(&mut self, io: &dyn crate::hdrio::HeaderIo) -> Result<()> {
         self.check_requirements_except_reencryption()?;
         self.write_copies(io, false)
     }
