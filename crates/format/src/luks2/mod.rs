@@ -419,6 +419,14 @@ impl Luks2Header {
     }
 
     pub(crate) fn write_unchecked(&mut self, io: &dyn HeaderIo) -> Result<()> {
+        self.write_copies(io, true)
+    }
+
+    /// Writes the primary copy, syncs, then writes the secondary copy and, when
+    /// `sync_secondary`, syncs again. Without that last sync the caller must sync `io`
+    /// before the next header write: until then the synced primary is the newest valid copy
+    /// and a crash leaves it (a stale or torn secondary loses to it on load).
+    fn write_copies(&mut self, io: &dyn HeaderIo, sync_secondary: bool) -> Result<()> {
         let json_area = (self.hdr_size as usize) - BIN_HDR_LEN;
         validate::validate(&self.json, json_area as u64)?;
         let text = json::to_compact(&self.json);
@@ -460,6 +468,9 @@ impl Luks2Header {
                     .map_err(|e| FormatError::io("writing secondary LUKS2 header", e))
             })
             .and_then(|_| {
+                if !sync_secondary {
+                    return Ok(());
+                }
                 io.sync()
                     .map_err(|e| FormatError::io("syncing secondary LUKS2 header", e))
             });

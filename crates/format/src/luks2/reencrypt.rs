@@ -239,6 +239,17 @@ impl Luks2Header {
         self.write_unchecked(io)
     }
 
+    /// [`Luks2Header::write_reencryption`] without the sync after the secondary copy: a
+    /// reencryption step syncs the same file next anyway (the hotzone's data, or the next
+    /// hotzone's resilience data), and that sync must come before the next header write.
+    /// Until it does, the synced primary copy is the newest valid one, which a crash keeps
+    /// and a load prefers over a stale or torn secondary (cryptsetup's rule too), so one
+    /// sync per header write is saved without weakening any step.
+    pub fn write_reencryption_then_sync(&mut self, io: &dyn crate::hdrio::HeaderIo) -> Result<()> {
+        self.check_requirements_except_reencryption()?;
+        self.write_copies(io, false)
+    }
+
     /// The id of the digest that lists keyslot `slot`.
     pub fn digest_of_slot(&self, slot: usize) -> Option<String> {
         let name = slot.to_string();
