@@ -18,7 +18,6 @@ use common::reenc::*;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
@@ -219,24 +218,7 @@ fn daemon_killed_mid_run_is_finished_by_cryptsetup_and_cryptblk() {
             lab.reencrypt(&["--hotzone-size", "64k", "--resilience", resilience])
                 .arg(&img),
         );
-        let start = Instant::now();
-        loop {
-            let st = status(name);
-            let r = &st["reencryption"];
-            if r["state"] == "running"
-                && r["done"].as_f64().unwrap() / r["total"].as_f64().unwrap() >= at
-            {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "no progress: {st}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: kill(2) of the daemon this test started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        let _ = re.wait_with_output();
+        kill_daemon_at(name, pid, at, re);
         drop(served);
         let _ = std::fs::remove_file(&sock);
         kills += 1;

@@ -18,7 +18,6 @@ use common::reenc::*;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// Bytes of data (the whole data device: a detached header leaves data offset 0).
 const DATA: usize = 32 << 20;
@@ -315,24 +314,7 @@ fn killed_detached_runs_are_finished_by_cryptsetup() {
             args.push("--decrypt");
         }
         let re = spawn_captured(lab.reencrypt(&args).arg(&v.data));
-        let start = Instant::now();
-        loop {
-            let st = status(name);
-            let r = &st["reencryption"];
-            if r["state"] == "running"
-                && r["done"].as_f64().unwrap() / r["total"].as_f64().unwrap() >= at
-            {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "no progress: {st}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: kill(2) of the daemon this test started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        let _ = re.wait_with_output();
+        kill_daemon_at(name, pid, at, re);
         drop(served);
         let _ = std::fs::remove_file(&sock);
         assert!(in_progress(&v.hdr), "killed at {at}: not mid-reencryption");

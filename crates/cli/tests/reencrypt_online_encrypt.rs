@@ -18,7 +18,6 @@ mod common;
 use common::reenc::*;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 /// The plain device of the run under fio (large enough that a run of 256 KiB steps lasts
 /// past fio's stop at the close); the kill test's is smaller.
@@ -181,24 +180,7 @@ fn killed_online_encryption_is_finished_by_cryptsetup() {
         let served = open_nbd(&dev, &lab.key, name, &sock, &[]);
         let pid = status(name)["pid"].as_u64().unwrap() as i32;
         let re = spawn_captured(lab.reencrypt(&["--resume-only"]).arg(&dev));
-        let start = Instant::now();
-        loop {
-            let st = status(name);
-            let r = &st["reencryption"];
-            if r["state"] == "running"
-                && r["done"].as_f64().unwrap() / r["total"].as_f64().unwrap() >= at
-            {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "no progress: {st}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        // SAFETY: kill(2) of the daemon this test started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        let _ = re.wait_with_output();
+        kill_daemon_at(name, pid, at, re);
         drop(served);
         let _ = std::fs::remove_file(&sock);
         assert!(in_progress(&dev), "killed at {at}: not mid-encryption");

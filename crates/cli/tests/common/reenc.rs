@@ -224,6 +224,29 @@ pub fn watch(
     seen
 }
 
+/// Waits until `status` of `name` shows at least `at` of a running reencryption done, then
+/// kills the daemon `pid` that serves it (SIGKILL: a crash) and reaps the command `re`.
+pub fn kill_daemon_at(name: &str, pid: i32, at: f64, re: std::process::Child) {
+    let start = Instant::now();
+    loop {
+        let st = status(name);
+        let r = &st["reencryption"];
+        if r["state"] == "running"
+            && r["done"].as_f64().unwrap() / r["total"].as_f64().unwrap() >= at
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no progress: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill(2) of a daemon the calling test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = re.wait_with_output();
+}
+
 pub fn tools() -> bool {
     ["fio", "nbdcopy", "cryptsetup", "python3"]
         .iter()
