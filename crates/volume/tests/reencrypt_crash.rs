@@ -40,6 +40,9 @@ struct Scenario {
     tears: &'static [usize],
     /// A second keyslot (another passphrase) is carried over too.
     second: bool,
+    /// `RunOptions::chunk`: small enough that a hotzone is hashed or journalled and then
+    /// rewritten chunk by chunk (the path a hotzone over 64 MiB takes by default).
+    chunk: Option<u64>,
 }
 
 const SCENARIOS: &[Scenario] = &[
@@ -53,6 +56,7 @@ const SCENARIOS: &[Scenario] = &[
         hotzone: 32 << 10,
         tears: &[0, 8],
         second: false,
+        chunk: None,
     },
     Scenario {
         name: "checksum, sector size 512 -> 4096",
@@ -64,6 +68,7 @@ const SCENARIOS: &[Scenario] = &[
         hotzone: 64 << 10,
         tears: &[0, 8],
         second: false,
+        chunk: None,
     },
     Scenario {
         name: "journal, cipher change to aes-cbc-essiv:sha256",
@@ -75,6 +80,7 @@ const SCENARIOS: &[Scenario] = &[
         hotzone: 64 << 10,
         tears: &[0, 3, 8],
         second: false,
+        chunk: None,
     },
     Scenario {
         name: "checksum, two keyslots carried over, aes-xts 256-bit key",
@@ -86,6 +92,31 @@ const SCENARIOS: &[Scenario] = &[
         hotzone: 128 << 10,
         tears: &[0, 8],
         second: true,
+        chunk: None,
+    },
+    Scenario {
+        name: "checksum, hotzone rewritten in 16 KiB chunks",
+        sector: 4096,
+        new_sector: None,
+        new_cipher: None,
+        resilience: ResilienceChoice::Checksum,
+        data: MIB,
+        hotzone: 512 << 10,
+        tears: &[0, 8],
+        second: false,
+        chunk: Some(16 << 10),
+    },
+    Scenario {
+        name: "journal, hotzone journalled and rewritten in 16 KiB chunks",
+        sector: 512,
+        new_sector: None,
+        new_cipher: None,
+        resilience: ResilienceChoice::Journal,
+        data: MIB,
+        hotzone: 512 << 10,
+        tears: &[0, 3, 8],
+        second: false,
+        chunk: Some(16 << 10),
     },
 ];
 
@@ -124,6 +155,7 @@ fn run_opts(sc: &Scenario) -> RunOptions {
     RunOptions {
         max_hotzone: Some(sc.hotzone),
         device_block: 4096,
+        chunk: sc.chunk,
     }
 }
 

@@ -229,6 +229,7 @@ fn run_opts(sc: &Scenario) -> RunOptions {
     RunOptions {
         max_hotzone: Some(sc.step),
         device_block: 4096,
+        chunk: None,
     }
 }
 

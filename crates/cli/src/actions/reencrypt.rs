@@ -485,6 +485,7 @@ pub fn reencrypt(opts: &Opts, device: &Path, a: &ReencryptArgs) -> ActionResult 
     let run_opts = RunOptions {
         max_hotzone,
         device_block,
+        chunk: None,
     };
     // --encrypt of a device (or header file) already mid-encryption resumes it, as a plain
     // `reencrypt` does.

@@ -404,6 +404,7 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             let opts = RunOptions {
                 max_hotzone: *max_hotzone,
                 device_block: (*device_block).max(512),
+                chunk: None,
             };
             match stack.start_reencryption(keys, opts) {
                 Ok(()) => Response::Done,

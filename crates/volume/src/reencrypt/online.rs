@@ -369,6 +369,8 @@ struct Worker {
     /// Logical size of the volume's data.
     end: u64,
     hotzone: u64,
+    /// Chunk sizes for the steps.
+    opts: RunOptions,
     /// A hotzone's old data between its protection and its rewrite (reused).
     keep: Vec<u8>,
     shared: Arc<Shared>,
@@ -488,6 +490,7 @@ impl OnlineJob {
             flags,
             end,
             hotzone,
+            opts: req.opts,
             keep: Vec::new(),
             shared: shared.clone(),
         };
@@ -671,7 +674,8 @@ impl Worker {
             hz.suspend().map_err(dm).map_err(held)?;
             let none = state.keyslot.resilience == Resilience::None;
             let data = self.data.as_ref().unwrap_or(&self.header);
-            let old = run::protect(state, &self.header, data, l, len, &mut keep).map_err(held)?;
+            let old = run::protect(state, &self.header, data, l, len, &mut keep, &self.opts)
+                .map_err(held)?;
             self.h
                 .set_reencrypt_layout(&run::layout(state, end, step.x, Some((l, len))))
                 .map_err(|e| held(e.into()))?;
@@ -692,6 +696,7 @@ impl Worker {
                 old,
                 &mut done,
                 &mut NoProgress,
+                &self.opts,
             )
             .map_err(named)?;
             if step.last {

@@ -66,7 +66,9 @@ pub const DEFAULT_NONE_HOTZONE: u64 = 20 << 20;
 /// read again for the rewrite, so memory stays bounded: recovery decides per checksum
 /// block (or copies from the journal), so the order of writes within a hotzone does not
 /// matter.
-pub const BUFFERED_HOTZONE: u64 = 64 << 20;
+pub const BUFFERED_HOTZONE: u64 = CHUNKS_KEPT * CHUNK;
+/// [`BUFFERED_HOTZONE`] in chunks (also with [`RunOptions::chunk`] set).
+const CHUNKS_KEPT: u64 = 16;
 
 /// Page size the I/O buffers are aligned to.
 const PAGE: usize = 4096;
@@ -105,6 +107,24 @@ pub struct RunOptions {
     /// The data device's block size (cryptsetup aligns hotzones to the largest of it and
     /// both encryption sector sizes).
     pub device_block: u32,
+    /// Bytes moved through memory at once (default 4 MiB); a hotzone longer than 16 of
+    /// them is hashed or journalled, then rewritten, chunk by chunk instead of being kept
+    /// whole (see [`BUFFERED_HOTZONE`]). Smaller values let tests cut writes inside that
+    /// chunked path on small images.
+    pub chunk: Option<u64>,
+}
+
+impl RunOptions {
+    /// Bytes moved through memory at once.
+    pub(crate) fn chunk(&self) -> u64 {
+        self.chunk
+            .map_or(CHUNK, |c| c.max(PAGE as u64) / PAGE as u64 * PAGE as u64)
+    }
+
+    /// The longest hotzone kept in memory whole between its protection and its rewrite.
+    pub(crate) fn keep_whole(&self) -> u64 {
+        CHUNKS_KEPT * self.chunk()
+    }
 }
 
 /// What a run did.
@@ -214,12 +234,14 @@ pub(crate) fn rewrite(
     mut old: Option<&mut [u8]>,
     done: &mut u64,
     progress: &mut dyn Progress,
+    opts: &RunOptions,
 ) -> Result<()> {
+    let chunk = opts.chunk();
     let mut own = Vec::new();
     let mut pos = l;
     let threads = crypt_threads();
     while pos < l + len {
-        let n = (l + len - pos).min(CHUNK) as usize;
+        let n = (l + len - pos).min(chunk) as usize;
         let buf = match old.as_mut().filter(|o| o.len() as u64 == len) {
             Some(o) => &mut o[(pos - l) as usize..(pos - l) as usize + n],
             None => {
@@ -320,15 +342,17 @@ pub(crate) fn protect<'a>(
     l: u64,
     len: u64,
     keep: &'a mut Vec<u8>,
+    opts: &RunOptions,
 ) -> Result<Option<&'a mut [u8]>> {
     let ks = &state.keyslot;
+    let chunk = opts.chunk();
     if !state.in_place(l, len) {
         return Ok(None);
     }
     let offset = state.new_phys(l);
     // In place, the old data lies where the new goes.
     let kept = |what, keep: &'a mut Vec<u8>| -> Result<Option<&'a mut [u8]>> {
-        if len > BUFFERED_HOTZONE {
+        if len > opts.keep_whole() {
             return Ok(None);
         }
         let buf = page_aligned(keep, len as usize);
@@ -354,7 +378,7 @@ pub(crate) fn protect<'a>(
                 Some(v) => block_sums(alg, v, bs as usize, threads),
                 None => {
                     let mut sums = Vec::with_capacity((len / bs) as usize * alg.output_len());
-                    let step = CHUNK - CHUNK % bs;
+                    let step = (chunk - chunk % bs).max(bs);
                     let mut own = Vec::new();
                     let buf = page_aligned(&mut own, step.min(len) as usize);
                     let mut pos = offset;
@@ -386,10 +410,10 @@ pub(crate) fn protect<'a>(
                     .map_err(io_err("writing the hotzone journal"))?,
                 None => {
                     let mut own = Vec::new();
-                    let buf = page_aligned(&mut own, CHUNK.min(len) as usize);
+                    let buf = page_aligned(&mut own, chunk.min(len) as usize);
                     let mut pos = 0u64;
                     while pos < len {
-                        let n = (len - pos).min(CHUNK) as usize;
+                        let n = (len - pos).min(chunk) as usize;
                         data.read_at(offset + pos, &mut buf[..n])
                             .map_err(io_err("reading the hotzone"))?;
                         header
@@ -781,7 +805,7 @@ pub fn run_split(
                     settle(&mut unsynced)?;
                     return finish(h, header, data);
                 };
-                let old = protect(&state, header, data, l, len, &mut keep)?;
+                let old = protect(&state, header, data, l, len, &mut keep, opts)?;
                 if state.in_place(l, len) && !none {
                     // protect synced the header file after writing the resilience data.
                     unsynced = false;
@@ -796,7 +820,9 @@ pub fn run_split(
                         h.write_reencryption(header)?;
                     }
                 }
-                rewrite(&state, data, &ciphers, l, len, old, &mut done, progress)?;
+                rewrite(
+                    &state, data, &ciphers, l, len, old, &mut done, progress, opts,
+                )?;
                 out.bytes += len;
                 out.steps += 1;
                 if last {
