@@ -197,7 +197,8 @@ pub(super) fn resume_keys(
     )
 }
 
-fn open_rw(path: &Path) -> Result<File, Failure> {
+/// The device opened for reading and writing, or cryptsetup's error line.
+pub(super) fn open_rw(path: &Path) -> Result<File, Failure> {
     OpenOptions::new()
         .read(true)
         .write(true)

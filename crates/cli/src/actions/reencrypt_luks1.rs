@@ -10,10 +10,11 @@ use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::keyfile::KeySource;
 use cryptblk_format::luks1::{Luks1Volume, LUKS1_MAGIC};
 use cryptblk_volume::reencrypt::luks1::{self, Found, Luks1Params, Luks1Rekey, UNUSABLE_MAGIC};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use super::reencrypt::open_rw;
 use super::volume;
 
 /// True when `device` holds a LUKS1 header, or one cryptsetup's LUKS1 reencryption marked.
@@ -71,14 +72,6 @@ fn passphrases<D: HeaderIo>(
             Ok((s, p))
         })
         .collect()
-}
-
-fn open_rw(path: &Path) -> Result<File, Failure> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| Failure::device(format!("Cannot open device {}: {e}", path.display())))
 }
 
 /// `reencrypt` of the LUKS1 `device` (the caller holds its data lock): a new run, or the
