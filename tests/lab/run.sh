@@ -58,6 +58,6 @@ fi
 cp "$HERE"/lib.sh "$LAB_SHARE/"
 start=$(date +%s)
 rc=0
-LAB_TIMEOUT=${LAB_TIMEOUT:-1500} "$LAB_DIR/run-in-vm.sh" "$script" "$@" || rc=$?
+LAB_TIMEOUT=${LAB_TIMEOUT:-1500} LAB_DIR=$LAB_DIR "$HERE/vm.sh" "$script" "$@" || rc=$?
 echo "lab: $(basename "$script") finished rc=$rc in $(( $(date +%s) - start )) s" >&2
 exit $rc

@@ -75,3 +75,68 @@ fn lab_kernel_dm_crypt_reads_cryptblk_and_back() {
 fn lab_sigkill_keeps_flushed_writes() {
     run_lab("crash.sh");
 }
+
+/// tests/lab/vm.sh (every lab test's runner) against a stand-in run-in-vm.sh that "panics"
+/// on its first N boots the way the Debian kernel sometimes does under TCG (exit 125, no
+/// script output, "Kernel panic" on the console): such boots are retried, at most twice;
+/// a script that printed anything keeps its result, and a failing one is never retried.
+#[test]
+fn vm_sh_boots_again_only_when_the_kernel_died_before_the_script() {
+    let lab = tempfile::tempdir().unwrap();
+    let fake = lab.path().join("run-in-vm.sh");
+    std::fs::write(
+        &fake,
+        r#"#!/bin/bash
+n=$(cat "$FAKE_COUNT" 2>/dev/null || echo 0); echo $((n+1)) > "$FAKE_COUNT"
+: > "$LAB_LOGDIR/out.log"
+if [ "$n" -lt "$FAKE_PANICS" ]; then
+  echo "[ 6.113304] Kernel panic - not syncing: Fatal exception in interrupt" > "$LAB_LOGDIR/console.log"
+  exit 125
+fi
+echo "ran $1" >> "$LAB_LOGDIR/out.log"; cat "$LAB_LOGDIR/out.log"
+[ "$FAKE_RC" = 125 ] || echo "LAB_EXIT=$FAKE_RC" >> "$LAB_LOGDIR/out.log"
+exit "$FAKE_RC"
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // (panicking boots, the script's status) -> (vm.sh's status, boots)
+    let cases = [
+        ((0, 0), (0, 1)),
+        ((1, 0), (0, 2)),
+        ((2, 0), (0, 3)),
+        ((3, 0), (125, 3)),
+        ((0, 7), (7, 1)),
+        // The script printed and then lost its exit marker: a failure of the run, not a boot.
+        ((0, 125), (125, 1)),
+        ((1, 3), (3, 2)),
+    ];
+    for ((panics, rc), (want_rc, want_boots)) in cases {
+        let count = lab.path().join("count");
+        let _ = std::fs::remove_file(&count);
+        let out = Command::new(workspace().join("tests/lab/vm.sh"))
+            .arg("guest.sh")
+            .env("LAB_DIR", lab.path())
+            .env_remove("LAB_LOGDIR")
+            .env("FAKE_COUNT", &count)
+            .env("FAKE_PANICS", panics.to_string())
+            .env("FAKE_RC", rc.to_string())
+            .output()
+            .unwrap();
+        let boots: u32 = std::fs::read_to_string(&count)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            (out.status.code(), boots),
+            (Some(want_rc), want_boots),
+            "{panics} panicking boots, script status {rc}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if want_rc != 125 || rc == 125 {
+            assert!(String::from_utf8_lossy(&out.stdout).contains("ran guest.sh"));
+        }
+    }
+}

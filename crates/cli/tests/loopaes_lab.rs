@@ -14,22 +14,8 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// `LAB_DIR`, else `shared/lab` beside the workspace (a checkout in /work/main) or one level
-/// further up (a worktree in /work/wt/NAME).
-fn lab_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("LAB_DIR") {
-        return PathBuf::from(d);
-    }
-    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let near = ws.join("../shared/lab");
-    if near.join("run-in-vm.sh").exists() {
-        return near;
-    }
-    ws.join("../../shared/lab")
-}
 
 /// A key file of `n` lines of `len` printable characters.
 fn keyfile(n: usize, len: usize, salt: usize) -> Vec<u8> {
@@ -153,12 +139,11 @@ fn kernel_and_cryptblk_read_each_others_loop_aes_volumes() {
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/loopaes/guest.sh");
     let started = std::time::Instant::now();
-    let out = Command::new(lab_dir().join("run-in-vm.sh"))
-        .arg(&script)
+    let out = lab_vm(&script)
         .env("LAB_SHARE", s)
         .env("LAB_TIMEOUT", "600")
         .output()
-        .unwrap_or_else(|e| panic!("cannot run the lab ({}): {e}", lab_dir().display()));
+        .unwrap_or_else(|e| panic!("cannot run the lab: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!(
         "lab ({} s):\n{stdout}\n{}",

@@ -8,18 +8,10 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
-fn lab_dir() -> PathBuf {
-    std::env::var_os("LAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/lab"))
-        })
-}
 
 fn sha256_hex(path: &Path) -> String {
     let out = run_ok(Command::new("sha256sum").arg(path), b"");
@@ -134,12 +126,11 @@ fn kernel_reads_cryptblk_integrity_volumes_and_back() {
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/luks2-integrity/guest-kernel-reads.sh");
-    let out = Command::new(lab_dir().join("run-in-vm.sh"))
-        .arg(&script)
+    let out = lab_vm(&script)
         .env("LAB_SHARE", s)
         .env("LAB_TIMEOUT", "900")
         .output()
-        .unwrap_or_else(|e| panic!("cannot run the lab ({}): {e}", lab_dir().display()));
+        .unwrap_or_else(|e| panic!("cannot run the lab: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "lab run failed ({})", out.status);

@@ -15,14 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn lab_dir() -> PathBuf {
-    std::env::var_os("LAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/lab"))
-        })
-}
-
 /// Copies `files` and the libraries they link into `root`, at their host paths (under both
 /// /lib and /usr/lib: the host merges them, the guest image may not).
 fn bundle(root: &Path, files: &[PathBuf]) {
@@ -101,8 +93,7 @@ fn systemd_token_plugin_opens_cryptblk_tpm2_enrollments_in_the_lab() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tpm2/guest.sh");
-    let out = Command::new(lab_dir().join("run-in-vm.sh"))
-        .arg(&script)
+    let out = lab_vm(&script)
         .env("LAB_SHARE", s)
         .env("LAB_MEM", "1G")
         // The PVH boot gives the kernel no ACPI entry for the TIS TPM: probe its address.
@@ -119,7 +110,7 @@ fn systemd_token_plugin_opens_cryptblk_tpm2_enrollments_in_the_lab() {
         .output();
     let _ = swtpm.kill();
     let _ = swtpm.wait();
-    let out = out.unwrap_or_else(|e| panic!("cannot run the lab ({}): {e}", lab_dir().display()));
+    let out = out.unwrap_or_else(|e| panic!("cannot run the lab: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "lab run failed ({})", out.status);

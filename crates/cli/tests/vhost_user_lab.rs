@@ -9,16 +9,7 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn lab_dir() -> PathBuf {
-    std::env::var_os("LAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/lab"))
-        })
-}
+use std::path::Path;
 
 /// Boots the lab with `socket` as a vhost-user-blk disk of `queues` queues and runs the
 /// guest script in `mode`; returns its output after checking that every check passed.
@@ -28,8 +19,7 @@ fn boot(share: &Path, socket: &Path, queues: u16, mode: &str) -> String {
         "-chardev socket,id=vu0,path={} -device vhost-user-blk-pci,chardev=vu0,num-queues={queues}",
         socket.display()
     );
-    let out = Command::new(lab_dir().join("run-in-vm.sh"))
-        .arg(&script)
+    let out = lab_vm(&script)
         .arg(mode)
         .env("LAB_SHARE", share)
         .env("LAB_SHARED_MEM", "1")
@@ -37,7 +27,7 @@ fn boot(share: &Path, socket: &Path, queues: u16, mode: &str) -> String {
         .env("LAB_QEMU_ARGS", qemu_args)
         .env("LAB_TIMEOUT", "900")
         .output()
-        .unwrap_or_else(|e| panic!("cannot run the lab ({}): {e}", lab_dir().display()));
+        .unwrap_or_else(|e| panic!("cannot run the lab: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(

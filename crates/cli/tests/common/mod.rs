@@ -292,6 +292,18 @@ pub fn unxz(src: &Path, dst: &Path) {
     std::fs::write(dst, out.stdout).unwrap();
 }
 
+/// A kernel-lab run of the guest `script`: tests/lab/vm.sh, the lab's run-in-vm.sh (it
+/// finds `LAB_DIR` or ../shared/lab) that boots again when the guest kernel dies before the
+/// script prints anything. Callers add LAB_SHARE and the other settings.
+pub fn lab_vm(script: &Path) -> Command {
+    let mut cmd = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/lab/vm.sh"
+    ));
+    cmd.arg(script);
+    cmd
+}
+
 /// The pattern the lab wrote into the dm fixtures (xorshift64 from 0x5eed, 256 KiB).
 pub fn lab_pattern() -> Vec<u8> {
     let mut x: u64 = 0x5eed;
