@@ -107,6 +107,36 @@ impl FileBacking {
         Ok(())
     }
 
+    /// A discard-like range operation after the checks every one shares (writable, in
+    /// range, block-aligned; an empty range is done): `ioctl` on a block device, else
+    /// `fallocate(mode | KEEP_SIZE)` on a file. Returns the syscall's result (0: done), so
+    /// a caller may fall back where the file system lacks `mode`.
+    fn range_op(&self, offset: u64, len: u64, ioctl: libc::c_ulong, mode: i32) -> io::Result<i32> {
+        if self.options.read_only {
+            return Err(errno(libc::EROFS));
+        }
+        self.check(offset, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let fd = self.file.as_raw_fd();
+        Ok(if self.block_device {
+            let range = [offset, len];
+            // SAFETY: BLKDISCARD and BLKZEROOUT read two u64s (start, length).
+            unsafe { libc::ioctl(fd, ioctl, range.as_ptr()) }
+        } else {
+            // SAFETY: plain syscall on an owned fd.
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    mode | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            }
+        })
+    }
+
     fn needs_bounce(&self, ptr: *const u8) -> bool {
         self.options.direct && !(ptr as usize).is_multiple_of(DIRECT_ALIGN)
     }
@@ -195,60 +225,14 @@ impl BlockDevice for FileBacking {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        if self.options.read_only {
-            return Err(errno(libc::EROFS));
+        match self.range_op(offset, len, BLKDISCARD, libc::FALLOC_FL_PUNCH_HOLE)? {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
         }
-        self.check(offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let fd = self.file.as_raw_fd();
-        let rc = if self.block_device {
-            let range = [offset, len];
-            // SAFETY: BLKDISCARD reads two u64s (start, length).
-            unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
-        } else {
-            // SAFETY: plain syscall on an owned fd.
-            unsafe {
-                libc::fallocate(
-                    fd,
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    offset as libc::off_t,
-                    len as libc::off_t,
-                )
-            }
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        if self.options.read_only {
-            return Err(errno(libc::EROFS));
-        }
-        self.check(offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let fd = self.file.as_raw_fd();
-        let rc = if self.block_device {
-            let range = [offset, len];
-            // SAFETY: BLKZEROOUT reads two u64s (start, length).
-            unsafe { libc::ioctl(fd, BLKZEROOUT, range.as_ptr()) }
-        } else {
-            // SAFETY: plain syscall on an owned fd.
-            unsafe {
-                libc::fallocate(
-                    fd,
-                    libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-                    offset as libc::off_t,
-                    len as libc::off_t,
-                )
-            }
-        };
-        if rc == 0 {
+        if self.range_op(offset, len, BLKZEROOUT, libc::FALLOC_FL_ZERO_RANGE)? == 0 {
             return Ok(());
         }
         // Filesystems without ZERO_RANGE: write zeros the slow way.
@@ -399,6 +383,16 @@ mod tests {
         let mut back = vec![1u8; 4096];
         dev.read_at(8192, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0));
+        dev.write_at(12288, &[0x5a; 4096], WriteFlags::default())
+            .unwrap();
+        dev.write_zeroes(12288, 4096).unwrap();
+        back.fill(1);
+        dev.read_at(12288, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        assert_eq!(
+            dev.discard(100, 4096).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
         let ro = FileBacking::open(
             &path,
             FileOptions {
@@ -413,6 +407,12 @@ mod tests {
                 .raw_os_error(),
             Some(libc::EROFS)
         );
+        for op in [FileBacking::discard, FileBacking::write_zeroes] {
+            assert_eq!(
+                op(&ro, 0, 4096).unwrap_err().raw_os_error(),
+                Some(libc::EROFS)
+            );
+        }
         std::fs::remove_file(&path).unwrap();
     }
 }
