@@ -35,7 +35,6 @@ use super::reencrypt::ReencryptMode;
 use super::reencrypt_write::{NewResilience, REENCRYPT_REQUIREMENT, REENCRYPT_REQUIREMENT_V3};
 use super::Luks2Header;
 use crate::error::{FormatError, Result};
-use cryptblk_cipher::hash::HashAlgorithm;
 use serde_json::{json, Map, Value};
 
 /// One data segment of a reencryption layout, in logical order (logical offsets count
@@ -292,20 +291,7 @@ impl Luks2Header {
                 REENCRYPT_REQUIREMENT
             }));
         }
-        let data = self.reencrypt_verification_data(old, new)?;
-        let id = self.free_digest_id();
-        let d = super::keyslot::new_digest_iterations(
-            data.as_bytes(),
-            HashAlgorithm::Sha256,
-            p.digest_iterations,
-            &[slot],
-            &[],
-        )?;
-        self.json["digests"][&id] = d;
-        super::validate::validate(
-            &self.json,
-            self.hdr_size - super::binary::BIN_HDR_LEN as u64,
-        )?;
+        self.add_reencrypt_digest(old, new, p.digest_iterations, slot)?;
         Ok(slot)
     }
 

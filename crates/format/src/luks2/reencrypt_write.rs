@@ -312,6 +312,32 @@ impl Luks2Header {
         })
     }
 
+    /// Adds the reencryption digest (of the verification data for `old`/`new`, assigned to
+    /// the reencrypt keyslot `slot`) and checks the whole metadata: the last step of every
+    /// reencryption metadata written (re-key, encryption, decryption).
+    pub(super) fn add_reencrypt_digest(
+        &mut self,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+        digest_iterations: Option<u32>,
+        slot: usize,
+    ) -> Result<()> {
+        let data = self.reencrypt_verification_data(old, new)?;
+        let id = self.free_digest_id();
+        let d = new_digest_iterations(
+            data.as_bytes(),
+            HashAlgorithm::Sha256,
+            digest_iterations,
+            &[slot],
+            &[],
+        )?;
+        self.json["digests"][&id] = d;
+        super::validate::validate(
+            &self.json,
+            self.hdr_size - super::binary::BIN_HDR_LEN as u64,
+        )
+    }
+
     /// The reencryption verification data for the keys (see the module docs).
     pub(super) fn reencrypt_verification_data(
         &self,
@@ -474,22 +500,8 @@ impl Luks2Header {
             a.push(json!(REENCRYPT_REQUIREMENT));
         }
         let saved = std::mem::replace(&mut self.json, json);
-        let result = (|| {
-            let data = self.reencrypt_verification_data(Some(old_key), Some(new_key))?;
-            let id = self.free_digest_id();
-            let d = new_digest_iterations(
-                data.as_bytes(),
-                HashAlgorithm::Sha256,
-                p.digest_iterations,
-                &[slot],
-                &[],
-            )?;
-            self.json["digests"][&id] = d;
-            super::validate::validate(
-                &self.json,
-                self.hdr_size - super::binary::BIN_HDR_LEN as u64,
-            )
-        })();
+        let result =
+            self.add_reencrypt_digest(Some(old_key), Some(new_key), p.digest_iterations, slot);
         if let Err(e) = result {
             self.json = saved;
             return Err(e);
