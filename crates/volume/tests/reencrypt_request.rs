@@ -34,7 +34,7 @@ impl ReencryptInput for TestInput {
         self.prompts.push(prompt.to_string());
         Ok(SecretBytes::from_slice(PASS))
     }
-    fn from_key_file(&self) -> bool {
+    fn key_file_given(&self) -> bool {
         false
     }
     fn tokens(

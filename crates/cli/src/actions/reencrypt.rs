@@ -40,7 +40,7 @@ impl ReencryptInput for CliInput<'_> {
         )
     }
 
-    fn from_key_file(&self) -> bool {
+    fn key_file_given(&self) -> bool {
         matches!(volume::key_source(self.opts, None), KeySource::File(_))
     }
 

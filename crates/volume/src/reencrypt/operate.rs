@@ -344,7 +344,7 @@ fn passphrases(
                 }
                 vec![s]
             }
-            None if input.from_key_file() && active.len() > 1 => return Err(VolumeError::usage(
+            None if input.key_file_given() && active.len() > 1 => return Err(VolumeError::usage(
                 "Key file can be used only with --key-slot or with exactly one key slot active.",
             )),
             None => active,
@@ -633,7 +633,7 @@ fn luks1_passphrases<D: HeaderIo>(
             return Err(VolumeError::usage(format!("Keyslot {s} is not active.")));
         }
     }
-    if input.from_key_file() {
+    if input.key_file_given() {
         let pass = input.secret("")?;
         let u = vol.unlock(pass.as_bytes(), slot)?;
         if slot.is_none() && active.len() > 1 {

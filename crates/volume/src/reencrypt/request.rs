@@ -93,7 +93,7 @@ pub trait ReencryptInput {
     /// A passphrase (or key file contents), asked with cryptsetup's `prompt`.
     fn secret(&mut self, prompt: &str) -> Result<SecretBytes>;
     /// True when secrets come from a key file (one key, one keyslot).
-    fn from_key_file(&self) -> bool;
+    fn key_file_given(&self) -> bool;
     /// Tries the tokens of `h` that `which` allows, calling `open` with a token's secret and
     /// a keyslot it names until `open` succeeds: true then; false when none did (the caller
     /// has told the user why, or with `--token-only` returned the error).
