@@ -116,7 +116,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Convert { device } => luks::convert(o, device),
         Action::Repair { device } => luks::repair(o, device),
         Action::Reencrypt { device, args } => {
-            actions::reencrypt_online::reencrypt_action(o, device.as_deref(), args)
+            actions::reencrypt::reencrypt_action(o, device.as_deref(), args)
         }
         Action::Benchmark => info::benchmark(o),
         Action::Ciphers => info::ciphers(o),

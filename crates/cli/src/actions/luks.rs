@@ -796,50 +796,19 @@ pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
         ),
     )?;
     lib::repair(header)?;
-    repair_reencryption(opts, header, device)
+    repair_reencryption(opts, device)
 }
 
-/// The reencryption recovery part of `repair`: a reencryption cut inside a step gets its
-/// hotzone rewritten under the new key (the passphrase opens both keys), as cryptsetup's
-/// repair does before `reencrypt --resume-only` may continue.
-fn repair_reencryption(opts: &Opts, header: &Path, device: &Path) -> ActionResult {
-    let vol = volume::load(opts, header, true)?;
-    let Volume::Luks2(mut h, file) = vol else {
-        return Ok(());
-    };
-    let Some(state) = cryptblk_volume::reencrypt::ReencryptState::of(&h)? else {
-        return Ok(());
-    };
-    if state.hotzone().is_none() {
-        return Ok(());
-    }
-    // With a detached header the data is on the device itself.
-    let data = if opts.header.is_some() {
-        Some(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(device)?,
-        )
-    } else {
-        None
-    };
-    let pass = volume::read_secret(
-        &volume::key_source(opts, None),
-        volume::limits(opts),
-        &format!("Enter passphrase for {}: ", device.display()),
-    )?;
-    let keys = cryptblk_volume::reencrypt::unlock_keys(
-        &h,
-        &file,
-        &state,
-        pass.as_bytes(),
+/// The reencryption recovery part of `repair`
+/// ([`cryptblk_volume::reencrypt::repair::repair_reencryption`]): the passphrase opens
+/// both keys of a reencryption cut inside a step.
+fn repair_reencryption(opts: &Opts, device: &Path) -> ActionResult {
+    let mut input = super::reencrypt::CliInput { opts, device };
+    cryptblk_volume::reencrypt::repair::repair_reencryption(
+        device,
+        opts.header.as_deref(),
+        super::reencrypt::luks_type(opts),
         opts.key_slot.map(|s| s as usize),
-    )?;
-    let data_io: &dyn cryptblk_format::hdrio::HeaderIo = match &data {
-        Some(d) => d,
-        None => &file,
-    };
-    cryptblk_volume::reencrypt::run::recover_split(&mut h, &file, data_io, &state, &keys)?;
-    Ok(())
+        &mut input,
+    )
 }

@@ -11,7 +11,6 @@ pub mod luks;
 pub mod luks_integrity;
 pub mod offline;
 pub mod reencrypt;
-pub mod reencrypt_luks1;
 pub mod reencrypt_online;
 pub mod serving;
 pub mod tcrypt;

@@ -62,6 +62,7 @@ pub struct InitParams {
 }
 
 /// What [`init`] made.
+#[derive(Debug)]
 pub struct InitOutcome {
     /// The old volume key.
     pub old_key: SecretBytes,

@@ -16,19 +16,29 @@
 //!   header on the data device or detached;
 //! - [`online`]: any of them (forward or backward, header attached or detached) run in a
 //!   daemon while the volume is served, and the table that serves a volume
-//!   mid-reencryption.
+//!   mid-reencryption;
+//! - [`request`], [`operate`], [`handoff`], [`activate`]: the orchestration of a
+//!   `reencrypt` action as cryptsetup runs it: a [`ReencryptRequest`] (the options) carried
+//!   out by [`operate::reencrypt`] (which run: re-key, `--encrypt`, `--decrypt`, resume,
+//!   LUKS1; the `--init-only`/`--resume-only` checks; online through the serving daemon
+//!   or offline), with secrets and prompts from the caller's [`ReencryptInput`]; and
+//!   [`activate::mid_reencryption_plan`], the recovery-then-plan of `open` mid-reencryption.
 //!
 //! What is not here yet: starting online a decryption that exports an attached header
 //! (offline it is [`init_decrypt_export`]).
 
+pub mod activate;
 pub mod encdec;
+pub mod handoff;
 pub mod init;
 pub mod keys;
 pub mod luks1;
 pub mod online;
+pub mod operate;
 pub mod read;
 pub mod recovery;
 pub mod repair;
+pub mod request;
 pub mod run;
 pub mod state;
 
@@ -36,7 +46,12 @@ pub use encdec::{init_decrypt, init_decrypt_export, init_encrypt, EncryptParams}
 pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
 pub use online::{OnlineJob, OnlineRequest, ReencryptProgress, RunState};
+pub use operate::{offline_mode, reencrypt, wait_online};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;
+pub use request::{
+    Mode, OnlineFinish, ReencryptInput, ReencryptNotice, ReencryptOutcome, ReencryptRequest,
+    TokenUse,
+};
 pub use run::{run, run_split, RunOptions, RunOutcome};
 pub use state::{ReencryptState, Side, StateSegment};

@@ -23,3 +23,47 @@ pub fn recover_hotzone(
 ) -> Result<bool> {
     Ok(super::run::recover(h, file, state, keys)? > 0)
 }
+
+/// The reencryption part of `repair` of the LUKS2 header on `device`, or at `header` when
+/// it is detached (`--header`): a reencryption cut inside a step gets its hotzone
+/// rewritten under the new key (one passphrase opens both keys; keyslot `slot` when
+/// given), as cryptsetup's repair does before `reencrypt --resume-only` may continue.
+/// Nothing happens (and nothing is asked) without a cut step.
+pub fn repair_reencryption(
+    device: &std::path::Path,
+    header: Option<&std::path::Path>,
+    luks_type: Option<crate::luks::LuksType>,
+    slot: Option<usize>,
+    input: &mut dyn super::ReencryptInput,
+) -> Result<()> {
+    let crate::luks::Volume::Luks2(mut h, file) =
+        super::request::load(header.unwrap_or(device), luks_type, true)?
+    else {
+        return Ok(());
+    };
+    let Some(state) = ReencryptState::of(&h)? else {
+        return Ok(());
+    };
+    if state.hotzone().is_none() {
+        return Ok(());
+    }
+    // With a detached header the data is on the device itself.
+    let data = if header.is_some() {
+        Some(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(device)?,
+        )
+    } else {
+        None
+    };
+    let pass = input.secret(&super::request::device_prompt(device))?;
+    let keys = super::unlock_keys(&h, &file, &state, pass.as_bytes(), slot)?;
+    let data_io: &dyn cryptblk_format::hdrio::HeaderIo = match &data {
+        Some(d) => d,
+        None => &file,
+    };
+    super::run::recover_split(&mut h, &file, data_io, &state, &keys)?;
+    Ok(())
+}

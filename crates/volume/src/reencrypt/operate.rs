@@ -1,0 +1,750 @@
+//! Carrying out a [`ReencryptRequest`] as cryptsetup's `reencrypt` action does: online through
+//! the daemon serving the volume ([`super::handoff`]), else offline: which run it becomes
+//! ([`Mode`]: re-key, `--encrypt`, `--decrypt` with a detached header or exporting the
+//! header, resume, LUKS1), the `--init-only`/`--resume-only` checks, the data and header
+//! files, then the init and the run. Secrets come from the caller's [`ReencryptInput`],
+//! progress goes to its [`Progress`]; errors carry cryptsetup's messages and exit classes.
+
+use super::request::{
+    device_prompt, keyslot_prompt, load, Mode, ReencryptInput, ReencryptNotice, ReencryptOutcome,
+    ReencryptRequest, TokenUse,
+};
+use super::{
+    luks1, EncryptParams, InitParams, ReencryptKeys, ReencryptState, RunOptions, RunOutcome,
+};
+use crate::error::{Result, VolumeError};
+use crate::lock::DataLock;
+use crate::luks::Volume;
+use crate::progress::Progress;
+use cryptblk_cipher::SecretBytes;
+use cryptblk_format::hdrio::HeaderIo;
+use cryptblk_format::luks1::{Luks1Volume, LUKS1_MAGIC};
+use cryptblk_format::luks2::{Luks2Header, UnlockPurpose};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+pub use super::handoff::{served_volume, wait_online};
+
+/// Runs `req`: online when a cryptblk daemon serves the volume (unless
+/// `--force-offline-reencrypt`), else offline. An online run is
+/// [`ReencryptOutcome::HandedToDaemon`] once the daemon has it.
+pub fn reencrypt(
+    req: &ReencryptRequest,
+    input: &mut dyn ReencryptInput,
+    progress: &mut dyn Progress,
+) -> Result<ReencryptOutcome> {
+    if !req.force_offline {
+        if let Some(st) = served_volume(req.device.as_deref(), req.active_name.as_deref())? {
+            return super::handoff::online(req, st, input);
+        }
+    }
+    let device = match (&req.device, &req.active_name) {
+        (Some(d), _) => d,
+        (None, Some(_)) => {
+            return Err(VolumeError::usage(
+                "Options --active-name and --force-offline-reencrypt cannot be combined.",
+            ))
+        }
+        (None, None) => return Err(VolumeError::usage("reencrypt needs a device")),
+    };
+    offline(req, device, input, progress)
+}
+
+/// The checks every offline run makes before it touches a file.
+fn check_options(req: &ReencryptRequest) -> Result<()> {
+    if req.init_only && req.resume_only {
+        return Err(VolumeError::usage(
+            "Options --init-only and --resume-only cannot be combined.",
+        ));
+    }
+    if req.encrypt && req.decrypt {
+        return Err(VolumeError::usage(
+            "Options --encrypt and --decrypt cannot be combined.",
+        ));
+    }
+    if req.reduce_device_size.is_some() && !req.encrypt {
+        return Err(VolumeError::usage(
+            "Option --reduce-device-size is allowed only for encryption.",
+        ));
+    }
+    Ok(())
+}
+
+/// An offline run decided, with what it has opened so far.
+enum Start {
+    Luks1,
+    Encrypt,
+    DecryptExport(std::path::PathBuf),
+    /// Resume, decrypt (detached) or re-key of the LUKS2 header `h` on `file`, the data on
+    /// `data` (a detached header's data device) or on `file`.
+    Loaded {
+        mode: Mode,
+        h: Box<Luks2Header>,
+        file: File,
+        data: Option<File>,
+    },
+}
+
+impl Start {
+    fn mode(&self) -> Mode {
+        match self {
+            Start::Luks1 => Mode::Luks1,
+            Start::Encrypt => Mode::Encrypt,
+            Start::DecryptExport(_) => Mode::DecryptExport,
+            Start::Loaded { mode, .. } => *mode,
+        }
+    }
+}
+
+/// Decides the offline run `req` becomes for `device` (holding no lock: the caller holds
+/// the data lock), refusing what cryptsetup refuses before any passphrase is asked.
+fn decide(req: &ReencryptRequest, device: &Path, run_opts: &mut RunOptions) -> Result<Start> {
+    if is_luks1(req.header_path(device)) {
+        return Ok(Start::Luks1);
+    }
+    run_opts.max_hotzone = req.max_hotzone()?;
+    run_opts.device_block = File::open(device)
+        .map(|f| super::init::device_block_size(&f))
+        .unwrap_or(4096);
+    // --encrypt of a device (or header file) already mid-encryption resumes it, as a plain
+    // `reencrypt` does.
+    let header_in_progress = {
+        let hp = req.header_path(device);
+        is_luks(hp)
+            && matches!(load(hp, req.luks_type, false), Ok(Volume::Luks2(ref h, _)) if h.reencryption_in_progress())
+    };
+    if req.encrypt && !header_in_progress {
+        return Ok(Start::Encrypt);
+    }
+    if req.decrypt {
+        match &req.header {
+            None => {
+                return Err(VolumeError::usage(
+                    "LUKS2 decryption requires --header option.",
+                ));
+            }
+            Some(hp) if !hp.exists() => return Ok(Start::DecryptExport(hp.clone())),
+            Some(_) => {}
+        }
+    }
+    let (h, file) = match load(req.header_path(device), req.luks_type, true)? {
+        Volume::Luks2(h, f) => (h, f),
+        Volume::Luks1(_) => {
+            return Err(VolumeError::usage(
+                "LUKS1 reencryption is not supported by cryptblk yet.",
+            ))
+        }
+    };
+    // With a detached header the data is the device itself.
+    let data = if req.header.is_some() {
+        Some(open_rw(device)?)
+    } else {
+        None
+    };
+    let mode = if h.reencryption_in_progress() {
+        if req.init_only {
+            return Err(VolumeError::usage(
+                "LUKS2 reencryption already initialized. Aborting operation.",
+            ));
+        }
+        Mode::Resume
+    } else if req.resume_only {
+        return Err(VolumeError::usage("Device reencryption not in progress."));
+    } else if req.decrypt {
+        Mode::Decrypt
+    } else {
+        let seg = h.default_segment()?;
+        if let Some(ss) = req.sector_size {
+            if ss > seg.sector_size && !req.force_offline {
+                return Err(VolumeError::usage(
+                    "Encryption sector size increase on offline device is not supported.\n\
+                     Activate the device first or use --force-offline-reencrypt option (dangerous!).",
+                ));
+            }
+        }
+        Mode::Rekey
+    };
+    Ok(Start::Loaded {
+        mode,
+        h,
+        file,
+        data,
+    })
+}
+
+/// Which offline run `req` would become for its device, with every check made before a
+/// passphrase is asked (the option combinations, the data lock, the header's state):
+/// nothing is written.
+pub fn offline_mode(req: &ReencryptRequest) -> Result<Mode> {
+    check_options(req)?;
+    let device = req
+        .device
+        .as_deref()
+        .ok_or_else(|| VolumeError::usage("reencrypt needs a device"))?;
+    let _lock = DataLock::take(device, true)?;
+    decide(req, device, &mut RunOptions::default()).map(|s| s.mode())
+}
+
+/// `reencrypt DEVICE` offline: starts (or, when one is in progress, resumes) a re-key,
+/// encryption (`--encrypt`) or decryption (`--decrypt`, with a detached header or exporting
+/// it) of a volume no cryptblk process serves, or a LUKS1 re-key.
+pub fn offline(
+    req: &ReencryptRequest,
+    device: &Path,
+    input: &mut dyn ReencryptInput,
+    progress: &mut dyn Progress,
+) -> Result<ReencryptOutcome> {
+    check_options(req)?;
+    // A served volume holds its data lock: refuse it as cryptsetup refuses a busy device.
+    let _lock = DataLock::take(device, true)?;
+    let mut run_opts = RunOptions::default();
+    let (mode, mut h, file, data_file) = match decide(req, device, &mut run_opts)? {
+        Start::Luks1 => return luks1_rekey(req, device, input, progress),
+        Start::Encrypt => return encrypt(req, device, input, run_opts, progress),
+        Start::DecryptExport(export) => {
+            return decrypt_export(req, device, &export, input, run_opts, progress)
+        }
+        Start::Loaded {
+            mode,
+            h,
+            file,
+            data,
+        } => (mode, h, file, data),
+    };
+    let data: &dyn HeaderIo = match &data_file {
+        Some(d) => d,
+        None => &file,
+    };
+    let finished = |run: RunOutcome, init| ReencryptOutcome::Finished {
+        device: device.to_path_buf(),
+        run,
+        init,
+    };
+    match mode {
+        Mode::Resume => {
+            let keys = resume_keys(req, input, &h, &file, device)?;
+            let out = super::run_split(&mut h, &file, data, &keys, &run_opts, progress)?;
+            Ok(finished(out, None))
+        }
+        Mode::Decrypt => {
+            let dev_size = data
+                .size()
+                .map_err(|e| VolumeError::device(format!("reading the device size: {e}")))?;
+            let Some(keys) = start_decrypt(
+                req,
+                input,
+                &mut h,
+                &file,
+                dev_size,
+                run_opts.device_block,
+                device,
+            )?
+            else {
+                return Ok(ReencryptOutcome::Initialized {
+                    device: device.to_path_buf(),
+                    init: None,
+                });
+            };
+            let out = super::run_split(&mut h, &file, data, &keys, &run_opts, progress)?;
+            Ok(finished(out, None))
+        }
+        _ => {
+            let init = start_rekey(req, input, &mut h, &file, device, run_opts.device_block)?;
+            if req.init_only {
+                return Ok(ReencryptOutcome::Initialized {
+                    device: device.to_path_buf(),
+                    init: Some(init),
+                });
+            }
+            let keys = ReencryptKeys {
+                old: Some(init.old_key.clone()),
+                new: Some(init.new_key.clone()),
+            };
+            let out = super::run_split(&mut h, &file, data, &keys, &run_opts, progress)?;
+            Ok(finished(out, Some(init)))
+        }
+    }
+}
+
+/// The parameters of a new re-key from `req` (offline and online alike).
+fn init_params(
+    req: &ReencryptRequest,
+    input: &mut dyn ReencryptInput,
+    device_block: u32,
+) -> Result<InitParams> {
+    Ok(InitParams {
+        cipher: req.cipher.clone(),
+        key_size: req.key_size(),
+        sector_size: req.sector_size,
+        resilience: req.resilience,
+        resilience_hash: req.resilience_hash()?,
+        pbkdf: if req.pbkdf_chosen {
+            Some(input.pbkdf(false)?)
+        } else {
+            None
+        },
+        device_block,
+        one_keyslot: req.key_slot.is_some(),
+        new_key: input.volume_key()?,
+    })
+}
+
+/// A new re-key of `h` (header and data on `file`): the passphrases of the keyslots to
+/// carry over, the new keyslots and the reencryption metadata (offline and online alike).
+pub(crate) fn start_rekey(
+    req: &ReencryptRequest,
+    input: &mut dyn ReencryptInput,
+    h: &mut Luks2Header,
+    file: &File,
+    device: &Path,
+    device_block: u32,
+) -> Result<super::InitOutcome> {
+    let mut params = init_params(req, input, device_block)?;
+    let (pass, one) = passphrases(req, input, h, file, device)?;
+    params.one_keyslot |= one;
+    let init = super::init(h, file, &pass, &params)?;
+    for (_, n) in &init.keyslots {
+        input.notice(ReencryptNotice::KeyslotCreated(*n));
+    }
+    Ok(init)
+}
+
+/// The passphrases of the keyslots to carry over: a named token's (that keyslot alone, as
+/// with `--key-slot`), `--key-slot`'s one, the only active keyslot's, or (on a terminal or
+/// standard input) one per active keyslot as cryptsetup asks for them. True when one
+/// keyslot alone is carried over.
+fn passphrases(
+    req: &ReencryptRequest,
+    input: &mut dyn ReencryptInput,
+    h: &Luks2Header,
+    file: &File,
+    device: &Path,
+) -> Result<(Vec<(usize, SecretBytes)>, bool)> {
+    let mut found = None;
+    let opened = input.tokens(h, device, TokenUse::Named, &mut |secret, slot| {
+        h.unlock(file, secret, Some(slot), UnlockPurpose::Verify)?;
+        found = Some((slot, SecretBytes::from_slice(secret)));
+        Ok(())
+    })?;
+    if let (true, Some(one)) = (opened, found) {
+        return Ok((vec![one], true));
+    }
+    let active: Vec<usize> = h
+        .keyslots()
+        .iter()
+        .filter(|k| k.kind == "luks2" && !k.unbound)
+        .map(|k| k.id)
+        .collect();
+    let slots: Vec<usize> =
+        match req.key_slot {
+            Some(s) => {
+                if !active.contains(&s) {
+                    return Err(VolumeError::usage(format!("Keyslot {s} is not active.")));
+                }
+                vec![s]
+            }
+            None if input.key_file_given() && active.len() > 1 => return Err(VolumeError::usage(
+                "Key file can be used only with --key-slot or with exactly one key slot active.",
+            )),
+            None => active,
+        };
+    let one = req.key_slot.is_some();
+    slots
+        .into_iter()
+        .map(|s| Ok((s, input.secret(&keyslot_prompt(s))?)))
+        .collect::<Result<Vec<_>>>()
+        .map(|v| (v, one))
+}
+
+/// Both keys of the reencryption `h` holds, from one passphrase, or from the secret of a
+/// token (tried first, as for `open`). cryptsetup assigns a re-key's new keyslots the
+/// tokens of the old ones, so one token secret opens both keys.
+pub(crate) fn resume_keys(
+    req: &ReencryptRequest,
+    input: &mut dyn ReencryptInput,
+    h: &Luks2Header,
+    file: &File,
+    device: &Path,
+) -> Result<ReencryptKeys> {
+    let state = ReencryptState::of(h)?.ok_or_else(|| {
+        VolumeError::device("LUKS2 reencryption requirement without reencryption metadata")
+    })?;
+    let mut found = None;
+    let opened = input.tokens(h, device, TokenUse::Any, &mut |secret, slot| {
+        found = Some(super::unlock_keys(h, file, &state, secret, Some(slot))?);
+        Ok(())
+    })?;
+    if let (true, Some(keys)) = (opened, found) {
+        return Ok(keys);
+    }
+    let pass = input.secret(&device_prompt(device))?;
+    super::unlock_keys(h, file, &state, pass.as_bytes(), req.key_slot)
+}
+
+/// `--decrypt` of a volume whose header is detached (offline or online): the passphrase,
+/// then the reencryption metadata (backward) in the header file of `h`. `dev_size` is the
+/// data device's size. Returns both keys, or `None` after `--init-only`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_decrypt(
+    req: &ReencryptRequest,
+    input: &mut dyn ReencryptInput,
+    h: &mut Luks2Header,
+    file: &File,
+    dev_size: u64,
+    device_block: u32,
+    device: &Path,
+) -> Result<Option<ReencryptKeys>> {
+    let seg = h.default_segment()?;
+    let pass = input.secret(&device_prompt(device))?;
+    let keys = super::init_decrypt(
+        h,
+        file,
+        dev_size.saturating_sub(seg.offset),
+        pass.as_bytes(),
+        req.key_slot,
+        req.resilience,
+        req.resilience_hash()?,
+        device_block,
+        // cryptsetup calibrates a decryption's reencryption digest.
+        None,
+    )?;
+    if req.init_only {
+        return Ok(None);
+    }
+    Ok(Some(keys))
+}
+
+/// The device opened for reading and writing, or cryptsetup's error line.
+pub fn open_rw(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| VolumeError::device(format!("Cannot open device {}: {e}", path.display())))
+}
+
+/// True when `path` starts with a LUKS magic.
+fn is_luks(path: &Path) -> bool {
+    let mut magic = [0u8; 6];
+    File::open(path)
+        .and_then(|f| f.read_exact_at(&mut magic, 0))
+        .is_ok()
+        && (magic == *b"LUKS\xba\xbe" || magic == *b"SKUL\xba\xbe")
+}
+
+/// True when `path` holds a LUKS1 header, or one cryptsetup's LUKS1 reencryption marked.
+pub fn is_luks1(path: &Path) -> bool {
+    let mut head = [0u8; 8];
+    File::open(path)
+        .and_then(|f| f.read_exact_at(&mut head, 0))
+        .is_ok()
+        && (head[..6] == LUKS1_MAGIC || head[..6] == luks1::UNUSABLE_MAGIC)
+        && head[6..8] == [0, 1]
+}
+
+/// `reencrypt --encrypt`: a new LUKS2 header for the plain `device` (on the device with
+/// `--reduce-device-size`, else in the `--header` file), then the run.
+fn encrypt(
+    req: &ReencryptRequest,
+    device: &Path,
+    input: &mut dyn ReencryptInput,
+    run_opts: RunOptions,
+    progress: &mut dyn Progress,
+) -> Result<ReencryptOutcome> {
+    if req.resume_only {
+        return Err(VolumeError::usage("Device reencryption not in progress."));
+    }
+    let reduce = req
+        .reduce_device_size
+        .as_deref()
+        .map(|t| crate::format::parse_bytes(t, "--reduce-device-size"))
+        .transpose()?;
+    let data = open_rw(device)?;
+    let header_file = match &req.header {
+        Some(hp) => {
+            if reduce.is_some() {
+                return Err(VolumeError::usage(
+                    "encryption with both --reduce-device-size and a detached header is not \
+                     supported by cryptblk.",
+                ));
+            }
+            if is_luks(hp) {
+                return Err(VolumeError::usage(format!(
+                    "Device {} is already a LUKS device (resume with --resume-only).",
+                    hp.display()
+                )));
+            }
+            Some(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(hp)
+                    .map_err(|e| {
+                        VolumeError::device(format!("Cannot create header {}: {e}", hp.display()))
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let pbkdf = input.pbkdf(false)?;
+    let forced = pbkdf.force_iterations.is_some();
+    let cipher = req
+        .cipher
+        .clone()
+        .unwrap_or_else(|| "aes-xts-plain64".to_string());
+    let key_size = req
+        .key_size()
+        .unwrap_or_else(|| super::init::new_key_size(64, Some(&cipher), None));
+    let params = EncryptParams {
+        cipher,
+        key_size,
+        sector_size: req.sector_size.unwrap_or(512),
+        resilience: req.resilience,
+        resilience_hash: req.resilience_hash()?,
+        keyslot: cryptblk_format::luks2::KeyslotParams::new(pbkdf),
+        reduce,
+        device_block: run_opts.device_block,
+        digest_iterations: forced.then_some(1000),
+    };
+    let pass = input.secret(&device_prompt(device))?;
+    let hdr_io: Option<&dyn HeaderIo> = header_file.as_ref().map(|f| f as &dyn HeaderIo);
+    let (mut h, key) = super::init_encrypt(&data, hdr_io, pass.as_bytes(), &params)?;
+    input.notice(ReencryptNotice::KeyslotCreated(0));
+    if req.init_only {
+        return Ok(ReencryptOutcome::Initialized {
+            device: device.to_path_buf(),
+            init: None,
+        });
+    }
+    let keys = ReencryptKeys {
+        old: None,
+        new: Some(key),
+    };
+    let header: &dyn HeaderIo = hdr_io.unwrap_or(&data);
+    let run = super::run_split(&mut h, header, &data, &keys, &run_opts, progress)?;
+    Ok(ReencryptOutcome::Finished {
+        device: device.to_path_buf(),
+        run,
+        init: None,
+    })
+}
+
+/// `reencrypt --decrypt --header NEW_FILE DEVICE` of a volume whose header is on DEVICE:
+/// the header is exported to NEW_FILE and the data moved back to the device start while
+/// it is decrypted (see [`super::init_decrypt_export`]).
+fn decrypt_export(
+    req: &ReencryptRequest,
+    device: &Path,
+    export: &Path,
+    input: &mut dyn ReencryptInput,
+    run_opts: RunOptions,
+    progress: &mut dyn Progress,
+) -> Result<ReencryptOutcome> {
+    let (mut h, data) = match load(device, req.luks_type, true)? {
+        Volume::Luks2(h, f) => (h, f),
+        Volume::Luks1(_) => {
+            return Err(VolumeError::usage(
+                "LUKS1 decryption is not supported by cryptblk yet.",
+            ))
+        }
+    };
+    if h.reencryption_in_progress() {
+        return Err(VolumeError::usage(
+            "LUKS2 reencryption already initialized. Aborting operation.",
+        ));
+    }
+    input.confirm(&format!(
+        "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
+         device {} and export LUKS2 header to file {}?",
+        export.display(),
+        device.display(),
+        export.display()
+    ))?;
+    let pass = input.secret(&device_prompt(device))?;
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(export)
+            .map_err(|e| {
+                VolumeError::device(format!(
+                    "Cannot create header file {}: {e}",
+                    export.display()
+                ))
+            })?
+    };
+    let keys = match super::init_decrypt_export(
+        &mut h,
+        &data,
+        &file,
+        pass.as_bytes(),
+        req.key_slot,
+        req.resilience,
+        req.resilience_hash()?,
+        run_opts.device_block,
+        // cryptsetup calibrates a decryption's reencryption digest.
+        None,
+    ) {
+        Ok(k) => k,
+        Err(e) => {
+            // Nothing was exported (every check comes first): leave no empty file behind.
+            if file.metadata().is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(export);
+            }
+            return Err(e);
+        }
+    };
+    if req.init_only {
+        return Ok(ReencryptOutcome::Initialized {
+            device: device.to_path_buf(),
+            init: None,
+        });
+    }
+    let run = super::run_split(&mut h, &file, &data, &keys, &run_opts, progress)?;
+    Ok(ReencryptOutcome::Finished {
+        device: device.to_path_buf(),
+        run,
+        init: None,
+    })
+}
+
+/// The passphrases of the keyslots of a LUKS1 re-key, as cryptsetup's LUKS1 code asks for
+/// them: a key file opens one keyslot (which must be `--key-slot` or the only active one);
+/// else `--key-slot`'s passphrase, or one per active keyslot.
+fn luks1_passphrases<D: HeaderIo>(
+    req: &ReencryptRequest,
+    input: &mut dyn ReencryptInput,
+    vol: &Luks1Volume<D>,
+) -> Result<Vec<(usize, SecretBytes)>> {
+    let h = vol.header();
+    let active: Vec<usize> = (0..8).filter(|&s| h.keyslots[s].is_enabled()).collect();
+    let slot = req.key_slot;
+    if let Some(s) = slot {
+        if s >= 8 {
+            return Err(VolumeError::usage("Key slot is invalid."));
+        }
+        if !active.contains(&s) {
+            return Err(VolumeError::usage(format!("Keyslot {s} is not active.")));
+        }
+    }
+    if input.key_file_given() {
+        let pass = input.secret("")?;
+        let u = vol.unlock(pass.as_bytes(), slot)?;
+        if slot.is_none() && active.len() > 1 {
+            return Err(VolumeError::usage(
+                "Key file can be used only with --key-slot or with exactly one key slot active.",
+            ));
+        }
+        return Ok(vec![(u.keyslot, pass)]);
+    }
+    let slots = match slot {
+        Some(s) => vec![s],
+        None => active,
+    };
+    slots
+        .into_iter()
+        .map(|s| Ok((s, input.secret(&keyslot_prompt(s))?)))
+        .collect()
+}
+
+/// `reencrypt` of the LUKS1 `device` (the caller holds its data lock): the offline re-key
+/// cryptsetup 2.6 runs with its legacy LUKS1 code, a new run or the resume of one whose
+/// files are in the working directory.
+fn luks1_rekey(
+    req: &ReencryptRequest,
+    device: &Path,
+    input: &mut dyn ReencryptInput,
+    progress: &mut dyn Progress,
+) -> Result<ReencryptOutcome> {
+    if req.header.is_some() {
+        return Err(VolumeError::usage(
+            "LUKS1 reencryption with a detached header is not supported by cryptblk yet.",
+        ));
+    }
+    if req.encrypt || req.decrypt || req.reduce_device_size.is_some() {
+        return Err(VolumeError::usage(
+            "LUKS1 encryption, decryption and data shift are not supported by cryptblk yet.",
+        ));
+    }
+    if req.init_only {
+        return Err(VolumeError::usage(
+            "Option --init-only is not supported for LUKS1 reencryption.",
+        ));
+    }
+    if req.sector_size.is_some_and(|s| s != 512) {
+        return Err(VolumeError::usage("Unsupported encryption sector size."));
+    }
+    let block = match req.block_size_mib {
+        None => luks1::DEFAULT_BLOCK,
+        Some(b @ 1..=64) => u64::from(b) << 20,
+        Some(_) => {
+            return Err(VolumeError::usage(
+                "Only values between 1 MiB and 64 MiB allowed for reencryption block size.",
+            ))
+        }
+    };
+    // cryptsetup keeps the run's log and header files in the working directory.
+    let dir = std::env::current_dir()
+        .map_err(|e| VolumeError::device(format!("Cannot read the working directory: {e}")))?;
+    let dev = open_rw(device)?;
+    let mut job = match luks1::find(&dev, &dir)? {
+        luks1::Found::Finished => {
+            return Ok(ReencryptOutcome::Finished {
+                device: device.to_path_buf(),
+                run: RunOutcome::default(),
+                init: None,
+            })
+        }
+        luks1::Found::InProgress(uuid) => {
+            input.notice(ReencryptNotice::Luks1Resuming(uuid.clone()));
+            let prompt = match req.key_slot {
+                Some(s) => keyslot_prompt(s),
+                None => "Enter any existing passphrase: ".to_string(),
+            };
+            let pass = input.secret(&prompt)?;
+            luks1::Luks1Rekey::resume(&dev, &dir, &uuid, pass.as_bytes(), req.key_slot)?
+        }
+        luks1::Found::Nothing => {
+            if req.resume_only {
+                return Err(VolumeError::usage("Device reencryption not in progress."));
+            }
+            let vol = Luks1Volume::open(&dev).map_err(|_| {
+                VolumeError::usage(format!(
+                    "Device {} is not a valid LUKS device.",
+                    device.display()
+                ))
+            })?;
+            let kdf = input.pbkdf(true)?;
+            let params = luks1::Luks1Params {
+                cipher: req.cipher.clone(),
+                key_bytes: req.key_size(),
+                hash: kdf.hash,
+                kdf,
+                volume_key: input.volume_key()?,
+                keep_key: req.keep_key,
+            };
+            let pass = luks1_passphrases(req, input, &vol)?;
+            drop(vol);
+            let job = luks1::Luks1Rekey::start(&dev, &dir, &pass, &params)?;
+            input.notice(ReencryptNotice::Luks1HeaderBackup);
+            input.notice(ReencryptNotice::Luks1NewHeader);
+            for s in &job.keyslots {
+                input.notice(ReencryptNotice::KeyslotCreated(*s));
+            }
+            input.notice(ReencryptNotice::Luks1MarkedUnusable);
+            job
+        }
+    };
+    let run = job.run(&dev, block, progress)?;
+    Ok(ReencryptOutcome::Finished {
+        device: device.to_path_buf(),
+        run,
+        init: None,
+    })
+}
