@@ -383,6 +383,10 @@ struct Worker {
     opts: RunOptions,
     /// A hotzone's old data between its protection and its rewrite (reused).
     keep: Vec<u8>,
+    /// The keyed ciphers, built at the first step and kept for the run: the backup
+    /// segments (old and new parameters) do not change during a run, and keying them
+    /// every step cost cgroup-file reads and mlock calls each time (as it did offline).
+    ciphers: Option<Ciphers>,
     shared: Arc<Shared>,
 }
 
@@ -506,6 +510,7 @@ impl OnlineJob {
             hotzone,
             opts: req.opts,
             keep: Vec::new(),
+            ciphers: None,
             shared: shared.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -680,6 +685,9 @@ impl Worker {
                 done_bytes(&after_pieces),
             )
         };
+        if self.ciphers.is_none() {
+            self.ciphers = Some(Ciphers::new(state, &self.keys)?);
+        }
         let hz = self.hotzone_mapping(&hz_old)?;
         let mut keep = std::mem::take(&mut self.keep);
         let result = (|| -> std::result::Result<(), (Phase, VolumeError)> {
@@ -699,12 +707,12 @@ impl Worker {
                     .map_err(|e| held(e.into()))?;
             }
             let named = |e: VolumeError| (Phase::Named, e);
-            let ciphers = Ciphers::new(state, &self.keys).map_err(named)?;
+            let ciphers = self.ciphers.as_ref().expect("keyed before the step");
             let mut done = 0;
             run::rewrite(
                 state,
                 data,
-                &ciphers,
+                ciphers,
                 l,
                 len,
                 old,
