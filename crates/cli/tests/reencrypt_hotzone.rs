@@ -9,6 +9,13 @@
 //! and rewrites in chunks), a 65 MiB checksum hotzone (1 MiB keyslots area), the journal
 //! hotzone (the area's length), and `--hotzone-size` with checksum and journal.
 //! Resilience `none` writes no header per hotzone, so a cut run shows nothing to compare.
+//! `--hotzone-size` is taken in whole 512-byte sectors as cryptsetup takes it (4 MiB + 511
+//! is 4 MiB, 511 is no limit).
+//!
+//! `hotzone_size_refusals_are_cryptsetups`: a `--hotzone-size` that is not a multiple of
+//! the zone alignment (the largest of the device block and both sector sizes) is refused
+//! by both tools with the same two lines and exit 1, after the reencryption is initialized
+//! (both headers then hold the same segments and requirement); `--init-only` ignores it.
 
 mod common;
 use common::reenc::*;
@@ -133,11 +140,156 @@ fn first_hotzone_has_cryptsetups_size() {
         &s4k,
         &["--resilience", "journal", "--hotzone-size", "4M"],
     );
+    // cryptsetup's command line takes whole sectors: 4 MiB + 511 bytes is 4 MiB.
+    case(
+        &lab,
+        "journal-4M+511",
+        256,
+        &s4k,
+        &["--resilience", "journal", "--hotzone-size", "4194815"],
+    );
+    // Less than a sector is no limit at all: the 65 MiB hotzone of the 1 MiB area.
+    case(
+        &lab,
+        "checksum-1M-area-511",
+        256,
+        &["--sector-size", "4096", "--luks2-keyslots-size", "1M"],
+        &["--resilience", "checksum", "--hotzone-size", "511"],
+    );
     case(
         &lab,
         "checksum-10M-512",
         256,
         &["--sector-size", "512"],
         &["--resilience", "checksum", "--hotzone-size", "10M"],
+    );
+}
+
+/// Runs `tool reencrypt -q ARGS img` with the lab's key file to its end: (exit code, stderr).
+fn reencrypt_with(lab: &KeyLab, tool: &str, args: &[&str], img: &Path) -> (i32, String) {
+    let mut cmd = if tool == "cryptsetup" {
+        let mut c = cryptsetup().unwrap();
+        c.arg("reencrypt");
+        c.arg("--force-offline-reencrypt");
+        c
+    } else {
+        let mut c = cryptblk();
+        c.arg("reencrypt");
+        c
+    };
+    cmd.arg("-q")
+        .args(FAST)
+        .arg("--key-file")
+        .arg(&lab.key)
+        .args(args)
+        .arg(img);
+    code(&mut cmd)
+}
+
+/// Both tools run `steps` in turn (each `(args, refused)`) on their own copy of a `mib` MiB
+/// image (`fmt` options for luksFormat, or a plain image when `fmt` is `None`); each step
+/// must end alike in both (exit code, stderr; exit 1 and a refusal when `refused`), and
+/// the headers must show the same segments and requirements afterwards.
+fn refusal(lab: &KeyLab, name: &str, mib: u64, fmt: Option<&[&str]>, steps: &[(&[&str], bool)]) {
+    let cs = lab.path(&format!("{name}-cs.img"));
+    let cb = lab.path(&format!("{name}-cb.img"));
+    match fmt {
+        Some(f) => format(lab, &cs, mib, f),
+        None => sparse_file(&cs, mib << 20),
+    }
+    std::fs::copy(&cs, &cb).unwrap();
+    for (args, refused) in steps {
+        let (a, b) = (
+            reencrypt_with(lab, "cryptsetup", args, &cs),
+            reencrypt_with(lab, "cryptblk", args, &cb),
+        );
+        eprintln!("{name} {args:?}: cryptsetup {a:?}, cryptblk {b:?}");
+        assert_eq!(
+            a.0,
+            if *refused { 1 } else { 0 },
+            "{name}: cryptsetup {a:?}"
+        );
+        assert_eq!(a, b, "{name} {args:?}: cryptblk ends unlike cryptsetup");
+    }
+    let (a, b) = (json_of(&cs).unwrap(), json_of(&cb).unwrap());
+    assert_eq!(a["segments"], b["segments"], "{name}: segments differ");
+    assert_eq!(
+        a["config"]["requirements"], b["config"]["requirements"],
+        "{name}: requirements differ"
+    );
+    std::fs::remove_file(&cs).unwrap();
+    std::fs::remove_file(&cb).unwrap();
+}
+
+#[test]
+fn hotzone_size_refusals_are_cryptsetups() {
+    if cryptsetup().is_none() {
+        eprintln!("skipped: needs cryptsetup");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("cryptblk-hotzone.")
+        .tempdir_in("/dev/shm")
+        .unwrap_or_else(|_| tempdir());
+    let key = write_file(dir.path(), "key", PASS);
+    let lab = KeyLab { dir, key };
+    let s4k: &[&str] = &["--sector-size", "4096"];
+    // 2000 bytes are 1536 (3 sectors), not a multiple of the 4096-byte sectors.
+    refusal(
+        &lab,
+        "rekey-2000",
+        20,
+        Some(s4k),
+        &[(&["--hotzone-size", "2000"], true)],
+    );
+    refusal(
+        &lab,
+        "journal-6144",
+        20,
+        Some(s4k),
+        &[(&["--resilience", "journal", "--hotzone-size", "6144"], true)],
+    );
+    // New 512-byte sectors: the 4096-byte device block (the filesystem's) still rules.
+    refusal(
+        &lab,
+        "sector512-2048",
+        20,
+        Some(&["--sector-size", "512"]),
+        &[(&["--sector-size", "512", "--hotzone-size", "2048"], true)],
+    );
+    refusal(
+        &lab,
+        "none-4M-512",
+        20,
+        Some(s4k),
+        &[(&["--resilience", "none", "--hotzone-size", "4194816"], true)],
+    );
+    // --init-only does not look at the size; the resume that would use it refuses it.
+    refusal(
+        &lab,
+        "init-then-resume",
+        20,
+        Some(s4k),
+        &[
+            (&["--init-only", "--hotzone-size", "2000"], false),
+            (&["--resume-only", "--hotzone-size", "2000"], true),
+        ],
+    );
+    // Data-shift encryption (whose hotzone is the shift) checks it too.
+    refusal(
+        &lab,
+        "encrypt-datashift",
+        20,
+        None,
+        &[(
+            &[
+                "--encrypt",
+                "--reduce-device-size",
+                "8M",
+                "--hotzone-size",
+                "2000",
+            ],
+            true,
+        )],
     );
 }

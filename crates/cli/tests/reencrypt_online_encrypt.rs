@@ -191,3 +191,88 @@ fn killed_online_encryption_is_finished_by_cryptsetup() {
         );
     }
 }
+
+/// The activation options of each crypt line of `table` (words after the option count,
+/// without the `sector_size:` format option); linear lines give nothing.
+fn crypt_options(table: &str) -> Vec<Vec<String>> {
+    table
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.get(2) == Some(&"crypt")).then(|| {
+                let n: usize = w.get(8).and_then(|n| n.parse().ok()).unwrap_or(0);
+                w[9..9 + n]
+                    .iter()
+                    .filter(|o| !o.starts_with("sector_size:"))
+                    .map(|o| o.to_string())
+                    .collect()
+            })
+        })
+        .collect()
+}
+
+/// An encryption started from an all-linear table keeps `open`'s activation flags
+/// (`--allow-discards`, the pipeline as `--perf-same_cpu_crypt` chose it) in every crypt
+/// line the run serves, as cryptsetup keeps the dm device's flags across its reloads: the
+/// live table's crypt lines before (none), during (each table seen) and after the run
+/// carry the flags a plain `open` of the finished volume with the same options gives.
+#[test]
+fn activation_flags_survive_an_encryption_from_an_all_linear_table() {
+    if !tools() {
+        return;
+    }
+    let lab = KeyLab::new(b"online encrypt flags pass");
+    let name = "t-reenc-enc-flags";
+    let (dev, _) = initialised(&lab, "flags.img", KILL_DEVICE);
+    let sock = lab.path("nbd.sock");
+    let opts = ["--allow-discards", "--perf-same_cpu_crypt"];
+    let served = open_nbd(&dev, &lab.key, name, &sock, &opts);
+    let table = |st: &serde_json::Value| st["table"].as_str().unwrap().to_string();
+    let before = table(&status(name));
+    eprintln!("before:\n{before}");
+    assert!(
+        crypt_options(&before).is_empty(),
+        "not all linear:\n{before}"
+    );
+    let mut re = spawn_captured(lab.reencrypt(&["--resume-only"]).arg(&dev));
+    let mut during = Vec::new();
+    while re.try_wait().unwrap().is_none() {
+        let st = status(name);
+        if st["reencryption"]["state"] == "running" {
+            during.extend(crypt_options(&table(&st)));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = re.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "online encryption failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after_st = status(name);
+    let after = crypt_options(&table(&after_st));
+    let text = run_ok(cryptblk().args(["status", name]), b"");
+    eprintln!("after: {}\n{text}", table(&after_st));
+    drop(served);
+    // What open gives the finished volume with the same options.
+    let _again = open_nbd(&dev, &lab.key, name, &sock, &opts);
+    let reference = crypt_options(&table(&status(name)));
+    assert_eq!(reference.len(), 1, "{reference:?}");
+    let want = &reference[0];
+    assert!(
+        want.contains(&"allow_discards".to_string())
+            && want.contains(&"same_cpu_crypt".to_string()),
+        "open did not apply the options: {want:?}"
+    );
+    assert!(!during.is_empty(), "no crypt line seen during the run");
+    eprintln!(
+        "{} crypt lines seen during the run, flags of the first: {:?}",
+        during.len(),
+        during[0]
+    );
+    for d in &during {
+        assert_eq!(d, want, "a table during the run lost open's flags");
+    }
+    assert_eq!(after, reference, "the finished table lost open's flags");
+    assert!(text.contains("flags:   discards same_cpu_crypt"), "{text}");
+}

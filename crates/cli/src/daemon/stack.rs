@@ -204,6 +204,7 @@ impl Stack {
                 data,
                 keys,
                 opts,
+                flags: activation_flags(&self.spec.info),
             },
         )?);
         Ok(())
@@ -396,4 +397,15 @@ fn lock_table_files(
 /// True if `table` names device `name` (as `name` or `/dev/mapper/name`).
 fn names_device(table: &str, name: &str) -> bool {
     TableSpec::parse(table).is_ok_and(|t| t.names_device(name))
+}
+
+/// The activation flags `open` recorded for a volume served mid-reencryption (see
+/// [`cryptblk_volume::reencrypt::online::ACTIVATION_FLAGS`]), `None` when it recorded none.
+fn activation_flags(info: &serde_json::Value) -> Option<cryptblk_dm::CryptFlags> {
+    let words: Vec<String> = info[cryptblk_volume::reencrypt::online::ACTIVATION_FLAGS]
+        .as_array()?
+        .iter()
+        .filter_map(|w| w.as_str().map(str::to_string))
+        .collect();
+    cryptblk_dm::CryptFlags::parse(&words).ok()
 }

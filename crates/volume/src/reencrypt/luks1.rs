@@ -493,12 +493,17 @@ impl Luks1Rekey {
             return Ok(());
         }
         progress.update(self.log.offset);
-        let mut buf = vec![0u8; JOURNAL_HEAD + block as usize];
+        // The block is plaintext between its decryption and its encryption: it lives in
+        // locked memory of its own (out of swap and core dumps, wiped when dropped), as the
+        // keys do. The mapping is page aligned, so the data after the 4 KiB journal head is
+        // too.
+        let mut locked = SecretBytes::zeroed(JOURNAL_HEAD + block as usize);
+        let buf = locked.as_mut_bytes();
         if let Some(len) = self.log.pending {
             if let Some(cipher_text) = self.journal(len)? {
                 let n = cipher_text.len();
                 buf[JOURNAL_HEAD..JOURNAL_HEAD + n].copy_from_slice(&cipher_text);
-                self.rewrite(dev, &mut buf, n, out)?;
+                self.rewrite(dev, buf, n, out)?;
                 progress.update(self.log.offset);
             } else {
                 // The record never became whole, so the block was never touched.
@@ -526,7 +531,7 @@ impl Luks1Rekey {
                 .map_err(dev_err("syncing the reencryption journal"))?;
             self.log.pending = Some(n as u64);
             write_log(&self.log_file, &self.log)?;
-            self.rewrite(dev, &mut buf, n, out)?;
+            self.rewrite(dev, buf, n, out)?;
             progress.update(self.log.offset);
         }
         Ok(())

@@ -259,6 +259,10 @@ pub fn served_table(
     layout.table(&state_pieces(state, end)?, "")
 }
 
+/// The `status` info key under which [`mid_reencryption_plan`] records the activation
+/// flags (kernel names) for the daemon to pass on in [`OnlineRequest::flags`].
+pub const ACTIVATION_FLAGS: &str = "activation_flags";
+
 /// The activation plan of a volume mid-reencryption whose hotzone was recovered: the
 /// [`served_table`] of its data on `at.device` (header at `at.header`, the same file or a
 /// detached one), named `name`, with `status` facts and the paused progress. `flags` are
@@ -292,6 +296,8 @@ pub fn mid_reencryption_plan(
         "sector_size": state.fin.sector_size,
         "offset": format!("{} sectors", start / 512),
         "reencryption": paused_progress(state, dev_size),
+        // Kept for the online run: a table of linear lines alone does not show them.
+        (ACTIVATION_FLAGS): flags.activation_only().format(),
     });
     Ok(crate::plan::ActivationPlan {
         name: name.to_string(),
@@ -334,6 +340,10 @@ pub struct OnlineRequest {
     pub keys: ReencryptKeys,
     /// Hotzone size and device block.
     pub opts: RunOptions,
+    /// The activation flags the volume was opened with (`allow_discards`, the pipeline),
+    /// for a table with no crypt line to carry them (an encryption's all-linear start);
+    /// a crypt line's flags win.
+    pub flags: Option<CryptFlags>,
 }
 
 struct Shared {
@@ -373,6 +383,10 @@ struct Worker {
     opts: RunOptions,
     /// A hotzone's old data between its protection and its rewrite (reused).
     keep: Vec<u8>,
+    /// The keyed ciphers, built at the first step and kept for the run: the backup
+    /// segments (old and new parameters) do not change during a run, and keying them
+    /// every step cost cgroup-file reads and mlock calls each time (as it did offline).
+    ciphers: Option<Ciphers>,
     shared: Arc<Shared>,
 }
 
@@ -442,10 +456,14 @@ impl OnlineJob {
             .first()
             .and_then(|l| l.target.devices().first().map(|d| d.to_string()))
             .ok_or_else(|| VolumeError::usage(format!("{} has an empty table", req.name)))?;
+        // cryptsetup keeps the dm device's activation flags across its table reloads; an
+        // all-linear table (encryption not begun) cannot hold them, so open recorded them.
         let flags = live
             .crypt_lines()
             .next()
-            .map_or_else(CryptFlags::default, |c| c.flags);
+            .map(|c| c.flags)
+            .or(req.flags)
+            .unwrap_or_default();
         let layout = Layout {
             state: &state,
             keys: &req.keys,
@@ -492,6 +510,7 @@ impl OnlineJob {
             hotzone,
             opts: req.opts,
             keep: Vec::new(),
+            ciphers: None,
             shared: shared.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -666,6 +685,9 @@ impl Worker {
                 done_bytes(&after_pieces),
             )
         };
+        if self.ciphers.is_none() {
+            self.ciphers = Some(Ciphers::new(state, &self.keys)?);
+        }
         let hz = self.hotzone_mapping(&hz_old)?;
         let mut keep = std::mem::take(&mut self.keep);
         let result = (|| -> std::result::Result<(), (Phase, VolumeError)> {
@@ -685,12 +707,12 @@ impl Worker {
                     .map_err(|e| held(e.into()))?;
             }
             let named = |e: VolumeError| (Phase::Named, e);
-            let ciphers = Ciphers::new(state, &self.keys).map_err(named)?;
+            let ciphers = self.ciphers.as_ref().expect("keyed before the step");
             let mut done = 0;
             run::rewrite(
                 state,
                 data,
-                &ciphers,
+                ciphers,
                 l,
                 len,
                 old,

@@ -177,19 +177,23 @@ impl ReencryptRequest {
         self.header.as_deref().unwrap_or(device)
     }
 
-    /// `--hotzone-size`, checked as cryptsetup checks it.
+    /// The `--hotzone-size` limit as cryptsetup 2.6.1's command line reads it: 0 is refused,
+    /// any other size is taken in whole 512-byte sectors (rounded down), and less than one
+    /// sector means no limit. Whether the limit fits the zone alignment is checked when the
+    /// run starts ([`super::run::hotzone_length`]), after `--init-only` has done its work, as
+    /// cryptsetup checks it when it loads the reencryption context.
     pub fn max_hotzone(&self) -> Result<Option<u64>> {
         let max_hotzone = self
             .hotzone_size
             .as_deref()
             .map(|t| crate::format::parse_bytes(t, "--hotzone-size"))
             .transpose()?;
-        if max_hotzone.is_some_and(|n| n == 0 || n % 512 != 0) {
+        if max_hotzone == Some(0) {
             return Err(VolumeError::usage(
                 "Invalid max reencryption hotzone size specification.",
             ));
         }
-        Ok(max_hotzone)
+        Ok(max_hotzone.map(|n| n - n % 512).filter(|&n| n > 0))
     }
 
     /// `--resilience-hash` (sha256 when not given).

@@ -150,6 +150,7 @@ fn io_err(what: &str) -> impl Fn(std::io::Error) -> VolumeError + '_ {
 /// as many blocks as the area holds hashes of (1 GiB with a 16 MiB header); `journal` the
 /// area's length; each capped at 1 GiB, a quarter of the memory and `--hotzone-size`, then
 /// aligned down to the largest block or sector size. A datashift hotzone is the shift.
+/// A `--hotzone-size` that is not a multiple of that alignment is refused (exit 1).
 pub fn hotzone_length(state: &ReencryptState, opts: &RunOptions) -> Result<u64> {
     let ks = &state.keyslot;
     let align = u64::from(
@@ -157,6 +158,16 @@ pub fn hotzone_length(state: &ReencryptState, opts: &RunOptions) -> Result<u64> 
             .max(state.previous.sector_size)
             .max(state.fin.sector_size),
     );
+    // cryptsetup 2.6.1 refuses a limit off the zone alignment for every resilience,
+    // datashift included (where the limit is otherwise unused), with these two lines.
+    if let Some(m) = opts.max_hotzone {
+        if m % align != 0 {
+            return Err(VolumeError::usage(format!(
+                "Hotzone size must be multiple of calculated zone alignment ({align} bytes).\n\
+                 Failed to load LUKS2 reencryption context."
+            )));
+        }
+    }
     let mut len = match &ks.resilience {
         Resilience::None => opts.max_hotzone.unwrap_or(DEFAULT_NONE_HOTZONE),
         Resilience::Checksum { hash, sector_size } => {
