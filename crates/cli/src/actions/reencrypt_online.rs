@@ -133,11 +133,7 @@ fn online_reencrypt(opts: &Opts, st: Status, a: &ReencryptArgs) -> ActionResult 
     // `--header H` names the detached header the daemon serves the volume with.
     let header = match &opts.header {
         Some(h) if a.decrypt && !h.exists() => {
-            return Err(Failure::usage(
-                "online decryption exporting the header (--header NEW_FILE of an active \
-                 volume) is not supported by cryptblk yet; close the volume or use \
-                 --force-offline-reencrypt.",
-            ))
+            return online_decrypt_export(opts, &st, a, h, &served_header, &data)
         }
         Some(h) if !same_file(h, &served_header) => {
             return Err(Failure::usage(format!(
@@ -238,6 +234,123 @@ fn online_reencrypt(opts: &Opts, st: Status, a: &ReencryptArgs) -> ActionResult 
     )?;
     drop(keys);
     wait_online(opts, &name, &header)
+}
+
+/// `reencrypt --decrypt --header NEW_FILE` of the served volume `st` whose header is on
+/// its data device `data`: the passphrase opens the volume key here; the daemon exports
+/// the header to `export`, moves the first data-offset bytes of ciphertext to the device
+/// start with I/O held and decrypts in the background, serving from `export` from then
+/// on (see [`online::start_decrypt_export`]). This waits for the end.
+fn online_decrypt_export(
+    opts: &Opts,
+    st: &Status,
+    a: &ReencryptArgs,
+    export: &Path,
+    served_header: &Path,
+    data: &Path,
+) -> ActionResult {
+    let name = &st.name;
+    if !same_file(served_header, data) {
+        return Err(Failure::usage(format!(
+            "{name} is served with the detached header {}; --header names it, not a new file.",
+            served_header.display()
+        )));
+    }
+    if a.init_only || a.resume_only {
+        return Err(Failure::usage(
+            "--init-only and --resume-only with --header NEW_FILE of an active volume are \
+             not supported by cryptblk; decryption starts and runs online in one command.",
+        ));
+    }
+    if st.readonly {
+        return Err(Failure::usage(format!(
+            "Device {name} is active read-only; it cannot be reencrypted online."
+        )));
+    }
+    if st.suspended {
+        return Err(Failure::new(
+            ExitCode::Busy,
+            format!("Volume {name} is suspended; resume it first."),
+        ));
+    }
+    let max_hotzone = max_hotzone(a)?;
+    let Volume::Luks2(h, file) = Volume::load(data, LuksType::Luks2, false)? else {
+        return Err(Failure::usage(
+            "LUKS1 decryption is not supported by cryptblk yet.",
+        ));
+    };
+    if h.reencryption_in_progress() {
+        return Err(Failure::usage(
+            "LUKS2 reencryption already initialized. Aborting operation.",
+        ));
+    }
+    reencrypt::encdec::check_decrypt_export(&h)?;
+    super::volume::confirm(
+        opts,
+        &format!(
+            "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
+             device {} and export LUKS2 header to file {}?",
+            export.display(),
+            data.display(),
+            export.display()
+        ),
+    )?;
+    let pass = super::volume::read_secret(
+        &super::volume::key_source(opts, None),
+        super::volume::limits(opts),
+        &format!("Enter passphrase for {}: ", data.display()),
+    )?;
+    let key = reencrypt::encdec::unlock_old(
+        &h,
+        &file,
+        pass.as_bytes(),
+        opts.key_slot.map(|s| s as usize),
+    )?;
+    drop((pass, file));
+    let device_block = std::fs::File::open(data)
+        .map(|f| reencrypt::init::device_block_size(&f))
+        .unwrap_or(4096);
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(export)
+            .map_err(|e| {
+                Failure::device(format!(
+                    "Cannot create header file {}: {e}",
+                    export.display()
+                ))
+            })?;
+    }
+    let abs = std::fs::canonicalize(export)?;
+    let resilience = match a.resilience {
+        None | Some(crate::args::ResilienceArg::Checksum) => "checksum",
+        Some(crate::args::ResilienceArg::Journal) => "journal",
+        Some(crate::args::ResilienceArg::None) => "none",
+    };
+    let sent = control::request(
+        name,
+        &Request::DecryptExport {
+            key: key.to_hex().as_str().to_owned(),
+            export: abs.display().to_string(),
+            resilience: resilience.into(),
+            resilience_hash: a.resilience_hash.clone().unwrap_or_else(|| "sha256".into()),
+            max_hotzone,
+            device_block,
+        },
+    );
+    drop(key);
+    if let Err(e) = sent {
+        // The daemon restored the header when it could; an empty file it never used
+        // goes too.
+        if std::fs::metadata(&abs).is_ok_and(|m| m.len() == 0) {
+            let _ = std::fs::remove_file(&abs);
+        }
+        return Err(e.into());
+    }
+    wait_online(opts, name, &abs)
 }
 
 /// Follows the daemon's run of `name` to its end, drawing its progress.

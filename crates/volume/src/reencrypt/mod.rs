@@ -18,8 +18,8 @@
 //!   daemon while the volume is served, and the table that serves a volume
 //!   mid-reencryption.
 //!
-//! What is not here yet: starting online a decryption that exports an attached header
-//! (offline it is [`init_decrypt_export`]).
+//! A decryption that exports an attached header starts offline with
+//! [`init_decrypt_export`] and online with [`online::start_decrypt_export`].
 
 pub mod encdec;
 pub mod init;
@@ -32,10 +32,14 @@ pub mod repair;
 pub mod run;
 pub mod state;
 
-pub use encdec::{init_decrypt, init_decrypt_export, init_encrypt, EncryptParams};
+pub use encdec::{
+    init_decrypt, init_decrypt_export, init_encrypt, DecryptResilience, EncryptParams,
+};
 pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
-pub use online::{OnlineJob, OnlineRequest, ReencryptProgress, RunState};
+pub use online::{
+    start_decrypt_export, ExportRequest, OnlineJob, OnlineRequest, ReencryptProgress, RunState,
+};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;
 pub use run::{run, run_split, RunOptions, RunOutcome};
