@@ -348,7 +348,7 @@ fn online_decrypt_export(
         if std::fs::metadata(&abs).is_ok_and(|m| m.len() == 0) {
             let _ = std::fs::remove_file(&abs);
         }
-        return Err(e.into());
+        return Err(e);
     }
     wait_online(opts, name, &abs)
 }
