@@ -346,3 +346,37 @@ fn killed_attached_decryptions_are_finished_by_cryptsetup() {
     }
     eprintln!("2 killed runs served by cryptblk ({recovered} with a cut hotzone) and finished by cryptsetup");
 }
+
+/// Refusals leave the served volume and its device as they were: a wrong passphrase (exit
+/// 2) and `--init-only` (exit 1) create no header file and keep the LUKS2 header on the
+/// device; the export still serves the model's plaintext.
+#[test]
+fn refused_online_exports_change_nothing() {
+    if !tools() {
+        return;
+    }
+    let lab = KeyLab::new(b"export refuse pass");
+    let name = "t-reenc-exp-refuse";
+    let (v, pattern) = attached_volume(&lab);
+    let before = std::fs::read(&v.img).unwrap();
+    let sock = lab.path("nbd.sock");
+    let served = open_nbd(&v.img, &lab.key, name, &sock, &[]);
+    let wrong = write_file(lab.dir.path(), "wrong", b"not the passphrase");
+    let mut cmd = cryptblk();
+    cmd.args(["reencrypt", "-q", "--decrypt", "--key-file"])
+        .arg(&wrong)
+        .arg("--header")
+        .arg(&v.hdr)
+        .arg(&v.img);
+    assert_eq!(code(&mut cmd).0, 2, "wrong passphrase");
+    let mut cmd = v.decrypt_cmd(&lab);
+    cmd.arg("--init-only");
+    assert_eq!(code(&mut cmd).0, 1, "--init-only");
+    assert!(!v.hdr.exists(), "a refused export left {}", v.hdr.display());
+    assert!(lab.read_export(&sock, "served.bin") == pattern);
+    drop(served);
+    assert!(
+        std::fs::read(&v.img).unwrap() == before,
+        "a refused export changed the device"
+    );
+}
