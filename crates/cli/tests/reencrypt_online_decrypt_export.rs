@@ -22,12 +22,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const MIB: usize = 1 << 20;
-/// The data offset (`--offset`, with a 16 KiB metadata and a 448 KiB keyslots area): the
-/// data moves back by it, and it is a step's length (a data shift's hotzone is the shift),
-/// so a small one makes many steps.
-const OFFSET: usize = MIB / 2;
-/// Bytes of data after the header: 192 steps (fewer end before a test can close or kill
-/// the run midway).
+/// The data offset (`--offset`, with a 16 KiB metadata and a 160 KiB keyslots area for
+/// one 256-bit key): the data moves back by it, and it is a step's length (a data shift's
+/// hotzone is the shift), so a small one makes many steps.
+const OFFSET: usize = 192 << 10;
+/// Bytes of data after the header: 512 steps (fewer end before a test can close or kill
+/// the run midway on a loaded machine).
 const DATA: usize = 96 * MIB;
 /// fio writes the first 4 MiB; the rest keeps the pattern.
 const FIO_BYTES: usize = 4 << 20;
@@ -125,8 +125,8 @@ impl Attached {
     }
 }
 
-/// An attached LUKS2 volume by cryptsetup (aes-xts-plain64, 4096-byte sectors, data
-/// offset 512 KiB, a known volume key) whose data is a random pattern encrypted by the
+/// An attached LUKS2 volume by cryptsetup (aes-xts-plain64 with a 256-bit key,
+/// 4096-byte sectors, data offset 192 KiB, a known volume key) whose data is a random pattern encrypted by the
 /// independent model; returns it and the pattern.
 fn attached_volume(lab: &KeyLab) -> (Attached, Vec<u8>) {
     let v = Attached {
@@ -134,7 +134,7 @@ fn attached_volume(lab: &KeyLab) -> (Attached, Vec<u8>) {
         hdr: lab.path("vol.hdr"),
     };
     let plain = write_pattern(&lab.path("pattern"), DATA, 17);
-    let key: Vec<u8> = (0..64u8)
+    let key: Vec<u8> = (0..32u8)
         .map(|i| i.wrapping_mul(41).wrapping_add(7))
         .collect();
     let vk = write_file(lab.dir.path(), "vk", &key);
@@ -146,7 +146,8 @@ fn attached_volume(lab: &KeyLab) -> (Attached, Vec<u8>) {
             .args(["--sector-size", "4096", "--volume-key-file"])
             .arg(&vk)
             .args(["--luks2-metadata-size", "16k"])
-            .args(["--luks2-keyslots-size", "448k", "--offset", "1024"])
+            .args(["--key-size", "256", "--luks2-keyslots-size", "160k"])
+            .args(["--offset", &(OFFSET / 512).to_string()])
             .args(FAST)
             .arg("--key-file")
             .arg(&lab.key)
