@@ -306,7 +306,12 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             let table = mapping.table(false).as_str().to_owned();
             // A lower mapping is not exported; it says which mapping serves it.
             let (mut facts, export) = if is_top {
-                (spec.info.clone(), stack.export_info())
+                let mut facts = spec.info.clone();
+                // Served from an exported header since an online decryption began.
+                if let (Some(h), Some(obj)) = (stack.header(), facts.as_object_mut()) {
+                    obj.insert("header".into(), json!(h));
+                }
+                (facts, stack.export_info())
             } else {
                 (
                     json!({ "type": "dm", "stacked_under": spec.name }),
@@ -376,7 +381,7 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             stopping.store(true, Ordering::SeqCst);
             Response::Done
         }
-        Request::Reencrypt { .. } if !is_top => Response::error(
+        Request::Reencrypt { .. } | Request::DecryptExport { .. } if !is_top => Response::error(
             ExitCode::WrongParameters,
             format!("{target} is not the volume's top mapping"),
         ),
@@ -411,6 +416,25 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                 Err(f) => Response::error(f.code, f.message),
             }
         }
+        Request::DecryptExport {
+            key,
+            export,
+            resilience,
+            resilience_hash,
+            max_hotzone,
+            device_block,
+        } => decrypt_export(
+            stack,
+            key,
+            export,
+            resilience,
+            resilience_hash,
+            RunOptions {
+                max_hotzone: *max_hotzone,
+                device_block: (*device_block).max(512),
+                chunk: None,
+            },
+        ),
         Request::Suspend => match mapping.suspend() {
             Ok(()) => Response::Done,
             Err(e) => dm_err(e),
@@ -514,4 +538,45 @@ pub(super) fn spawn_signal_watcher(ctl: PathBuf) {
             let _ = BufReader::new(s).read_line(&mut sink);
         }
     });
+}
+
+/// `DecryptExport`: the online decryption exporting the header (see
+/// [`Stack::start_decrypt_export`]), its words checked first.
+fn decrypt_export(
+    stack: &Stack,
+    key: &str,
+    export: &str,
+    resilience: &str,
+    hash: &str,
+    opts: RunOptions,
+) -> Response {
+    use cryptblk_volume::reencrypt::{DecryptResilience, ResilienceChoice};
+    let bad = |m: &str| Response::error(ExitCode::WrongParameters, m);
+    let mut k = SecretBytes::zeroed(key.len() / 2);
+    if key.is_empty() || hex::decode_to_slice(key, k.as_mut_bytes()).is_err() {
+        return bad("malformed volume key");
+    }
+    let choice = match resilience {
+        "checksum" => ResilienceChoice::Checksum,
+        "journal" => ResilienceChoice::Journal,
+        "none" => ResilienceChoice::None,
+        _ => return bad("unknown resilience"),
+    };
+    let Ok(hash) = cryptblk_cipher::hash::HashAlgorithm::from_name(hash) else {
+        return bad("unknown resilience hash");
+    };
+    if !std::path::Path::new(export).is_absolute() {
+        return bad("the exported header's path must be absolute");
+    }
+    let r = DecryptResilience {
+        choice,
+        hash,
+        device_block: opts.device_block,
+        // cryptsetup calibrates a decryption's reencryption digest.
+        digest_iterations: None,
+    };
+    match stack.start_decrypt_export(k, export, r, opts) {
+        Ok(()) => Response::Done,
+        Err(f) => Response::error(f.code, f.message),
+    }
 }

@@ -102,6 +102,9 @@ pub(super) struct Stack {
     locks: Mutex<DataLocks>,
     /// An online reencryption started on this daemon (running or done).
     reencryption: Mutex<Option<OnlineJob>>,
+    /// The header file the volume is served from since an online decryption exported
+    /// its header there (`None`: `spec.info.header`, or the device).
+    exported_header: Mutex<Option<String>>,
 }
 
 impl Stack {
@@ -166,6 +169,7 @@ impl Stack {
             lower,
             locks: Mutex::new(locks),
             reencryption: Mutex::new(None),
+            exported_header: Mutex::new(None),
         })
     }
 
@@ -190,8 +194,9 @@ impl Stack {
             )));
         }
         let device = self.spec.info["device"].as_str();
-        let header = self.spec.info["header"]
-            .as_str()
+        let header = self.header();
+        let header = header
+            .as_deref()
             .or(device)
             .ok_or_else(|| Failure::usage(format!("{} is not a LUKS2 volume", self.spec.name)))?;
         // A detached header: the data is the device the volume was opened on.
@@ -207,6 +212,72 @@ impl Stack {
                 flags: activation_flags(&self.spec.info),
             },
         )?);
+        Ok(())
+    }
+
+    /// The header file the volume is served from now: the one an online decryption
+    /// exported, else the one it was opened with (`None`: the data device's own).
+    pub(super) fn header(&self) -> Option<String> {
+        self.exported_header
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .or_else(|| self.spec.info["header"].as_str().map(Into::into))
+    }
+
+    /// Starts an online decryption of the top mapping whose header is on its data device,
+    /// the header exported to `export` (see
+    /// [`cryptblk_volume::reencrypt::online::start_decrypt_export`]); from then on the
+    /// volume is served from `export`.
+    pub(super) fn start_decrypt_export(
+        &self,
+        key: cryptblk_cipher::SecretBytes,
+        export: &str,
+        resilience: cryptblk_volume::reencrypt::DecryptResilience,
+        opts: RunOptions,
+    ) -> Result<(), Failure> {
+        let mut job = self.reencryption.lock().unwrap_or_else(|e| e.into_inner());
+        if job.as_ref().is_some_and(|j| j.is_running()) {
+            return Err(Failure::new(
+                ExitCode::Busy,
+                format!("Device {} is already being reencrypted.", self.spec.name),
+            ));
+        }
+        if self.spec.readonly {
+            return Err(Failure::usage(format!(
+                "Device {} is active read-only; it cannot be reencrypted online.",
+                self.spec.name
+            )));
+        }
+        let device = self.spec.info["device"]
+            .as_str()
+            .ok_or_else(|| Failure::usage(format!("{} has no data device", self.spec.name)))?;
+        if self.header().is_some_and(|h| !same_file(&h, device)) {
+            return Err(Failure::usage(format!(
+                "{} is served from a detached header already.",
+                self.spec.name
+            )));
+        }
+        let started = cryptblk_volume::reencrypt::start_decrypt_export(
+            self.registry.clone(),
+            cryptblk_volume::reencrypt::ExportRequest {
+                name: self.spec.name.clone(),
+                device: device.into(),
+                export: export.into(),
+                key,
+                resilience,
+                opts,
+            },
+        );
+        // Once the reencryption header is in `export`, the volume lives there even when
+        // the run failed to start.
+        if std::fs::metadata(export).is_ok_and(|m| m.len() > 0) {
+            *self
+                .exported_header
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(export.to_string());
+        }
+        *job = Some(started?);
         Ok(())
     }
 
@@ -347,6 +418,7 @@ impl Stack {
             lower,
             locks,
             reencryption,
+            exported_header: _,
         } = self;
         // Its thread holds the registry and may hold the hotzone: end it first.
         drop(reencryption);

@@ -74,6 +74,26 @@ pub enum Request {
         #[serde(default)]
         device_block: u32,
     },
+    /// Start decrypting the served LUKS2 volume whose header is on its data device, the
+    /// header exported to `export` (see
+    /// [`crate::reencrypt::online::start_decrypt_export`]). Answered once the run
+    /// started; `status` reports its progress and `export` as the header.
+    DecryptExport {
+        /// The volume key in hex (never shown in `Debug`, wiped on drop).
+        key: String,
+        /// The new header file (absolute path; created empty by the caller).
+        export: String,
+        /// `--resilience` of the hotzones: `checksum`, `journal` or `none`.
+        resilience: String,
+        /// `--resilience-hash`.
+        resilience_hash: String,
+        /// `--hotzone-size` in bytes.
+        #[serde(default)]
+        max_hotzone: Option<u64>,
+        /// The data device's block size (hotzones align to it).
+        #[serde(default)]
+        device_block: u32,
+    },
 }
 
 impl Drop for Request {
@@ -86,6 +106,7 @@ impl Drop for Request {
                 old_key.zeroize();
                 new_key.zeroize();
             }
+            Request::DecryptExport { key, .. } => key.zeroize(),
             Request::Message { message, .. } => {
                 message.iter_mut().for_each(zeroize::Zeroize::zeroize)
             }
@@ -114,6 +135,10 @@ impl fmt::Debug for Request {
             // Both fields are volume keys.
             Request::Reencrypt { max_hotzone, .. } => {
                 write!(f, "Reencrypt {{ max_hotzone: {max_hotzone:?}, .. }}")
+            }
+            // The key is the volume key.
+            Request::DecryptExport { export, .. } => {
+                write!(f, "DecryptExport {{ export: {export:?}, .. }}")
             }
         }
     }
@@ -429,7 +454,8 @@ impl Response {
             | Request::Suspend
             | Request::Resume
             | Request::Reload { .. }
-            | Request::Reencrypt { .. } => Response::Done,
+            | Request::Reencrypt { .. }
+            | Request::DecryptExport { .. } => Response::Done,
         })
     }
 

@@ -227,11 +227,13 @@ pub fn init_decrypt(
 /// its writes): the data moves back by the data offset `N`, so the plaintext will start
 /// at byte 0. After every check (the passphrase, the parameters), in this order, each
 /// synced: the header area `[0, N)` is copied to `export` (a new, empty file), the two
-/// LUKS2 magics on `data` are wiped, the first `N` bytes of ciphertext are copied to the
-/// device start, and the reencryption header is written to `export`. A crash before the
-/// last write leaves `export` holding the original header, which still describes the
-/// data (untouched from `N` on) as a detached header. Returns the keys for
-/// [`super::run::run_split`] with `export` as the header.
+/// LUKS2 magics on `data` are wiped ([`export_header`]), the first `N` bytes of
+/// ciphertext are copied to the device start ([`move_first_segment`]), and the
+/// reencryption header is written to `export`. A crash before the last write leaves
+/// `export` holding the original header, which still describes the data (untouched from
+/// `N` on) as a detached header. Returns the keys for [`super::run::run_split`] with
+/// `export` as the header. Online, [`super::online::start_decrypt_export`] does the same
+/// steps with the served volume's I/O held over the last two.
 #[allow(clippy::too_many_arguments)]
 pub fn init_decrypt_export(
     h: &mut Luks2Header,
@@ -244,6 +246,49 @@ pub fn init_decrypt_export(
     device_block: u32,
     digest_iterations: Option<u32>,
 ) -> Result<ReencryptKeys> {
+    check_decrypt_export(h)?;
+    let key = unlock_old(h, data, passphrase, slot)?;
+    let dev = data.size().map_err(io_err("reading the device size"))?;
+    let mut new_h = plan_decrypt_export(
+        h,
+        dev,
+        &key,
+        &DecryptResilience {
+            choice,
+            hash,
+            device_block,
+            digest_iterations,
+        },
+    )?;
+    let shift = h.default_segment()?.offset;
+    export_header(h, data, export)?;
+    move_first_segment(data, shift)?;
+    new_h.write_reencryption(export)?;
+    *h = new_h;
+    Ok(ReencryptKeys {
+        old: Some(key),
+        new: None,
+    })
+}
+
+/// How a decryption protects its hotzones (the choice, the checksum hash, the device
+/// block) and the iterations of its reencryption digest (`None`: calibrated).
+#[derive(Clone, Copy, Debug)]
+pub struct DecryptResilience {
+    /// `--resilience` (a data shift adds its own).
+    pub choice: ResilienceChoice,
+    /// `--resilience-hash`.
+    pub hash: HashAlgorithm,
+    /// The data device's block size.
+    pub device_block: u32,
+    /// Iterations of the reencryption digest (`None`: calibrated).
+    pub digest_iterations: Option<u32>,
+}
+
+/// Refuses a volume whose header cannot be exported by [`init_decrypt_export`]: an
+/// integrity profile, or a data offset that is not a whole number of 4 KiB blocks up to
+/// 1 GiB (the data moves back by it). Checks no key.
+pub fn check_decrypt_export(h: &Luks2Header) -> Result<()> {
     h.check_requirements()?;
     let seg = h.default_segment()?;
     if seg.integrity.is_some() {
@@ -257,15 +302,27 @@ pub fn init_decrypt_export(
             "Moving the data back by the data offset ({shift} bytes) is not supported."
         )));
     }
-    let key = unlock_old(h, data, passphrase, slot)?;
-    let dev = data.size().map_err(io_err("reading the device size"))?;
+    Ok(())
+}
+
+/// The header a decryption exporting `h` records (in memory, nothing written) for a data
+/// device of `dev` bytes, the volume key `key` checked against `h`'s digest.
+pub fn plan_decrypt_export(
+    h: &Luks2Header,
+    dev: u64,
+    key: &SecretBytes,
+    r: &DecryptResilience,
+) -> Result<Luks2Header> {
+    check_decrypt_export(h)?;
+    let seg = h.default_segment()?;
+    let shift = seg.offset;
     let data_size = dev.saturating_sub(shift);
     let data_size = seg.size.unwrap_or(data_size).min(data_size);
     if data_size <= shift {
         return Err(VolumeError::usage("Device is too small."));
     }
-    let block = device_block.max(seg.sector_size);
-    if choice == ResilienceChoice::Checksum {
+    let block = r.device_block.max(seg.sector_size);
+    if r.choice == ResilienceChoice::Checksum {
         super::run::check_checksum_blocks(
             &cryptblk_format::luks2::Resilience::Checksum {
                 hash: String::new(),
@@ -274,48 +331,71 @@ pub fn init_decrypt_export(
             data_size,
         )?;
     }
-    // The new metadata first, in memory: a refused parameter writes nothing.
     let mut new_h = h.clone();
     new_h.begin_decrypt(
         &EncDecInit {
-            resilience: resilience(choice, hash, block),
+            resilience: resilience(r.choice, r.hash, block),
             shift: Some(shift),
             data_size,
-            digest_iterations,
+            digest_iterations: r.digest_iterations,
         },
         key.as_bytes(),
     )?;
-    let copy = |from: &dyn HeaderIo, src: u64, to: &dyn HeaderIo, dst: u64, what| {
-        let mut buf = vec![0u8; (4u64 << 20).min(shift) as usize];
-        let mut pos = 0u64;
-        while pos < shift {
-            let n = ((shift - pos) as usize).min(buf.len());
-            from.read_at(src + pos, &mut buf[..n])
-                .map_err(io_err("reading the device"))?;
-            to.write_at(dst + pos, &buf[..n]).map_err(io_err(what))?;
-            pos += n as u64;
-        }
-        to.sync().map_err(io_err(what))
-    };
-    copy(data, 0, export, 0, "exporting the LUKS2 header")?;
+    Ok(new_h)
+}
+
+/// Copies `len` bytes from `from` at `src` to `to` at `dst` in 4 MiB pieces, then syncs
+/// `to`.
+fn copy_range(
+    from: &dyn HeaderIo,
+    src: u64,
+    to: &dyn HeaderIo,
+    dst: u64,
+    len: u64,
+    what: &'static str,
+) -> Result<()> {
+    let mut buf = vec![0u8; (4u64 << 20).min(len) as usize];
+    let mut pos = 0u64;
+    while pos < len {
+        let n = ((len - pos) as usize).min(buf.len());
+        from.read_at(src + pos, &mut buf[..n])
+            .map_err(io_err("reading the device"))?;
+        to.write_at(dst + pos, &buf[..n]).map_err(io_err(what))?;
+        pos += n as u64;
+    }
+    to.sync().map_err(io_err(what))
+}
+
+/// The first step of [`init_decrypt_export`]: the header area of `h` (`[0, data
+/// offset)`) copied from `data` to `export` and synced, then the two LUKS2 magics on
+/// `data` wiped and synced. The data itself is not touched: `export` is a detached
+/// header of the same volume.
+pub fn export_header(h: &Luks2Header, data: &dyn HeaderIo, export: &dyn HeaderIo) -> Result<()> {
+    let shift = h.default_segment()?.offset;
+    copy_range(data, 0, export, 0, shift, "exporting the LUKS2 header")?;
     let zeros = [0u8; 6];
     for at in [0, h.metadata_size()] {
         data.write_at(at, &zeros)
             .map_err(io_err("wiping the LUKS2 signature"))?;
     }
-    data.sync().map_err(io_err("wiping the LUKS2 signature"))?;
-    copy(data, shift, data, 0, "moving the first data segment")?;
-    new_h.write_reencryption(export)?;
-    *h = new_h;
-    Ok(ReencryptKeys {
-        old: Some(key),
-        new: None,
-    })
+    data.sync().map_err(io_err("wiping the LUKS2 signature"))
+}
+
+/// Undoes [`export_header`] (a start that failed before the reencryption header was
+/// written): the header area copied back from `export` to `data` and synced.
+pub fn restore_exported_header(export: &dyn HeaderIo, data: &dyn HeaderIo, len: u64) -> Result<()> {
+    copy_range(export, 0, data, 0, len, "restoring the LUKS2 header")
+}
+
+/// The second step of [`init_decrypt_export`]: the first `shift` bytes of ciphertext
+/// (`[shift, 2 shift)`) copied to the device start (the moved segment) and synced.
+pub fn move_first_segment(data: &dyn HeaderIo, shift: u64) -> Result<()> {
+    copy_range(data, shift, data, 0, shift, "moving the first data segment")
 }
 
 /// The volume key the passphrase opens in `h` (keyslot `slot` when given), with
 /// cryptsetup's message for a wrong passphrase.
-fn unlock_old(
+pub fn unlock_old(
     h: &Luks2Header,
     header: &dyn HeaderIo,
     passphrase: &[u8],

@@ -99,11 +99,7 @@ pub(crate) fn online(
     // `--header H` names the detached header the daemon serves the volume with.
     let header = match &req.header {
         Some(h) if req.decrypt && !h.exists() => {
-            return Err(VolumeError::usage(
-                "online decryption exporting the header (--header NEW_FILE of an active \
-                 volume) is not supported by cryptblk yet; close the volume or use \
-                 --force-offline-reencrypt.",
-            ))
+            return online_decrypt_export(req, &st, input, h, &served_header, &data)
         }
         Some(h) if !same_file(h, &served_header) => {
             return Err(VolumeError::usage(format!(
@@ -196,6 +192,117 @@ pub(crate) fn online(
     )?;
     drop(keys);
     Ok(ReencryptOutcome::HandedToDaemon { name, header })
+}
+
+/// `reencrypt --decrypt --header NEW_FILE` of the served volume `st` whose header is on
+/// its data device `data`: the passphrase opens the volume key here; the daemon exports
+/// the header to `export`, moves the first data-offset bytes of ciphertext to the device
+/// start with I/O held and decrypts in the background, serving from `export` from then on
+/// (see [`super::online::start_decrypt_export`]).
+fn online_decrypt_export(
+    req: &ReencryptRequest,
+    st: &Status,
+    input: &mut dyn ReencryptInput,
+    export: &Path,
+    served_header: &Path,
+    data: &Path,
+) -> Result<ReencryptOutcome> {
+    let name = &st.name;
+    if !same_file(served_header, data) {
+        return Err(VolumeError::usage(format!(
+            "{name} is served with the detached header {}; --header names it, not a new file.",
+            served_header.display()
+        )));
+    }
+    if req.init_only || req.resume_only {
+        return Err(VolumeError::usage(
+            "--init-only and --resume-only with --header NEW_FILE of an active volume are \
+             not supported by cryptblk; decryption starts and runs online in one command.",
+        ));
+    }
+    if st.readonly {
+        return Err(VolumeError::usage(format!(
+            "Device {name} is active read-only; it cannot be reencrypted online."
+        )));
+    }
+    if st.suspended {
+        return Err(VolumeError::new(
+            ErrorClass::Busy,
+            format!("Volume {name} is suspended; resume it first."),
+        ));
+    }
+    let max_hotzone = req.max_hotzone()?;
+    let Volume::Luks2(h, file) = Volume::load(data, LuksType::Luks2, false)? else {
+        return Err(VolumeError::usage(
+            "LUKS1 decryption is not supported by cryptblk yet.",
+        ));
+    };
+    if h.reencryption_in_progress() {
+        return Err(VolumeError::usage(
+            "LUKS2 reencryption already initialized. Aborting operation.",
+        ));
+    }
+    super::encdec::check_decrypt_export(&h)?;
+    input.confirm(&format!(
+        "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
+         device {} and export LUKS2 header to file {}?",
+        export.display(),
+        data.display(),
+        export.display()
+    ))?;
+    let pass = input.secret(&format!("Enter passphrase for {}: ", data.display()))?;
+    let key = super::encdec::unlock_old(&h, &file, pass.as_bytes(), req.key_slot)?;
+    drop((pass, file));
+    let device_block = std::fs::File::open(data)
+        .map(|f| super::init::device_block_size(&f))
+        .unwrap_or(4096);
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(export)
+            .map_err(|e| {
+                VolumeError::device(format!(
+                    "Cannot create header file {}: {e}",
+                    export.display()
+                ))
+            })?;
+    }
+    let abs = std::fs::canonicalize(export)?;
+    let resilience = match req.resilience {
+        super::ResilienceChoice::Checksum => "checksum",
+        super::ResilienceChoice::Journal => "journal",
+        super::ResilienceChoice::None => "none",
+    };
+    let sent = control::request(
+        name,
+        &Request::DecryptExport {
+            key: key.to_hex().as_str().to_owned(),
+            export: abs.display().to_string(),
+            resilience: resilience.into(),
+            resilience_hash: req
+                .resilience_hash
+                .clone()
+                .unwrap_or_else(|| "sha256".into()),
+            max_hotzone,
+            device_block,
+        },
+    );
+    drop(key);
+    if let Err(e) = sent {
+        // The daemon restored the header when it could; an empty file it never used
+        // goes too.
+        if std::fs::metadata(&abs).is_ok_and(|m| m.len() == 0) {
+            let _ = std::fs::remove_file(&abs);
+        }
+        return Err(e);
+    }
+    Ok(ReencryptOutcome::HandedToDaemon {
+        name: name.clone(),
+        header: abs,
+    })
 }
 
 /// Follows the daemon's run of the served volume `name` to its end, reporting its progress.

@@ -24,8 +24,8 @@
 //!   or offline), with secrets and prompts from the caller's [`ReencryptInput`]; and
 //!   [`activate::mid_reencryption_plan`], the recovery-then-plan of `open` mid-reencryption.
 //!
-//! What is not here yet: starting online a decryption that exports an attached header
-//! (offline it is [`init_decrypt_export`]).
+//! A decryption that exports an attached header starts offline with
+//! [`init_decrypt_export`] and online with [`online::start_decrypt_export`].
 
 pub mod activate;
 pub mod encdec;
@@ -42,10 +42,14 @@ pub mod request;
 pub mod run;
 pub mod state;
 
-pub use encdec::{init_decrypt, init_decrypt_export, init_encrypt, EncryptParams};
+pub use encdec::{
+    init_decrypt, init_decrypt_export, init_encrypt, DecryptResilience, EncryptParams,
+};
 pub use init::{init, InitOutcome, InitParams, ResilienceChoice};
 pub use keys::{unlock_keys, ReencryptKeys};
-pub use online::{OnlineJob, OnlineRequest, ReencryptProgress, RunState};
+pub use online::{
+    start_decrypt_export, ExportRequest, OnlineJob, OnlineRequest, ReencryptProgress, RunState,
+};
 pub use operate::{offline_mode, reencrypt, wait_online};
 pub use read::read_plaintext;
 pub use repair::recover_hotzone;

@@ -552,6 +552,184 @@ impl Drop for OnlineJob {
     }
 }
 
+/// What an online decryption exporting the header on the data device starts with
+/// (cryptsetup's `reencrypt --decrypt --header NEW_FILE` of an active volume).
+pub struct ExportRequest {
+    /// The served (top) mapping.
+    pub name: String,
+    /// The data device, which holds the LUKS2 header.
+    pub device: PathBuf,
+    /// The new header file (created empty by the caller; absolute).
+    pub export: PathBuf,
+    /// The volume key.
+    pub key: cryptblk_cipher::SecretBytes,
+    /// Resilience of the hotzones and the digest's iterations.
+    pub resilience: super::encdec::DecryptResilience,
+    /// Hotzone size and device block.
+    pub opts: RunOptions,
+}
+
+/// Starts a decryption of the served volume `req.name` whose header is on its data device,
+/// exporting the header to `req.export`, as cryptsetup 2.6.1 does online (facts from its
+/// source): the header area copied to the new file and the device's LUKS2 magics wiped
+/// ([`super::encdec::export_header`]); the table of the reencryption state loaded; the
+/// volume suspended (requests in flight drain, new ones wait); the first data-offset bytes
+/// of ciphertext copied to the device start ([`super::encdec::move_first_segment`]) and
+/// the reencryption header written to the new file; the volume resumed on the new table
+/// (the old data's first bytes read from the moved copy, which no request could change
+/// while it was made). Then the steps run as for any online reencryption, with the new
+/// file as the (detached) header. A failure before the reencryption header is written
+/// puts the original header back on the device and removes the new file.
+pub fn start_decrypt_export(registry: Arc<Registry>, req: ExportRequest) -> Result<OnlineJob> {
+    let Volume::Luks2(h, file) = Volume::load(&req.device, LuksType::Luks2, true)? else {
+        return Err(VolumeError::usage("online decryption needs a LUKS2 header"));
+    };
+    crate::lock::lock_header(&file, true)
+        .map_err(|e| VolumeError::device(format!("cannot lock the header: {e}")))?;
+    if h.reencryption_in_progress() {
+        return Err(VolumeError::usage(
+            "LUKS2 reencryption already initialized. Aborting operation.",
+        ));
+    }
+    let dev_size = crate::device::device_size(&req.device)?;
+    let mut new_h = super::encdec::plan_decrypt_export(&h, dev_size, &req.key, &req.resilience)?;
+    let state = ReencryptState::of(&new_h)?
+        .ok_or_else(|| VolumeError::device("the decryption metadata was not made"))?;
+    let shift = state.previous.offset;
+    let keys = ReencryptKeys {
+        old: Some(req.key.clone()),
+        new: None,
+    };
+    let top = registry.get(&req.name).map_err(dm)?;
+    if top.info().suspended {
+        return Err(busy(format!(
+            "Volume {} is suspended; resume it first.",
+            req.name
+        )));
+    }
+    let live = TableSpec::parse(top.table(true).as_str()).map_err(dm)?;
+    let device = live
+        .lines
+        .first()
+        .and_then(|l| l.target.devices().first().map(|d| d.to_string()))
+        .ok_or_else(|| VolumeError::usage(format!("{} has an empty table", req.name)))?;
+    let flags = live
+        .crypt_lines()
+        .next()
+        .map_or_else(CryptFlags::default, |c| c.flags);
+    let end = state.logical_size(dev_size);
+    // What is served now: all of the data under the old key, in place.
+    let before_state = ReencryptState {
+        moved: None,
+        segments: vec![super::state::StateSegment {
+            offset: shift,
+            size: None,
+            side: Side::Old,
+            logical: 0,
+        }],
+        ..state.clone()
+    };
+    let before = Layout {
+        state: &before_state,
+        keys: &keys,
+        device: device.clone(),
+        flags,
+    }
+    .table(&state_pieces(&before_state, end)?, "")?;
+    if TableSpec::parse(&before).map_err(dm)? != live {
+        return Err(VolumeError::usage(format!(
+            "Mismatching parameters on device {}.",
+            req.name
+        )));
+    }
+    let after = Layout {
+        state: &state,
+        keys: &keys,
+        device,
+        flags,
+    }
+    .table(&state_pieces(&state, end)?, "")?;
+    let export = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&req.export)
+        .map_err(|e| {
+            VolumeError::device(format!(
+                "Cannot open header file {}: {e}",
+                req.export.display()
+            ))
+        })?;
+    // Header writers wait for the run: this one from the export on.
+    crate::lock::lock_header(&export, true)
+        .map_err(|e| VolumeError::device(format!("cannot lock the header: {e}")))?;
+    let undo = |e: VolumeError| -> VolumeError {
+        // Nothing names the reencryption yet: the original header goes back, and the
+        // export with it (as cryptsetup restores it).
+        match super::encdec::restore_exported_header(&export, &file, shift) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&req.export);
+                e
+            }
+            Err(r) => VolumeError::new(
+                e.code,
+                format!(
+                    "{}; restoring the original header failed too ({}): the header is \
+                     in {}",
+                    e.message,
+                    r.message,
+                    req.export.display()
+                ),
+            ),
+        }
+    };
+    super::encdec::export_header(&h, &file, &export).map_err(undo)?;
+    registry
+        .reload(&req.name, &after)
+        .map_err(|e| undo(dm(e)))?;
+    let held = (|| -> Result<()> {
+        top.suspend().map_err(dm)?;
+        super::encdec::move_first_segment(&file, shift)?;
+        Ok(())
+    })();
+    if let Err(e) = held {
+        // Back to the table that was served, over the data as it was.
+        let _ = registry.reload(&req.name, &before);
+        let _ = top.resume();
+        return Err(undo(e));
+    }
+    if let Err(e) = new_h.write_reencryption(&export) {
+        // The header may be half written, so neither table is known to be right: like
+        // cryptsetup, fail the volume's I/O (an error table) rather than serve either.
+        let e: VolumeError = e.into();
+        let table = TableSpec::single(end / 512, ErrorConfig).to_text(false);
+        let _ = registry.reload(&req.name, &table);
+        let _ = top.resume();
+        return Err(VolumeError::new(
+            e.code,
+            format!(
+                "writing the reencryption header to {} failed ({}); close the volume and \
+                 run repair on that header",
+                req.export.display(),
+                e.message
+            ),
+        ));
+    }
+    top.resume().map_err(dm)?;
+    drop((export, file));
+    OnlineJob::start(
+        registry,
+        OnlineRequest {
+            name: req.name,
+            header: req.export,
+            data: Some(req.device),
+            keys,
+            opts: req.opts,
+            // The live table's crypt line had them; every later table keeps them.
+            flags: Some(flags),
+        },
+    )
+}
+
 /// How far a failed step got, which decides what the held hotzone may serve afterwards.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
