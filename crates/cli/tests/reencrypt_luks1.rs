@@ -732,8 +732,11 @@ fn rekey_holds_the_plaintext_block_in_locked_memory() {
         .current_dir(lab.dir.path())
         .spawn()
         .unwrap();
-    // strace's child running cryptblk (strace first forks short-lived probes of its own).
+    // strace's child running cryptblk. strace first forks short-lived probes of its own,
+    // and its child runs as strace until the exec: those share strace's command line (which
+    // names "reencrypt" too), so only a child whose argv[0] is cryptblk's binary counts.
     let children = format!("/proc/{0}/task/{0}/children", child.id());
+    let bin = env!("CARGO_BIN_EXE_cryptblk").as_bytes();
     let start = std::time::Instant::now();
     let pid: u32 = loop {
         let found = std::fs::read_to_string(&children)
@@ -742,7 +745,7 @@ fn rekey_holds_the_plaintext_block_in_locked_memory() {
             .filter_map(|p| p.parse::<u32>().ok())
             .find(|p| {
                 std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.windows(9).any(|w| w == b"reencrypt"))
+                    .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(bin))
             });
         if let Some(p) = found {
             break p;
