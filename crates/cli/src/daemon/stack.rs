@@ -173,14 +173,10 @@ impl Stack {
         })
     }
 
-    /// Starts an online reencryption of the top mapping (see
-    /// [`cryptblk_volume::reencrypt::online`]); refused while one runs.
-    pub(super) fn start_reencryption(
-        &self,
-        keys: ReencryptKeys,
-        opts: RunOptions,
-    ) -> Result<(), Failure> {
-        let mut job = self.reencryption.lock().unwrap_or_else(|e| e.into_inner());
+    /// The reencryption slot, locked, when a new run may start: none runs (exit 5 otherwise)
+    /// and the volume is writable (exit 1).
+    fn idle_reencryption(&self) -> Result<std::sync::MutexGuard<'_, Option<OnlineJob>>, Failure> {
+        let job = self.reencryption.lock().unwrap_or_else(|e| e.into_inner());
         if job.as_ref().is_some_and(|j| j.is_running()) {
             return Err(Failure::new(
                 ExitCode::Busy,
@@ -193,6 +189,17 @@ impl Stack {
                 self.spec.name
             )));
         }
+        Ok(job)
+    }
+
+    /// Starts an online reencryption of the top mapping (see
+    /// [`cryptblk_volume::reencrypt::online`]); refused while one runs.
+    pub(super) fn start_reencryption(
+        &self,
+        keys: ReencryptKeys,
+        opts: RunOptions,
+    ) -> Result<(), Failure> {
+        let mut job = self.idle_reencryption()?;
         let device = self.spec.info["device"].as_str();
         let header = self.header();
         let header = header
@@ -236,19 +243,7 @@ impl Stack {
         resilience: cryptblk_volume::reencrypt::DecryptResilience,
         opts: RunOptions,
     ) -> Result<(), Failure> {
-        let mut job = self.reencryption.lock().unwrap_or_else(|e| e.into_inner());
-        if job.as_ref().is_some_and(|j| j.is_running()) {
-            return Err(Failure::new(
-                ExitCode::Busy,
-                format!("Device {} is already being reencrypted.", self.spec.name),
-            ));
-        }
-        if self.spec.readonly {
-            return Err(Failure::usage(format!(
-                "Device {} is active read-only; it cannot be reencrypted online.",
-                self.spec.name
-            )));
-        }
+        let mut job = self.idle_reencryption()?;
         let device = self.spec.info["device"]
             .as_str()
             .ok_or_else(|| Failure::usage(format!("{} has no data device", self.spec.name)))?;

@@ -63,6 +63,24 @@ pub fn served_volume(device: Option<&Path>, active: Option<&str>) -> Result<Opti
     Ok(None)
 }
 
+/// Refuses a served volume that cannot be reencrypted online now: active read-only (exit 1)
+/// or suspended (exit 5).
+fn writable_and_running(st: &Status) -> Result<()> {
+    let name = &st.name;
+    if st.readonly {
+        return Err(VolumeError::usage(format!(
+            "Device {name} is active read-only; it cannot be reencrypted online."
+        )));
+    }
+    if st.suspended {
+        return Err(VolumeError::new(
+            ErrorClass::Busy,
+            format!("Volume {name} is suspended; resume it first."),
+        ));
+    }
+    Ok(())
+}
+
 /// Online reencryption of the served volume `st`: the header work (new keyslots and the
 /// reencryption metadata, or unlocking both keys to resume) happens here, under the header
 /// lock; then the daemon is handed both keys and runs the steps while it serves.
@@ -116,17 +134,7 @@ pub(crate) fn online(
             "LUKS2 decryption requires --header option.",
         ));
     }
-    if st.readonly {
-        return Err(VolumeError::usage(format!(
-            "Device {name} is active read-only; it cannot be reencrypted online."
-        )));
-    }
-    if st.suspended {
-        return Err(VolumeError::new(
-            ErrorClass::Busy,
-            format!("Volume {name} is suspended; resume it first."),
-        ));
-    }
+    writable_and_running(&st)?;
     let max_hotzone = req.max_hotzone()?;
     let Volume::Luks2(mut h, file) = Volume::load(&header, LuksType::Luks2, true)? else {
         return Err(VolumeError::usage("reencryption needs a LUKS2 header"));
@@ -220,17 +228,7 @@ fn online_decrypt_export(
              not supported by cryptblk; decryption starts and runs online in one command.",
         ));
     }
-    if st.readonly {
-        return Err(VolumeError::usage(format!(
-            "Device {name} is active read-only; it cannot be reencrypted online."
-        )));
-    }
-    if st.suspended {
-        return Err(VolumeError::new(
-            ErrorClass::Busy,
-            format!("Volume {name} is suspended; resume it first."),
-        ));
-    }
+    writable_and_running(st)?;
     let max_hotzone = req.max_hotzone()?;
     let Volume::Luks2(h, file) = Volume::load(data, LuksType::Luks2, false)? else {
         return Err(VolumeError::usage(
@@ -243,33 +241,13 @@ fn online_decrypt_export(
         ));
     }
     super::encdec::check_decrypt_export(&h)?;
-    input.confirm(&format!(
-        "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
-         device {} and export LUKS2 header to file {}?",
-        export.display(),
-        data.display(),
-        export.display()
-    ))?;
-    let pass = input.secret(&format!("Enter passphrase for {}: ", data.display()))?;
+    let pass = super::operate::confirm_export(input, data, export)?;
     let key = super::encdec::unlock_old(&h, &file, pass.as_bytes(), req.key_slot)?;
     drop((pass, file));
     let device_block = std::fs::File::open(data)
         .map(|f| super::init::device_block_size(&f))
         .unwrap_or(4096);
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(export)
-            .map_err(|e| {
-                VolumeError::device(format!(
-                    "Cannot create header file {}: {e}",
-                    export.display()
-                ))
-            })?;
-    }
+    drop(super::operate::create_export_file(export)?);
     let abs = std::fs::canonicalize(export)?;
     let resilience = match req.resilience {
         super::ResilienceChoice::Checksum => "checksum",

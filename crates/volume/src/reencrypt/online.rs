@@ -35,7 +35,8 @@ use crate::error::{ErrorClass, Result, VolumeError};
 use crate::luks::{LuksType, Volume};
 use crate::progress::NoProgress;
 use cryptblk_dm::{
-    CryptConfig, CryptFlags, CryptKey, ErrorConfig, LinearConfig, Registry, TableSpec, TargetSpec,
+    CryptConfig, CryptFlags, CryptKey, ErrorConfig, LinearConfig, Mapping, Registry, TableSpec,
+    TargetSpec,
 };
 use cryptblk_format::luks2::{Luks2Header, ReencryptDirection, Resilience};
 use serde::{Deserialize, Serialize};
@@ -390,6 +391,24 @@ struct Worker {
     shared: Arc<Shared>,
 }
 
+/// The served mapping `name` (refused while suspended: exit 5), its live table and the
+/// device its first line maps, which every table of a run maps too.
+fn live_volume(registry: &Registry, name: &str) -> Result<(Arc<Mapping>, TableSpec, String)> {
+    let top = registry.get(name).map_err(dm)?;
+    if top.info().suspended {
+        return Err(busy(format!(
+            "Volume {name} is suspended; resume it first."
+        )));
+    }
+    let live = TableSpec::parse(top.table(true).as_str()).map_err(dm)?;
+    let device = live
+        .lines
+        .first()
+        .and_then(|l| l.target.devices().first().map(|d| d.to_string()))
+        .ok_or_else(|| VolumeError::usage(format!("{name} has an empty table")))?;
+    Ok((top, live, device))
+}
+
 fn busy(msg: impl Into<String>) -> VolumeError {
     VolumeError::new(ErrorClass::Busy, msg)
 }
@@ -443,19 +462,7 @@ impl OnlineJob {
         let end = run::data_end(&state, data.as_ref().unwrap_or(&file))?;
         run::check_checksum_blocks(&state.keyslot.resilience, end)?;
         let hotzone = run::hotzone_length(&state, &req.opts)?;
-        let top = registry.get(&req.name).map_err(dm)?;
-        if top.info().suspended {
-            return Err(busy(format!(
-                "Volume {} is suspended; resume it first.",
-                req.name
-            )));
-        }
-        let live = TableSpec::parse(top.table(true).as_str()).map_err(dm)?;
-        let device = live
-            .lines
-            .first()
-            .and_then(|l| l.target.devices().first().map(|d| d.to_string()))
-            .ok_or_else(|| VolumeError::usage(format!("{} has an empty table", req.name)))?;
+        let (top, live, device) = live_volume(&registry, &req.name)?;
         // cryptsetup keeps the dm device's activation flags across its table reloads; an
         // all-linear table (encryption not begun) cannot hold them, so open recorded them.
         let flags = live
@@ -600,19 +607,7 @@ pub fn start_decrypt_export(registry: Arc<Registry>, req: ExportRequest) -> Resu
         old: Some(req.key.clone()),
         new: None,
     };
-    let top = registry.get(&req.name).map_err(dm)?;
-    if top.info().suspended {
-        return Err(busy(format!(
-            "Volume {} is suspended; resume it first.",
-            req.name
-        )));
-    }
-    let live = TableSpec::parse(top.table(true).as_str()).map_err(dm)?;
-    let device = live
-        .lines
-        .first()
-        .and_then(|l| l.target.devices().first().map(|d| d.to_string()))
-        .ok_or_else(|| VolumeError::usage(format!("{} has an empty table", req.name)))?;
+    let (top, live, device) = live_volume(&registry, &req.name)?;
     let flags = live
         .crypt_lines()
         .next()

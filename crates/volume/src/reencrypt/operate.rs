@@ -556,29 +556,8 @@ fn decrypt_export(
             "LUKS2 reencryption already initialized. Aborting operation.",
         ));
     }
-    input.confirm(&format!(
-        "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
-         device {} and export LUKS2 header to file {}?",
-        export.display(),
-        device.display(),
-        export.display()
-    ))?;
-    let pass = input.secret(&device_prompt(device))?;
-    let file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(export)
-            .map_err(|e| {
-                VolumeError::device(format!(
-                    "Cannot create header file {}: {e}",
-                    export.display()
-                ))
-            })?
-    };
+    let pass = confirm_export(input, device, export)?;
+    let file = create_export_file(export)?;
     let keys = match super::init_decrypt_export(
         &mut h,
         &data,
@@ -747,4 +726,39 @@ fn luks1_rekey(
         run,
         init: None,
     })
+}
+
+/// `--decrypt --header NEW_FILE` of an attached header: cryptsetup's question (a "no" aborts),
+/// then the passphrase of `device`.
+pub(crate) fn confirm_export(
+    input: &mut dyn ReencryptInput,
+    device: &Path,
+    export: &Path,
+) -> Result<SecretBytes> {
+    input.confirm(&format!(
+        "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
+         device {} and export LUKS2 header to file {}?",
+        export.display(),
+        device.display(),
+        export.display()
+    ))?;
+    input.secret(&device_prompt(device))
+}
+
+/// The new header file of an export: created (never an existing file), readable by its
+/// owner only, as cryptsetup creates it.
+pub(crate) fn create_export_file(export: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(export)
+        .map_err(|e| {
+            VolumeError::device(format!(
+                "Cannot create header file {}: {e}",
+                export.display()
+            ))
+        })
 }
