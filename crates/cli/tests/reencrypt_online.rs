@@ -210,17 +210,12 @@ fn daemon_killed_mid_run_is_finished_by_cryptsetup_and_cryptblk() {
         std::fs::copy(&base, &img).unwrap();
         let sock = lab.path("nbd.sock");
         let served = open_nbd(&img, &lab.key, name, &sock, &[]);
-        let pid = status(name)["pid"].as_u64().unwrap() as i32;
         let resilience = ["checksum", "journal", "checksum"][i];
         // 512 steps: the run must not end between the status that triggers the kill and
         // the kill itself (on a loaded machine the test may wait that long for a CPU).
-        let re = spawn_captured(
-            lab.reencrypt(&["--hotzone-size", "64k", "--resilience", resilience])
-                .arg(&img),
-        );
-        kill_daemon_at(name, pid, at, re);
-        drop(served);
-        let _ = std::fs::remove_file(&sock);
+        let mut cmd = lab.reencrypt(&["--hotzone-size", "64k", "--resilience", resilience]);
+        cmd.arg(&img);
+        kill_served_run(name, served, &sock, &mut cmd, at, &img);
         kills += 1;
         let dump = run_ok(cryptsetup().unwrap().arg("luksDump").arg(&img), b"");
         assert!(dump.contains("online-reencrypt"), "{dump}");

@@ -68,42 +68,7 @@ impl Attached {
     /// Finishes the decryption with `cryptsetup reencrypt --resume-only` (offline), after
     /// `cryptsetup repair` where the resume asks for it.
     fn finish_by_cryptsetup(&self, lab: &KeyLab) {
-        let resume = || {
-            run(
-                cryptsetup()
-                    .unwrap()
-                    .args(["reencrypt", "--batch-mode", "--resume-only"])
-                    .args(["--force-offline-reencrypt", "--header"])
-                    .arg(&self.hdr)
-                    .arg("--key-file")
-                    .arg(&lab.key)
-                    .arg(&self.img),
-                b"",
-            )
-        };
-        let out = resume();
-        if out.status.success() {
-            return;
-        }
-        run_ok(
-            cryptsetup()
-                .unwrap()
-                .args(["repair", "--batch-mode", "--header"])
-                .arg(&self.hdr)
-                .arg("--key-file")
-                .arg(&lab.key)
-                .arg(&self.img),
-            b"",
-        );
-        if in_progress(&self.hdr) {
-            let out = resume();
-            assert!(
-                out.status.success(),
-                "cryptsetup resume after repair: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        assert!(!in_progress(&self.hdr), "cryptsetup left it unfinished");
+        finish_by_cryptsetup(&lab.key, Some(&self.hdr), &self.img);
     }
 
     /// The first `DATA` bytes of the device (where a finished decryption's plaintext is).
@@ -327,12 +292,7 @@ fn killed_attached_decryptions_are_finished_by_cryptsetup() {
         let v = base.copy(&lab, "cut");
         let sock = lab.path("nbd.sock");
         let served = open_nbd(&v.img, &lab.key, name, &sock, &[]);
-        let pid = status(name)["pid"].as_u64().unwrap() as i32;
-        let re = spawn_captured(&mut v.decrypt_cmd(&lab));
-        kill_daemon_at(name, pid, at, re);
-        drop(served);
-        let _ = std::fs::remove_file(&sock);
-        assert!(in_progress(&v.hdr), "killed at {at}: not mid-reencryption");
+        kill_served_run(name, served, &sock, &mut v.decrypt_cmd(&lab), at, &v.hdr);
         let c = v.copy(&lab, "cb");
         if json_of(&c.hdr)
             .unwrap()

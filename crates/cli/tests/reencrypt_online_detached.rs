@@ -60,41 +60,7 @@ impl Detached {
     /// Finishes the reencryption with `cryptsetup reencrypt --resume-only` (offline),
     /// after `cryptsetup repair` where the resume asks for it.
     fn finish_by_cryptsetup(&self, lab: &KeyLab) {
-        let resume = || {
-            run(
-                cryptsetup()
-                    .unwrap()
-                    .args(["reencrypt", "--batch-mode", "--resume-only"])
-                    .args(["--force-offline-reencrypt", "--header"])
-                    .arg(&self.hdr)
-                    .arg("--key-file")
-                    .arg(&lab.key)
-                    .arg(&self.data),
-                b"",
-            )
-        };
-        let out = resume();
-        if out.status.success() {
-            return;
-        }
-        run_ok(
-            cryptsetup()
-                .unwrap()
-                .args(["repair", "--batch-mode", "--header"])
-                .arg(&self.hdr)
-                .arg("--key-file")
-                .arg(&lab.key)
-                .arg(&self.data),
-            b"",
-        );
-        if in_progress(&self.hdr) {
-            let out = resume();
-            assert!(
-                out.status.success(),
-                "cryptsetup resume after repair: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        finish_by_cryptsetup(&lab.key, Some(&self.hdr), &self.data);
     }
 
     /// The data device decrypted by the independent model with the volume key, cipher and
@@ -308,16 +274,13 @@ fn killed_detached_runs_are_finished_by_cryptsetup() {
         let v = base.copy(&lab, "cut");
         let sock = lab.path("nbd.sock");
         let served = v.open(&lab, name, &sock);
-        let pid = status(name)["pid"].as_u64().unwrap() as i32;
         let mut args = vec!["--hotzone-size", "64k", "--header", v.hdr_arg()];
         if decrypt {
             args.push("--decrypt");
         }
-        let re = spawn_captured(lab.reencrypt(&args).arg(&v.data));
-        kill_daemon_at(name, pid, at, re);
-        drop(served);
-        let _ = std::fs::remove_file(&sock);
-        assert!(in_progress(&v.hdr), "killed at {at}: not mid-reencryption");
+        let mut cmd = lab.reencrypt(&args);
+        cmd.arg(&v.data);
+        kill_served_run(name, served, &sock, &mut cmd, at, &v.hdr);
         // cryptblk opens a copy (recovering a cut hotzone from the detached header's
         // resilience data first) and serves the data.
         let c = v.copy(&lab, "cb");

@@ -47,41 +47,6 @@ fn initialised(lab: &KeyLab, name: &str, size: usize) -> (PathBuf, Vec<u8>) {
     (dev, pattern)
 }
 
-/// Finishes the encryption of `dev` with `cryptsetup reencrypt --resume-only`, after
-/// `repair` where it asks.
-fn finish_by_cryptsetup(lab: &KeyLab, dev: &Path) {
-    let resume = || {
-        run(
-            cryptsetup()
-                .unwrap()
-                .args(["reencrypt", "--batch-mode", "--resume-only"])
-                .args(["--force-offline-reencrypt", "--key-file"])
-                .arg(&lab.key)
-                .arg(dev),
-            b"",
-        )
-    };
-    if resume().status.success() {
-        return;
-    }
-    run_ok(
-        cryptsetup()
-            .unwrap()
-            .args(["repair", "--batch-mode", "--key-file"])
-            .arg(&lab.key)
-            .arg(dev),
-        b"",
-    );
-    if in_progress(dev) {
-        let out = resume();
-        assert!(
-            out.status.success(),
-            "cryptsetup resume after repair: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
 /// The first `len` bytes of data of the finished `dev` decrypted by the independent model
 /// with cryptsetup's volume key (cryptsetup must accept the header as finished).
 fn independent_plaintext(lab: &KeyLab, dev: &Path, len: usize) -> Vec<u8> {
@@ -125,7 +90,7 @@ fn datashift_encryption_online_under_fio_close_resume_reopen() {
     // cryptsetup finishes a copy of the closed volume with the data the export served.
     let copy = lab.path("cs.img");
     std::fs::copy(&dev, &copy).unwrap();
-    finish_by_cryptsetup(&lab, &copy);
+    finish_by_cryptsetup(&lab.key, None, &copy);
     assert!(
         independent_plaintext(&lab, &copy, pattern.len()) == at_close,
         "cryptsetup's resume of the closed encryption lost data"
@@ -178,13 +143,10 @@ fn killed_online_encryption_is_finished_by_cryptsetup() {
         std::fs::copy(&base, &dev).unwrap();
         let sock = lab.path("nbd.sock");
         let served = open_nbd(&dev, &lab.key, name, &sock, &[]);
-        let pid = status(name)["pid"].as_u64().unwrap() as i32;
-        let re = spawn_captured(lab.reencrypt(&["--resume-only"]).arg(&dev));
-        kill_daemon_at(name, pid, at, re);
-        drop(served);
-        let _ = std::fs::remove_file(&sock);
-        assert!(in_progress(&dev), "killed at {at}: not mid-encryption");
-        finish_by_cryptsetup(&lab, &dev);
+        let mut cmd = lab.reencrypt(&["--resume-only"]);
+        cmd.arg(&dev);
+        kill_served_run(name, served, &sock, &mut cmd, at, &dev);
+        finish_by_cryptsetup(&lab.key, None, &dev);
         assert!(
             independent_plaintext(&lab, &dev, pattern.len()) == pattern,
             "killed at {at}, finished by cryptsetup: data lost"

@@ -132,6 +132,61 @@ pub fn in_progress(img: &Path) -> bool {
     json_of(img).is_some_and(|j| !j["config"]["requirements"].is_null())
 }
 
+/// Starts `reencrypt` (`cmd`) on the volume `name` that `served` serves on `sock`,
+/// SIGKILLs its daemon at the fraction `at` of the run ([`kill_daemon_at`]), then drops the
+/// volume and its socket and checks that `header` was left mid-reencryption.
+pub fn kill_served_run(
+    name: &str,
+    served: Served,
+    sock: &Path,
+    cmd: &mut Command,
+    at: f64,
+    header: &Path,
+) {
+    let pid = status(name)["pid"].as_u64().unwrap() as i32;
+    let re = spawn_captured(cmd);
+    kill_daemon_at(name, pid, at, re);
+    drop(served);
+    let _ = std::fs::remove_file(sock);
+    assert!(in_progress(header), "killed at {at}: not mid-reencryption");
+}
+
+/// Finishes the reencryption of `device` (its header in `header`, or on the device when
+/// `None`) with `cryptsetup reencrypt --resume-only` (offline), after `cryptsetup repair`
+/// where the resume asks for it; fails unless cryptsetup leaves it finished.
+pub fn finish_by_cryptsetup(key: &Path, header: Option<&Path>, device: &Path) {
+    let with_header = |c: &mut Command| {
+        if let Some(h) = header {
+            c.arg("--header").arg(h);
+        }
+        c.arg("--key-file").arg(key).arg(device);
+    };
+    let resume = || {
+        let mut c = cryptsetup().unwrap();
+        c.args(["reencrypt", "--batch-mode", "--resume-only"])
+            .arg("--force-offline-reencrypt");
+        with_header(&mut c);
+        run(&mut c, b"")
+    };
+    if resume().status.success() {
+        return;
+    }
+    let mut repair = cryptsetup().unwrap();
+    repair.args(["repair", "--batch-mode"]);
+    with_header(&mut repair);
+    run_ok(&mut repair, b"");
+    let hdr = header.unwrap_or(device);
+    if in_progress(hdr) {
+        let out = resume();
+        assert!(
+            out.status.success(),
+            "cryptsetup resume after repair: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(!in_progress(hdr), "cryptsetup left it unfinished");
+}
+
 /// The data area of `img` decrypted by the independent model with the volume key, cipher
 /// and segment cryptsetup reports: `(volume key hex, plaintext)`. cryptsetup must accept
 /// the header and the key file.
