@@ -3,8 +3,9 @@
 //! resilience data first (its data rewritten under the new key, the header of the finished
 //! step written), then the plan of a table of both segments.
 
-use super::operate::{open_rw, resume_keys};
+use super::operate::open_rw;
 use super::request::{load, ReencryptInput, ReencryptRequest};
+use super::start::resume_keys;
 use super::ReencryptState;
 use crate::activation::Activation;
 use crate::error::{Result, VolumeError};

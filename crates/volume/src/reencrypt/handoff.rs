@@ -4,8 +4,8 @@
 //! to the daemon (`Request::Reencrypt`), and following its run ([`wait_online`]). The
 //! daemon's side is [`super::online`].
 
-use super::operate::{resume_keys, start_decrypt, start_rekey};
 use super::request::{OnlineFinish, ReencryptInput, ReencryptOutcome, ReencryptRequest};
+use super::start::{confirm_export, create_export_file, resume_keys, start_decrypt, start_rekey};
 use super::{ReencryptKeys, RunState};
 use crate::control::{self, Request, Status};
 use crate::error::{ErrorClass, Result, VolumeError};
@@ -241,13 +241,13 @@ fn online_decrypt_export(
         ));
     }
     super::encdec::check_decrypt_export(&h)?;
-    let pass = super::operate::confirm_export(input, data, export)?;
+    let pass = confirm_export(input, data, export)?;
     let key = super::encdec::unlock_old(&h, &file, pass.as_bytes(), req.key_slot)?;
     drop((pass, file));
     let device_block = std::fs::File::open(data)
         .map(|f| super::init::device_block_size(&f))
         .unwrap_or(4096);
-    drop(super::operate::create_export_file(export)?);
+    drop(create_export_file(export)?);
     let abs = std::fs::canonicalize(export)?;
     let resilience = match req.resilience {
         super::ResilienceChoice::Checksum => "checksum",

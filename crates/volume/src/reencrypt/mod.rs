@@ -40,6 +40,7 @@ pub mod recovery;
 pub mod repair;
 pub mod request;
 pub mod run;
+mod start;
 pub mod state;
 
 pub use encdec::{
