@@ -392,26 +392,11 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             device_block,
         } => {
             // "" is a key the data no longer needs (the old one at the very end).
-            let key = |hex: &str| -> Result<Option<SecretBytes>, Response> {
-                if hex.is_empty() {
-                    return Ok(None);
-                }
-                let mut k = SecretBytes::zeroed(hex.len() / 2);
-                hex::decode_to_slice(hex, k.as_mut_bytes()).map_err(|_| {
-                    Response::error(ExitCode::WrongParameters, "malformed volume key")
-                })?;
-                Ok(Some(k))
-            };
-            let keys = match (key(old_key), key(new_key)) {
+            let keys = match (hex_key(old_key), hex_key(new_key)) {
                 (Ok(old), Ok(new)) => ReencryptKeys { old, new },
                 (Err(r), _) | (_, Err(r)) => return r,
             };
-            let opts = RunOptions {
-                max_hotzone: *max_hotzone,
-                device_block: (*device_block).max(512),
-                chunk: None,
-            };
-            match stack.start_reencryption(keys, opts) {
+            match stack.start_reencryption(keys, run_options(*max_hotzone, *device_block)) {
                 Ok(()) => Response::Done,
                 Err(f) => Response::error(f.code, f.message),
             }
@@ -429,11 +414,7 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
             export,
             resilience,
             resilience_hash,
-            RunOptions {
-                max_hotzone: *max_hotzone,
-                device_block: (*device_block).max(512),
-                chunk: None,
-            },
+            run_options(*max_hotzone, *device_block),
         ),
         Request::Suspend => match mapping.suspend() {
             Ok(()) => Response::Done,
@@ -552,15 +533,13 @@ fn decrypt_export(
 ) -> Response {
     use cryptblk_volume::reencrypt::{DecryptResilience, ResilienceChoice};
     let bad = |m: &str| Response::error(ExitCode::WrongParameters, m);
-    let mut k = SecretBytes::zeroed(key.len() / 2);
-    if key.is_empty() || hex::decode_to_slice(key, k.as_mut_bytes()).is_err() {
-        return bad("malformed volume key");
-    }
-    let choice = match resilience {
-        "checksum" => ResilienceChoice::Checksum,
-        "journal" => ResilienceChoice::Journal,
-        "none" => ResilienceChoice::None,
-        _ => return bad("unknown resilience"),
+    let k = match hex_key(key) {
+        Ok(Some(k)) => k,
+        Ok(None) => return bad("malformed volume key"),
+        Err(r) => return r,
+    };
+    let Some(choice) = ResilienceChoice::from_name(resilience) else {
+        return bad("unknown resilience");
     };
     let Ok(hash) = cryptblk_cipher::hash::HashAlgorithm::from_name(hash) else {
         return bad("unknown resilience hash");
@@ -578,5 +557,26 @@ fn decrypt_export(
     match stack.start_decrypt_export(k, export, r, opts) {
         Ok(()) => Response::Done,
         Err(f) => Response::error(f.code, f.message),
+    }
+}
+
+/// A volume key sent in hex: `None` for "" (a key the data no longer needs), an error
+/// response for anything that is not hex.
+fn hex_key(hex: &str) -> Result<Option<SecretBytes>, Response> {
+    if hex.is_empty() {
+        return Ok(None);
+    }
+    let mut k = SecretBytes::zeroed(hex.len() / 2);
+    hex::decode_to_slice(hex, k.as_mut_bytes())
+        .map_err(|_| Response::error(ExitCode::WrongParameters, "malformed volume key"))?;
+    Ok(Some(k))
+}
+
+/// The run options a reencryption request carries (a device block under 512 is 512).
+fn run_options(max_hotzone: Option<u64>, device_block: u32) -> RunOptions {
+    RunOptions {
+        max_hotzone,
+        device_block: device_block.max(512),
+        chunk: None,
     }
 }

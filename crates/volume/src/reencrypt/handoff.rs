@@ -249,17 +249,12 @@ fn online_decrypt_export(
         .unwrap_or(4096);
     drop(create_export_file(export)?);
     let abs = std::fs::canonicalize(export)?;
-    let resilience = match req.resilience {
-        super::ResilienceChoice::Checksum => "checksum",
-        super::ResilienceChoice::Journal => "journal",
-        super::ResilienceChoice::None => "none",
-    };
     let sent = control::request(
         name,
         &Request::DecryptExport {
             key: key.to_hex().as_str().to_owned(),
             export: abs.display().to_string(),
-            resilience: resilience.into(),
+            resilience: req.resilience.name().into(),
             resilience_hash: req
                 .resilience_hash
                 .clone()

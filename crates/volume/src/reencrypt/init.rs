@@ -37,6 +37,24 @@ pub enum ResilienceChoice {
     Journal,
 }
 
+impl ResilienceChoice {
+    /// The `--resilience` word (also how the control protocol names it).
+    pub fn name(self) -> &'static str {
+        match self {
+            ResilienceChoice::None => "none",
+            ResilienceChoice::Checksum => "checksum",
+            ResilienceChoice::Journal => "journal",
+        }
+    }
+
+    /// The choice a `--resilience` word names.
+    pub fn from_name(name: &str) -> Option<ResilienceChoice> {
+        [Self::None, Self::Checksum, Self::Journal]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+}
+
 /// Parameters of a new re-key.
 #[derive(Clone, Debug)]
 pub struct InitParams {
@@ -282,4 +300,23 @@ pub fn device_block_size(file: &std::fs::File) -> u32 {
         return ss as u32;
     }
     page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ResilienceChoice;
+
+    #[test]
+    fn resilience_words_round_trip_and_unknown_ones_are_refused() {
+        for (word, c) in [
+            ("none", ResilienceChoice::None),
+            ("checksum", ResilienceChoice::Checksum),
+            ("journal", ResilienceChoice::Journal),
+        ] {
+            assert_eq!(c.name(), word);
+            assert_eq!(ResilienceChoice::from_name(word), Some(c));
+        }
+        assert_eq!(ResilienceChoice::from_name("datashift"), None);
+        assert_eq!(ResilienceChoice::from_name("Checksum"), None);
+    }
 }
