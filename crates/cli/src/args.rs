@@ -513,8 +513,9 @@ pub enum Action {
         device: PathBuf,
     },
     /// Re-encrypt a LUKS2 volume under a new volume key (optionally a new --cipher,
-    /// --key-size, --sector-size), online when it is served, or resume a reencryption
-    /// either tool began.
+    /// --key-size, --sector-size; LUKS1 offline), encrypt a plain device (--encrypt) or
+    /// decrypt a volume (--decrypt) in place, online when it is served, or resume a
+    /// reencryption either tool began.
     #[command(name = "reencrypt")]
     Reencrypt {
         /// Device (or the name of the served volume; see --active-name).
