@@ -53,6 +53,7 @@ pub mod fuse;
 pub mod nbd;
 #[cfg(feature = "ublk")]
 pub mod ublk;
+pub mod unix_socket;
 pub mod vhost_user;
 
 pub use aligned::AlignedIo;

@@ -90,7 +90,8 @@ fn bind_control(name: &str) -> Result<(PathBuf, UnixListener), Failure> {
         ));
     }
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)
+    // Mode 0600 from the first instant (the runtime directory may be group-searchable).
+    let listener = cryptblk_export::unix_socket::bind_owner_only(&path)
         .map_err(|e| Failure::device(format!("cannot bind {}: {e}", path.display())))?;
     Ok((path, listener))
 }

@@ -649,3 +649,53 @@ pub fn as_nobody(rt: &Path) -> Command {
     .env("CRYPTBLK_RUNTIME_DIR", rt);
     c
 }
+
+/// Panics unless the tests run as root: a security test that needs root must fail, never
+/// pass without having checked anything (`why` says what it needs root for).
+pub fn require_root(why: &str) {
+    assert!(
+        is_root(),
+        "this security test needs root ({why}); run the suite as root, it does not skip"
+    );
+}
+
+/// The name of the ordinary user security tests act as ([`other_user`]).
+pub const OTHER_USER: &str = "cryptblk-test-other";
+
+/// The uid and gid of [`OTHER_USER`], a system user without a home or login shell, created
+/// if missing (tests running in parallel may race to create it: whoever loses finds it).
+/// Panics (failing the test) when it cannot be had, e.g. when not root.
+pub fn other_user() -> (u32, u32) {
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id").args([flag, OTHER_USER]).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    if let (Some(u), Some(g)) = (id("-u"), id("-g")) {
+        return (u, g);
+    }
+    require_root("to create the user cryptblk-test-other with useradd");
+    let out = run(
+        Command::new("useradd").args(["-r", "-M", "-U", "-s", "/usr/sbin/nologin", OTHER_USER]),
+        b"",
+    );
+    match (id("-u"), id("-g")) {
+        (Some(u), Some(g)) => (u, g),
+        _ => panic!(
+            "cannot create the test user {OTHER_USER}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// `program` run as [`OTHER_USER`] (uid, gid, no supplementary groups) through setpriv.
+pub fn as_other_user(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let (uid, gid) = other_user();
+    tool("setpriv").expect("setpriv (util-linux) runs commands as the other user");
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--clear-groups")
+        .arg("--")
+        .arg(program);
+    c
+}

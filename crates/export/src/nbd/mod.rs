@@ -61,7 +61,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -552,12 +552,10 @@ fn bind(listen: &NbdListen) -> Result<(Listener, NbdListen), ExportError> {
     match listen {
         NbdListen::Unix(path) => {
             remove_stale_socket(path)?;
-            let listener = UnixListener::bind(path).map_err(|e| {
+            // The export is unauthenticated plaintext: only the owner may connect, from the
+            // first instant the socket is reachable (see unix_socket).
+            let listener = crate::unix_socket::bind_owner_only(path).map_err(|e| {
                 ExportError::io(format!("binding NBD socket {}", path.display()), e)
-            })?;
-            // The export is unauthenticated plaintext: only the owner may connect.
-            fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|e| {
-                ExportError::io(format!("restricting NBD socket {}", path.display()), e)
             })?;
             Ok((Listener::Unix(listener), listen.clone()))
         }

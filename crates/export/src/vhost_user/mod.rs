@@ -26,8 +26,8 @@ mod request;
 
 use std::fs;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -266,15 +266,9 @@ fn bind(path: &Path) -> Result<Listener, ExportError> {
         fs::remove_file(path)
             .map_err(|e| ExportError::io(format!("removing stale socket {}", path.display()), e))?;
     }
-    let listener = UnixListener::bind(path)
+    // Mode 0600 from the first instant the socket is reachable (see unix_socket).
+    let listener = crate::unix_socket::bind_owner_only(path)
         .map_err(|e| ExportError::io(format!("binding vhost-user socket {}", path.display()), e))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|e| {
-        let _ = fs::remove_file(path);
-        ExportError::io(
-            format!("restricting vhost-user socket {}", path.display()),
-            e,
-        )
-    })?;
     Ok(Listener::from(listener))
 }
 
