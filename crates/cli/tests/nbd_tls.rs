@@ -418,3 +418,189 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// A copy of the certificate directory `from` at `to`, each file keeping its mode.
+fn copy_certs(from: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    to.to_path_buf()
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Certificate files anyone else could have written (a CA of their own, with
+/// `--tls-verify-peer`, lets in their client certificate), or a private key others can
+/// read, are refused as ssh refuses loose keys: exit 1, one line naming the file and the
+/// fix, nothing served and the volume untouched. A correct directory, with the key shared
+/// with its group only (Debian's ssl-cert layout), serves.
+#[test]
+fn loose_certificate_files_are_refused_naming_the_file() {
+    let dir = tempdir();
+    let pki = pki(dir.path()).expect("openssl makes the certificates");
+    let (other, other_gid) = other_user();
+    let key = write_file(dir.path(), "loose.key", b"tls test passphrase");
+    let img = dir.path().join("loose.img");
+    cryptblk_luks2(&img, &key, 32 << 20);
+    let before = sha256(&img);
+    let chown_other = |p: &Path| chown(p, other, Some(other_gid));
+    type Spoil<'a> = &'a dyn Fn(&Path);
+    let cases: &[(&str, Spoil, &str, &str)] = &[
+        (
+            "ca-cert.pem",
+            &|d| chmod(&d.join("ca-cert.pem"), 0o666),
+            "writable by other users",
+            "chmod go-w",
+        ),
+        (
+            "ca-cert.pem",
+            &|d| chmod(&d.join("ca-cert.pem"), 0o664),
+            "writable by other users",
+            "chmod go-w",
+        ),
+        (
+            "server-key.pem",
+            &|d| chmod(&d.join("server-key.pem"), 0o644),
+            "accessible to all users",
+            "chmod 600",
+        ),
+        (
+            "server-key.pem",
+            &|d| chmod(&d.join("server-key.pem"), 0o604),
+            "accessible to all users",
+            "chmod 600",
+        ),
+        (
+            "server-cert.pem",
+            &|d| chown_other(&d.join("server-cert.pem")),
+            "owned by uid",
+            "chown",
+        ),
+        (
+            "ca-cert.pem",
+            &|d| chown_other(&d.join("ca-cert.pem")),
+            "owned by uid",
+            "chown",
+        ),
+        (
+            "",
+            &|d| chmod(d, 0o777),
+            "writable by other users",
+            "chmod go-w",
+        ),
+        ("", &|d| chown_other(d), "owned by uid", "chown"),
+    ];
+    for (i, (file, spoil, why, fix)) in cases.iter().enumerate() {
+        let certs = copy_certs(&pki.server, &dir.path().join(format!("loose{i}")));
+        spoil(&certs);
+        let named = if file.is_empty() {
+            certs.clone()
+        } else {
+            certs.join(file)
+        };
+        let mut open = cryptblk();
+        open.args(["open", "--key-file"])
+            .arg(&key)
+            .arg(&img)
+            .arg("loose")
+            .args([
+                "--nbd",
+                "127.0.0.1:0",
+                "--tls",
+                "require",
+                "--tls-verify-peer",
+            ])
+            .arg("--tls-certificates")
+            .arg(&certs);
+        let (rc, err) = code(&mut open);
+        let served = run(cryptblk().args(["status", "loose"]), b"")
+            .status
+            .success();
+        if served {
+            let _ = Served::volume("loose");
+        }
+        assert_eq!(rc, 1, "case {i} ({file} {why}): {err}");
+        assert_eq!(err.trim().lines().count(), 1, "case {i}: one line: {err}");
+        assert!(
+            err.contains(&named.display().to_string()) && err.contains(why) && err.contains(fix),
+            "case {i}: names {} and says {why} / {fix}: {err}",
+            named.display()
+        );
+        assert!(!served, "case {i}: served anyway");
+        assert_eq!(sha256(&img), before, "case {i}: the volume changed");
+    }
+    // The same files, correct: served, with the key readable by its group only.
+    let good = copy_certs(&pki.server, &dir.path().join("good"));
+    chmod(&good.join("server-key.pem"), 0o640);
+    chmod(&good.join("ca-cert.pem"), 0o644);
+    let (_served, port) = serve(
+        dir.path(),
+        "goodcerts",
+        &[
+            &"--tls",
+            &"require",
+            &"--tls-verify-peer",
+            &"--tls-certificates",
+            &good,
+        ],
+    );
+    assert!(nbdinfo_size(&nbds(port, &pki.client)).is_ok());
+}
+
+/// The NBD client side (nbds:// backings) checks its files the same way: a client key
+/// others can read, or a CA another user owns, is refused naming the file, before any
+/// connection is tried.
+#[test]
+fn nbds_backing_refuses_loose_client_files() {
+    let dir = tempdir();
+    let pki = pki(dir.path()).expect("openssl makes the certificates");
+    let (other, other_gid) = other_user();
+    let cases: &[(&str, &dyn Fn(&Path), &str)] = &[
+        (
+            "client-key.pem",
+            &|d| chmod(&d.join("client-key.pem"), 0o644),
+            "accessible to all users",
+        ),
+        (
+            "ca-cert.pem",
+            &|d| chmod(&d.join("ca-cert.pem"), 0o646),
+            "writable by other users",
+        ),
+        (
+            "ca-cert.pem",
+            &|d| chown(&d.join("ca-cert.pem"), other, Some(other_gid)),
+            "owned by uid",
+        ),
+    ];
+    // Nothing listens on this port: a refusal that names the file came before connecting.
+    let port = free_port();
+    for (i, (file, spoil, why)) in cases.iter().enumerate() {
+        let certs = copy_certs(&pki.client, &dir.path().join(format!("client{i}")));
+        spoil(&certs);
+        let dev = format!(
+            "nbds://localhost:{port}/?tls-certificates={}",
+            certs.display()
+        );
+        let (rc, err) = linear_over(
+            "tlsloose",
+            &dev,
+            16,
+            dir.path(),
+            &dir.path().join(format!("c{i}.sock")),
+        );
+        if rc == 0 {
+            let _ = Served::volume("tlsloose");
+        }
+        assert_ne!(rc, 0, "case {i}: {err}");
+        let named = certs.join(file).display().to_string();
+        assert!(
+            err.contains(&named) && err.contains(why),
+            "case {i}: names {named} and says {why}: {err}"
+        );
+    }
+}

@@ -3,12 +3,12 @@
 //! Certificates are found as nbdkit finds them with `--tls-certificates DIR`: the server's
 //! chain in `DIR/server-cert.pem`, its key in `DIR/server-key.pem`, and the certificate
 //! authority that signs client certificates in `DIR/ca-cert.pem` (read only when client
-//! certificates are verified).
+//! certificates are verified). Each is read only if no other user could have written it
+//! (and the key only if others cannot read it): see `cryptblk_dm`'s `tls_files`.
 //!
 //! After STARTTLS a connection's bytes go through `cryptblk_dm`'s `TlsSession`, which the
 //! NBD client backing shares: one worker reads while reply jobs write.
 
-use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -18,6 +18,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 
 pub(crate) use cryptblk_dm::backing::nbd::tls::TlsSession;
+use cryptblk_dm::backing::nbd::tls_files::{check_tls_dir, read_tls_file, TlsFile};
 
 use crate::error::ExportError;
 
@@ -64,9 +65,11 @@ impl NbdTls {
     /// handshake, before any option is read).
     pub fn from_dir(dir: &Path, require: bool, verify_peer: bool) -> Result<NbdTls, ExportError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        check_tls_dir(dir).map_err(ExportError::Config)?;
         let certs = load_certs(&dir.join("server-cert.pem"))?;
         let key_path = dir.join("server-key.pem");
-        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
+        let key_pem = read_tls_file(&key_path, TlsFile::PrivateKey).map_err(ExportError::Config)?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
             ExportError::Config(format!("reading TLS key {}: {e}", key_path.display()))
         })?;
         let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
@@ -102,7 +105,7 @@ impl NbdTls {
 pub(crate) fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ExportError> {
     let bad =
         |e: String| ExportError::Config(format!("reading TLS certificate {}: {e}", path.display()));
-    let pem = fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let pem = read_tls_file(path, TlsFile::Certificate).map_err(ExportError::Config)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| bad(e.to_string()))?;

@@ -19,6 +19,7 @@
 //! retried, since the caller must learn that their fate is unknown.
 
 pub mod tls;
+pub mod tls_files;
 pub mod uri;
 
 use std::collections::HashMap;
@@ -36,6 +37,7 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore};
 
 use crate::device::{check_range, BlockDevice, WriteFlags};
 use tls::TlsSession;
+use tls_files::TlsFile;
 pub use uri::{is_nbd_uri, NbdAddress, NbdUri};
 
 /// A request without a reply this long fails and its connection is dropped.
@@ -902,9 +904,11 @@ fn client_tls_config(dir: Option<&Path>) -> io::Result<Arc<ClientConfig>> {
             format!("{}: {e}", what.display()),
         )
     };
+    let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+    tls_files::check_tls_dir(&dir).map_err(invalid)?;
     let ca = dir.join("ca-cert.pem");
     let mut roots = RootCertStore::empty();
-    let pem = std::fs::read(&ca).map_err(|e| bad(&ca, e.to_string()))?;
+    let pem = tls_files::read_tls_file(&ca, TlsFile::Certificate).map_err(invalid)?;
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| bad(&ca, e.to_string()))?;
         roots.add(cert).map_err(|e| bad(&ca, e.to_string()))?;
@@ -920,11 +924,13 @@ fn client_tls_config(dir: Option<&Path>) -> io::Result<Arc<ClientConfig>> {
     let cert = dir.join("client-cert.pem");
     let key = dir.join("client-key.pem");
     let config = if cert.exists() && key.exists() {
-        let pem = std::fs::read(&cert).map_err(|e| bad(&cert, e.to_string()))?;
+        let pem = tls_files::read_tls_file(&cert, TlsFile::Certificate).map_err(invalid)?;
         let chain = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad(&cert, e.to_string()))?;
-        let key_der = PrivateKeyDer::from_pem_file(&key).map_err(|e| bad(&key, e.to_string()))?;
+        let key_pem = tls_files::read_tls_file(&key, TlsFile::PrivateKey).map_err(invalid)?;
+        let key_der =
+            PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| bad(&key, e.to_string()))?;
         builder
             .with_client_auth_cert(chain, key_der)
             .map_err(|e| bad(&cert, e.to_string()))?
