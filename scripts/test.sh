@@ -5,5 +5,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export CRYPTBLK_CRYPTSETUP_TESTS=${CRYPTBLK_CRYPTSETUP_TESTS:-$(cd .. && pwd)/shared/cryptsetup-tests}
+# The rbd: tests (crates/cli/tests/rbd.rs) run against a real one-node Ceph cluster and fail
+# without one: unless CEPH_CONF already names a cluster, one is started here with
+# ../shared/ceph/up.sh (about 10 s, root) and stopped on exit.
+if [ -z "${CEPH_CONF:-}" ]; then
+  ceph_up=$(cd .. && pwd)/shared/ceph/up.sh
+  if [ -x "$ceph_up" ]; then
+    export CEPH_DIR=${CEPH_DIR:-/tmp/cryptblk-test-ceph}
+    "$ceph_up"
+    trap '"$(dirname "$ceph_up")/down.sh"' EXIT
+    export CEPH_CONF=$CEPH_DIR/ceph.conf
+  else
+    echo "test.sh: $ceph_up is missing and CEPH_CONF is unset: the rbd: tests will fail" >&2
+  fi
+fi
 cargo build --workspace --bins
 cargo test --workspace --no-fail-fast "$@"

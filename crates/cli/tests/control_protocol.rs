@@ -198,11 +198,8 @@ fn a_silent_control_client_does_not_block_the_others() {
 #[test]
 fn the_daemon_answers_only_its_owner() {
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || tool("setpriv").is_none() {
-        eprintln!("skipped: needs root and setpriv to run a daemon as another user");
-        return;
-    }
+    require_root("to run a daemon as uid 65534 and connect to it as root");
+    tool("setpriv").expect("setpriv (util-linux) runs the daemon as another user");
     let dir = tempdir();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let rt = dir.path().join("rt");

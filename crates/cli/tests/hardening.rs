@@ -473,11 +473,8 @@ struct TestUser {
 }
 
 impl TestUser {
-    fn create(scratch: &Path) -> Option<TestUser> {
-        if !is_root() {
-            eprintln!("skipping: acting as another user needs root (useradd, runuser)");
-            return None;
-        }
+    fn create(scratch: &Path) -> TestUser {
+        require_root("to act as another user (useradd, runuser)");
         let name = format!("cbhard{}", std::process::id());
         run_ok(
             Command::new("useradd").args(["-M", "-r", "-s", "/usr/sbin/nologin", &name]),
@@ -489,11 +486,11 @@ impl TestUser {
         if std::fs::hard_link(built, &exe).is_err() {
             std::fs::copy(built, &exe).unwrap();
         }
-        Some(TestUser {
+        TestUser {
             uid: id.trim().parse().unwrap(),
             name,
             exe,
-        })
+        }
     }
 
     /// cryptblk run as this user, with `env` and no inherited runtime directory.
@@ -530,9 +527,7 @@ fn a_runtime_directory_someone_else_controls_is_refused() {
     std::fs::create_dir(&base.0).unwrap();
     std::fs::set_permissions(&base.0, std::fs::Permissions::from_mode(0o755)).unwrap();
     let d = &base.0;
-    let Some(user) = TestUser::create(d) else {
-        return;
-    };
+    let user = TestUser::create(d);
     let key = key_file(d);
     let img = luks2_image(d, "vol.img", &key, 24);
 

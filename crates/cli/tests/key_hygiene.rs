@@ -57,10 +57,9 @@ fn status_field(pid: u32, field: &str) -> String {
 
 #[test]
 fn served_key_is_locked_unreadable_and_gone_after_wipe() {
-    if !is_root() || tool("setpriv").is_none() || tool("qemu-io").is_none() {
-        eprintln!("skipped: needs root (to read another user's memory), setpriv and qemu-io");
-        return;
-    }
+    require_root("to run the daemon as uid 65534 and read its memory");
+    tool("setpriv").expect("setpriv (util-linux) runs the daemon as another user");
+    tool("qemu-io").expect("qemu-io writes through the export");
     let dir = tempdir();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let rt = dir.path().join("rt");

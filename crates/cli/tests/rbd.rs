@@ -3,9 +3,9 @@
 //! librbd (qemu-img's rbd driver with `encrypt.format=luks2`) reads back identically through
 //! `cryptblk open rbd:...`, and what cryptblk writes reads back through librbd's encryption.
 //!
-//! The tests need a cluster: `CEPH_CONF` names its configuration (CI starts one with
-//! `../shared/ceph/up.sh`-style setup, see `.ci/run`). Without `CEPH_CONF` they say so and
-//! pass; with it, a cluster that does not answer fails them.
+//! The tests need a cluster: `CEPH_CONF` names its configuration (`scripts/test.sh` starts
+//! one with `../shared/ceph/up.sh` when `CEPH_CONF` is unset). Without `CEPH_CONF`, or with a
+//! cluster that does not answer, they fail: they never pass without having run.
 
 mod common;
 
@@ -16,11 +16,13 @@ use std::process::Command;
 /// The pool the test cluster provides.
 const POOL: &str = "testpool";
 
-/// `CEPH_CONF` if a cluster is configured; `None` (after saying so) otherwise.
-fn cluster() -> Option<String> {
+/// `CEPH_CONF`, checked to name a cluster that answers; panics (failing the test) otherwise.
+fn cluster() -> String {
     let Some(conf) = std::env::var_os("CEPH_CONF") else {
-        eprintln!("skipping: CEPH_CONF is not set (no Ceph cluster for the rbd: tests)");
-        return None;
+        panic!(
+            "CEPH_CONF is not set: the rbd: tests need a Ceph cluster (scripts/test.sh starts \
+             one with ../shared/ceph/up.sh; or run it and export CEPH_CONF=$CEPH_DIR/ceph.conf)"
+        );
     };
     let conf = conf.to_string_lossy().into_owned();
     // Fail, not skip, when the configured cluster does not answer.
@@ -33,7 +35,7 @@ fn cluster() -> Option<String> {
         "CEPH_CONF={conf} is set but the cluster does not answer: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(conf)
+    conf
 }
 
 /// An RBD image of the test pool, removed (with its snapshots) when dropped.
@@ -124,9 +126,7 @@ fn read_export(dir: &Path, sock: &Path, len: usize) -> Vec<u8> {
 
 #[test]
 fn librbd_luks2_image_and_cryptblk_agree_both_ways() {
-    if cluster().is_none() {
-        return;
-    }
+    cluster();
     let dir = tempdir();
     // No trailing newline: the rbd tool drops one, qemu and cryptblk do not.
     let pass = write_file(dir.path(), "pass", b"rbd test passphrase");
@@ -236,9 +236,7 @@ fn librbd_luks2_image_and_cryptblk_agree_both_ways() {
 
 #[test]
 fn snapshots_open_read_only_and_bad_specs_fail_cleanly() {
-    if cluster().is_none() {
-        return;
-    }
+    cluster();
     let dir = tempdir();
     let pass = write_file(dir.path(), "pass", b"snap pass");
     // A cryptsetup-made LUKS2 image (fast KDF; librbd's format takes many seconds) imported.

@@ -193,6 +193,23 @@ fn exports_round_trip_byte_identical() {
     assert_eq!(std::fs::read(&theirs).unwrap(), text);
 }
 
+/// Where Debian's libcryptsetup looks for token plugins: `/usr/lib/<multiarch>/cryptsetup`,
+/// the multiarch triplet as the C compiler (or dpkg) names it for this machine.
+fn token_plugin_dir() -> PathBuf {
+    let multiarch = [
+        ("gcc", &["-print-multiarch"][..]),
+        ("dpkg-architecture", &["-qDEB_HOST_MULTIARCH"][..]),
+    ]
+    .iter()
+    .find_map(|(cmd, args)| {
+        let out = Command::new(cmd).args(*args).output().ok()?;
+        let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !t.is_empty()).then_some(t)
+    })
+    .expect("neither gcc -print-multiarch nor dpkg-architecture names the multiarch triplet");
+    Path::new("/usr/lib").join(multiarch).join("cryptsetup")
+}
+
 /// luksDump of systemd's token types is cryptsetup's with the systemd token plugins loaded
 /// (Debian's systemd installs them): the extra lines for TPM2, FIDO2 and PKCS#11 tokens,
 /// with fields present, missing, and in both spellings systemd has used.
@@ -202,11 +219,13 @@ fn luks_dump_of_systemd_tokens() {
     let Some((a, _)) = image(dir.path()) else {
         return;
     };
-    let plugins = Path::new("/usr/lib/x86_64-linux-gnu/cryptsetup");
-    if !plugins.join("libcryptsetup-token-systemd-tpm2.so").exists() {
-        eprintln!("skipping: systemd's cryptsetup token plugins are not installed");
-        return;
-    }
+    let plugins = token_plugin_dir();
+    assert!(
+        plugins.join("libcryptsetup-token-systemd-tpm2.so").exists(),
+        "systemd's cryptsetup token plugins are not in {} (Debian's systemd installs them; \
+         run scripts/install-deps.sh)",
+        plugins.display()
+    );
     let tokens: &[&str] = &[
         r#"{"type":"systemd-tpm2","keyslots":["1"],"tpm2-blob":"AJ4AILj3iLw4G4ZOW8Nn934FRC4BktNS/PqonU9sN68tlCoGABDk5GlMKRQtu1ai2oGnLFlIH0XW2uCasAF+gwhMg0YiPyWR8vdLuBoJr77LhJHLNBf8aiokEnFq+hW+8F3i00uaZc0rkL1PWXTvWpfvzWmKp1Newp9QmtAw8CpZLRsZeuGotUYqrAPLsUVVVd07ZDPhAYSccwxVTUeI/gBOAAgACwAAABIAIItWgtgbKUNdCNeSeBUGEdx+WSOy/vzOaEoJV3tAEwqLABAAILYB270Sw6Y9FTcOXnXXt7p9+xmNpEYsy199xPjk8SR4","tpm2-pcrs":[7],"tpm2-pcr-bank":"sha256","tpm2-primary-alg":"ecc","tpm2-policy-hash":"8b5682d81b29435d08d79278150611dc7e5923b2fefcce684a09577b40130a8b","tpm2-pin":false}"#,
         r#"{"type":"systemd-tpm2","keyslots":["0","1"],"tpm2-blob":"AAEC","tpm2-pcrs":[0,7,11],"tpm2-pin":true,"tpm2-pcr-bank":"sha1","tpm2-policy-hash":"00ff"}"#,
