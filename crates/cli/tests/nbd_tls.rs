@@ -560,7 +560,8 @@ fn nbds_backing_refuses_loose_client_files() {
     let dir = tempdir();
     let pki = pki(dir.path()).expect("openssl makes the certificates");
     let (other, other_gid) = other_user();
-    let cases: &[(&str, &dyn Fn(&Path), &str)] = &[
+    type Spoil<'a> = &'a dyn Fn(&Path);
+    let cases: &[(&str, Spoil, &str)] = &[
         (
             "client-key.pem",
             &|d| chmod(&d.join("client-key.pem"), 0o644),
