@@ -193,6 +193,12 @@ pub struct Opts {
     /// More output on standard error.
     #[arg(short = 'v', long, global = true)]
     pub verbose: bool,
+    /// Print a progress line every this many seconds (long operations), as cryptsetup.
+    #[arg(long, global = true, value_name = "SECS")]
+    pub progress_frequency: Option<u64>,
+    /// Print progress as cryptsetup's JSON lines on standard output (long operations).
+    #[arg(long, global = true)]
+    pub progress_json: bool,
     /// Device-mapper style debug output (never contains secrets).
     #[arg(long, global = true)]
     pub debug: bool,

@@ -44,11 +44,42 @@ fn main() {
         std::process::exit(ExitCode::WrongParameters as i32);
     }
     if let Err(f) = run(cli) {
+        if stdout_reader_gone() {
+            // The data went to a reader that stopped reading (`decrypt vol - | head -c 100`):
+            // end as `cat` does there, killed by SIGPIPE and silent, so a pipeline with
+            // `pipefail` still sees that the stream was cut short.
+            die_of_sigpipe();
+        }
         if !f.message.is_empty() {
-            eprintln!("{}", f.message);
+            // stderr may be the same closed pipe (`2>&1 | head`): never panic reporting.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{}", f.message);
         }
         std::process::exit(f.code as i32);
     }
+}
+
+/// True when standard output is a pipe or socket whose reader has closed it (the kernel
+/// reports `POLLERR` on the write end of such a pipe).
+fn stdout_reader_gone() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n == 1 && fd.revents & libc::POLLERR != 0
+}
+
+/// Ends the process by the default action of SIGPIPE, which Rust's runtime ignores.
+fn die_of_sigpipe() -> ! {
+    // SAFETY: restoring a signal's default disposition and raising it has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(128 + libc::SIGPIPE)
 }
 
 /// A reader that stops early (`cryptblk status | head -1`) closes stdout, and Rust ignores

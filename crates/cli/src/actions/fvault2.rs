@@ -88,7 +88,7 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         &vk,
         device,
         out.writer(),
-        &mut crate::progress::Bar::new(true),
+        &mut crate::progress::Bar::for_file(opts, device),
     )?;
     out.commit()
 }

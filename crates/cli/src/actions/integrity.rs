@@ -143,7 +143,8 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
                  You can interrupt this by pressing CTRL+c (rest of not wiped device will contain invalid checksum)."
             );
         }
-        devices.wipe(&cfg, &mut crate::progress::Bar::new(!quiet))?
+        let mut bar = crate::progress::Bar::for_action(opts, crate::progress::Dest::Stdout, &spec);
+        devices.wipe(&cfg, &mut bar)?
     };
     if opts.json {
         println!(
@@ -159,22 +160,8 @@ fn format(opts: &Opts, device: &Path) -> ActionResult {
                 "seconds": started.elapsed().as_secs_f64(),
             })
         );
-    } else if !quiet && wiped > 0 {
-        let secs = started.elapsed().as_secs_f64();
-        println!(
-            "Finished, time {}, {} MiB written, speed {:.1} MiB/s",
-            mmss(secs),
-            wiped >> 20,
-            wiped as f64 / (1 << 20) as f64 / secs.max(1e-9)
-        );
     }
     Ok(())
-}
-
-/// `mm:ss.mmm`, as cryptsetup prints durations.
-fn mmss(secs: f64) -> String {
-    let m = (secs / 60.0).floor();
-    format!("{:02}:{:06.3}", m as u64, secs - m * 60.0)
 }
 
 /// `integrity open <device> <name>`.
@@ -447,15 +434,4 @@ fn dump(device: &Path) -> ActionResult {
         .unwrap_or_default();
     print!("{}", sb.dump(&name));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_as_cryptsetup() {
-        assert_eq!(mmss(1106.389), "18:26.389");
-        assert_eq!(mmss(2.5), "00:02.500");
-    }
 }

@@ -88,7 +88,7 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         &data,
         len,
         dst.writer(),
-        &mut crate::progress::Bar::new(true),
+        &mut crate::progress::Bar::for_file(opts, device),
     )?;
     dst.commit()
 }

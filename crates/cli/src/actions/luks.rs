@@ -161,7 +161,16 @@ fn format_header(
 
 /// `luksFormat <device> [<key file>]`.
 pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> ActionResult {
-    let pass = new_passphrase_for_format(opts, key_file)?;
+    // cryptsetup's order: the device must exist (exit 4), then YES, then the passphrase, so
+    // scripted input (`printf 'YES\npass\n'`) and a missing device both behave as there.
+    if std::fs::metadata(device).is_err() {
+        return Err(Failure::device(format!(
+            "Device {} does not exist or access denied.",
+            device.display()
+        )));
+    }
+    // Formatting a device a daemon serves would pull its data out from under it.
+    let _in_use = cryptblk_volume::lock::for_format(&[device])?;
     volume::confirm(
         opts,
         &format!(
@@ -169,8 +178,7 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             device.display()
         ),
     )?;
-    // Formatting a device a daemon serves would pull its data out from under it.
-    let _in_use = cryptblk_volume::lock::for_format(&[device])?;
+    let pass = new_passphrase_for_format(opts, key_file)?;
     // As cryptsetup: an empty device is refused; a LUKS1 header grows a too small file, which
     // then has no room for data (a warning, not a failure).
     let device_size = cryptblk_volume::device::device_size(device)?;
@@ -200,7 +208,11 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             legacy_padding: opts.integrity.integrity_legacy_padding,
             no_wipe: opts.integrity.integrity_no_wipe,
         };
-        let mut bar = crate::progress::Bar::new(!opts.batch_mode || opts.verbose);
+        let mut bar = crate::progress::Bar::for_action(
+            opts,
+            crate::progress::Dest::Stdout,
+            &device.display().to_string(),
+        );
         luks2_integrity::format_data(&h, &vk, device, how, &mut bar)?;
     }
     Ok(())

@@ -69,7 +69,7 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
         &mut *src,
         dst.writer(),
         total,
-        &mut Bar::new(true),
+        &mut Bar::for_file(opts, output),
     )?;
     dst.commit()
 }
@@ -124,7 +124,7 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         &data,
         len,
         dst.writer(),
-        &mut Bar::new(true),
+        &mut Bar::for_file(opts, device),
     )?;
     dst.commit()
 }
@@ -167,7 +167,7 @@ fn decrypt_mid_reencryption(
         &data,
         dev_size,
         dst.writer(),
-        &mut Bar::new(true),
+        &mut Bar::for_file(opts, device),
     )?;
     dst.commit()
 }

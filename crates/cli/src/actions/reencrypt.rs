@@ -7,7 +7,7 @@
 
 use crate::args::{Opts, ReencryptArgs, ResilienceArg, VolumeType};
 use crate::exit::{ActionResult, Failure};
-use crate::progress::Bar;
+use crate::progress::{Bar, Dest};
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::kdf::PbkdfRequest;
 use cryptblk_format::keyfile::KeySource;
@@ -170,7 +170,7 @@ pub fn reencrypt_action(opts: &Opts, device: Option<&Path>, a: &ReencryptArgs) -
         opts,
         device: notice_device,
     };
-    let mut bar = Bar::new(true);
+    let mut bar = Bar::for_action(opts, Dest::Stdout, &notice_device.display().to_string());
     match reencrypt::reencrypt(&req, &mut input, &mut bar)? {
         ReencryptOutcome::Initialized { device, init } => {
             if opts.json {
@@ -188,7 +188,8 @@ pub fn reencrypt_action(opts: &Opts, device: Option<&Path>, a: &ReencryptArgs) -
             }
         }
         ReencryptOutcome::HandedToDaemon { name, header } => {
-            let end = reencrypt::wait_online(&name, &mut Bar::new(true))?;
+            let end =
+                reencrypt::wait_online(&name, &mut Bar::for_action(opts, Dest::Stdout, &name))?;
             if opts.json {
                 let p = &end.progress;
                 let v = serde_json::json!({

@@ -92,7 +92,7 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         &data,
         len,
         dst.writer(),
-        &mut Bar::new(true),
+        &mut Bar::for_file(opts, device),
     )?;
     dst.commit()
 }
