@@ -130,21 +130,19 @@ pub(super) fn serve(stack: &Stack, sockets: &mut Sockets) {
             .deferred
             .load(Ordering::SeqCst)
             .then_some(DEFERRED_CHECK);
-        match accept_next(&sockets.top, &sockets.lower, wait) {
-            Ok(Some((which, stream))) => {
-                let target = which.map_or(stack.spec().name.as_str(), |i| {
-                    sockets.lower[i].name.as_str()
-                });
-                handle_client(stream, stack, &closing, target);
-                sockets.lower.retain(|s| {
-                    let live = stack.registry().lookup(&s.name).is_some();
-                    if !live {
-                        let _ = std::fs::remove_file(&s.path);
-                    }
-                    live
-                });
-            }
-            Ok(None) | Err(_) => {}
+        // `None`: the deferred check's timeout passed (or accept failed) with no client.
+        if let Ok(Some((which, stream))) = accept_next(&sockets.top, &sockets.lower, wait) {
+            let target = which.map_or(stack.spec().name.as_str(), |i| {
+                sockets.lower[i].name.as_str()
+            });
+            handle_client(stream, stack, &closing, target);
+            sockets.lower.retain(|s| {
+                let live = stack.registry().lookup(&s.name).is_some();
+                if !live {
+                    let _ = std::fs::remove_file(&s.path);
+                }
+                live
+            });
         }
         if closing.deferred.load(Ordering::SeqCst) && !in_use(stack) {
             stack.stop_reencryption();
@@ -198,8 +196,8 @@ fn accept_next(
         })
         .collect();
     loop {
-        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
