@@ -557,11 +557,18 @@ pub enum Action {
         /// New volume file or '-' for standard output.
         output: PathBuf,
     },
-    /// Stop serving a volume opened with `open` (flushes first).
+    /// Stop serving a volume opened with `open` (flushes first); refused while in use.
     #[command(name = "close", alias = "luksClose")]
     Close {
         /// Mapping name.
         name: String,
+        /// Close once the last user (NBD client, open of the FUSE file, holder of the ublk
+        /// device, vhost-user frontend) has gone; at once if there is none.
+        #[arg(long)]
+        deferred: bool,
+        /// Cancel a previous `close --deferred`.
+        #[arg(long)]
+        cancel_deferred: bool,
     },
     /// Show a served volume's table, pipeline, export and counters.
     #[command(name = "status")]

@@ -157,7 +157,14 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Bench(a) => actions::bench::bench(o, a),
         Action::Verity(a) => actions::verity::verity(o, a),
         Action::Integrity(a) => actions::integrity::integrity(o, a),
-        Action::Close { name } => serving::close(name),
+        Action::Close {
+            name,
+            deferred,
+            cancel_deferred,
+        } => serving::close_with(
+            name,
+            serving::CloseMode::from_flags(*deferred, *cancel_deferred)?,
+        ),
         Action::Status { name } => serving::status(name, json),
         Action::Refresh { name, perf } => luks::refresh(o, name, perf),
         Action::Token { op, device } => actions::token::token(o, *op, device),

@@ -29,6 +29,14 @@ pub trait Export: Send {
     /// another size or one the export cannot serve.
     fn resized(&self, new_size: u64) -> Result<(), ExportError>;
 
+    /// How many clients use the device through this export right now: open NBD
+    /// connections, opens of the FUSE file (a loop device over it holds one), an attached
+    /// vhost-user frontend, or, for ublk, 1 while `/dev/ublkbN` is claimed (mounted, held by
+    /// another block device, or opened exclusively). The daemon refuses `close` while it is
+    /// not 0, as the kernel refuses to remove a device someone holds open; a user that just
+    /// left may still be counted for a few milliseconds while the export notices.
+    fn users(&self) -> usize;
+
     /// Stops accepting new clients and requests, lets requests in flight finish, and
     /// flushes the device. On an error the export is torn down as on drop.
     fn stop(self: Box<Self>) -> Result<(), ExportError>;
@@ -52,6 +60,10 @@ impl Export for NoExport {
     fn resized(&self, _new_size: u64) -> Result<(), ExportError> {
         // Nobody caches the size: control-socket requests read it from the device.
         Ok(())
+    }
+
+    fn users(&self) -> usize {
+        0
     }
 
     fn stop(self: Box<Self>) -> Result<(), ExportError> {

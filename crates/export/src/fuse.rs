@@ -15,6 +15,7 @@
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -71,6 +72,8 @@ pub struct FuseExport {
     /// Tells the kernel to drop the file's cached attributes when the device is resized.
     notifier: fuser::Notifier,
     io: Arc<AlignedIo>,
+    /// Opens of the file not yet released (shared with the request threads).
+    opens: Arc<AtomicUsize>,
     file_path: PathBuf,
     mountpoint: PathBuf,
 }
@@ -93,8 +96,10 @@ impl FuseExport {
             )));
         }
         let io = Arc::new(AlignedIo::new(device));
+        let opens = Arc::new(AtomicUsize::new(0));
         let fs = DiskFs {
             io: Arc::clone(&io),
+            opens: Arc::clone(&opens),
             file_name: config.file_name.clone(),
             read_only: config.read_only,
             uid: unsafe_free_getuid(),
@@ -129,6 +134,7 @@ impl FuseExport {
             notifier: session.notifier(),
             session: Some(session),
             io,
+            opens,
             file_path: mountpoint.join(&config.file_name),
             mountpoint,
         })
@@ -146,6 +152,14 @@ impl FuseExport {
         self.session
             .as_ref()
             .is_some_and(|s| !s.guard.is_finished())
+    }
+
+    /// Opens of the file that the kernel has not released yet: every open file
+    /// description counts once, however many descriptors share it (a loop device attached
+    /// to the file holds one until `losetup -d`). The kernel sends a release after the
+    /// last `close`, so a user that just closed may be counted for a moment longer.
+    pub fn open_count(&self) -> usize {
+        self.opens.load(Ordering::SeqCst)
     }
 
     /// The directory the export is mounted on.
@@ -215,6 +229,10 @@ impl Export for FuseExport {
         }
     }
 
+    fn users(&self) -> usize {
+        self.open_count()
+    }
+
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         let mut export = *self;
         export.unmount()
@@ -262,6 +280,8 @@ const MAX_WRITE: u32 = 1 << 20;
 
 struct DiskFs {
     io: Arc<AlignedIo>,
+    /// Opens of the file not yet released ([`FuseExport::open_count`]).
+    opens: Arc<AtomicUsize>,
     file_name: String,
     read_only: bool,
     uid: u32,
@@ -396,10 +416,33 @@ impl Filesystem for DiskFs {
             reply.error(Errno::from_i32(libc::EROFS));
             return;
         }
+        // Counted before the reply, so the opener can never see its open uncounted.
+        self.opens.fetch_add(1, Ordering::SeqCst);
         reply.opened(
             FileHandle(0),
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
         );
+    }
+
+    /// The kernel sends one release per successful open of the file (directories get
+    /// `releasedir`), once its last descriptor is closed.
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if ino == FILE_INO {
+            // Saturating: a release the count never saw must not wrap it to "in use".
+            let _ = self
+                .opens
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
+        reply.ok();
     }
 
     fn read(

@@ -48,6 +48,7 @@
 mod export;
 
 pub mod aligned;
+pub mod block_users;
 pub mod error;
 pub mod fuse;
 pub mod nbd;

@@ -251,6 +251,13 @@ impl Export for UblkExport {
             .map_err(|e| ublk_error("updating the ublk device's size (needs Linux 6.16+)", e))
     }
 
+    /// Users of `/dev/ublkbN` as [`crate::block_users::block_device_users`] finds them
+    /// (mounts, stacked and loop devices, other processes' descriptors); a device that
+    /// cannot be inspected counts as used, so `close` errs on the side of the data.
+    fn users(&self) -> usize {
+        crate::block_users::block_device_users(&self.dev_path()).unwrap_or(1)
+    }
+
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         UblkExport::stop(*self)
     }

@@ -25,6 +25,20 @@ fn describe_json(export: &dyn Export) -> String {
     serde_json::to_string(&export.describe()).unwrap()
 }
 
+/// Waits (5 s at most) until `export` reports `users` users: a client that left is counted
+/// until the export notices, and a FUSE release arrives after the `close` that caused it.
+fn wait_users(export: &dyn Export, users: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while export.users() != users {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} users, expected {users}",
+            export.users()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether the mount table lists `dir` as a mount point.
 fn is_mounted(dir: &Path) -> bool {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -48,6 +62,16 @@ fn nbd_through_the_trait() {
         describe_json(export.as_ref()),
         format!(r#"{{"kind":"nbd","uri":"{uri}"}}"#)
     );
+
+    // Every connection is a user, from its accept on; gone once closed.
+    assert_eq!(export.users(), 0, "no client yet");
+    let first = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let second = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    wait_users(export.as_ref(), 2, "two connections");
+    drop(first);
+    wait_users(export.as_ref(), 1, "one connection closed");
+    drop(second);
+    wait_users(export.as_ref(), 0, "both closed");
 
     let input = pattern(21, 8 * MIB as usize);
     std::fs::write(dir.join("in.img"), &input).unwrap();
@@ -96,6 +120,26 @@ fn fuse_through_the_trait() {
         describe_json(export.as_ref()),
         format!(r#"{{"kind":"fuse","file":"{}"}}"#, file.display())
     );
+
+    // Every open of the file is a user until the kernel releases it; a stat is none.
+    assert_eq!(export.users(), 0, "nothing opened yet");
+    std::fs::metadata(&file).unwrap();
+    assert_eq!(export.users(), 0, "a stat opens nothing");
+    let reader = std::fs::File::open(&file).unwrap();
+    let writer = OpenOptions::new().write(true).open(&file).unwrap();
+    // Counted before open() returns.
+    assert_eq!(export.users(), 2, "two opens");
+    let shared = reader.try_clone().unwrap();
+    assert_eq!(
+        export.users(),
+        2,
+        "a duplicated descriptor is the same open"
+    );
+    drop(reader);
+    drop(writer);
+    wait_users(export.as_ref(), 1, "one open left (through the duplicate)");
+    drop(shared);
+    wait_users(export.as_ref(), 0, "all closed");
 
     // Unaligned data through the VFS lands on the device (read-modify-write below).
     let data = pattern(22, 10_000);
@@ -156,6 +200,19 @@ fn ublk_through_the_trait() {
     assert_eq!(description["depth"], 64, "{description}");
     let dev = description["dev"].as_str().unwrap().to_string();
     assert!(dev.starts_with("/dev/ublkb"), "{description}");
+
+    // Users of the block device: an exclusive claim (as a mount's), then none.
+    wait_users(export.as_ref(), 0, "a fresh ublk device");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _claim = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(&dev)
+            .unwrap();
+        assert_eq!(export.users(), 1, "claimed exclusively");
+    }
+    wait_users(export.as_ref(), 0, "claim released");
 
     let data = pattern(23, 64 << 10);
     {

@@ -654,6 +654,46 @@ fn a_new_frontend_is_served_after_the_first_disconnects() {
     );
 }
 
+/// Waits (5 s at most) until `export` reports `users` users: the serving thread notices a
+/// frontend's arrival and departure on its own time.
+fn wait_users(export: &VhostUserExport, users: usize, what: &str) {
+    use cryptblk_export::Export;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while export.users() != users {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {} users, expected {users}",
+            export.users()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_attached_frontend_is_a_user_until_it_leaves() {
+    let dir = TempDir::new("vhost-users");
+    let disk = MemDisk::new(4 * MIB, 512);
+    let socket = dir.join("vu.sock");
+    let export = VhostUserExport::start(disk.clone(), VhostUserConfig::new(&socket)).unwrap();
+    wait_users(&export, 0, "no frontend yet");
+    for round in 0..2u64 {
+        let mut g = connect(&socket, 1);
+        wait_users(&export, 1, "a frontend attached");
+        assert_eq!(
+            g.queues[0].write(8 * round, &pattern(30 + round, 4096)),
+            VIRTIO_BLK_S_OK
+        );
+        assert_eq!(
+            cryptblk_export::Export::users(&export),
+            1,
+            "still attached after I/O"
+        );
+        drop(g);
+        wait_users(&export, 0, "the frontend left");
+    }
+    export.stop().unwrap();
+}
+
 #[test]
 fn bad_settings_and_a_live_socket_are_refused() {
     let dir = TempDir::new("vhost-bad");

@@ -300,7 +300,11 @@ fn status(name: &str, json_out: bool) -> ActionResult {
         println!("{v}");
         return Ok(());
     }
-    println!("/dev/mapper/{name} is active.");
+    // integritysetup's and veritysetup's first line, as cryptsetup's.
+    println!(
+        "/dev/mapper/{name} is active{}.",
+        if a.users > 0 { " and is in use" } else { "" }
+    );
     println!("  type:    INTEGRITY");
     println!("  tag size: {tag_size}");
     println!("  integrity: {integrity}");
@@ -403,7 +407,11 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
         println!("{v}");
         return Ok(());
     }
-    println!("/dev/mapper/{name} is active.");
+    // integritysetup's and veritysetup's first line, as cryptsetup's.
+    println!(
+        "/dev/mapper/{name} is active{}.",
+        if a.users > 0 { " and is in use" } else { "" }
+    );
     println!("  type:        VERITY");
     println!("  status:      {}", v["status"].as_str().unwrap_or(""));
     println!("  hash type:   {}", v["hash_type"]);

@@ -433,9 +433,56 @@ fn ensure_newline(s: &str) -> String {
     }
 }
 
-/// `close <name>`: flush, stop the export, end the daemon.
+/// How `close` goes about it (`--deferred`, `--cancel-deferred`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseMode {
+    /// Close now; refused (exit 5) while the volume is in use.
+    Now,
+    /// Close once the last user has gone (at once if none).
+    Deferred,
+    /// Cancel a pending deferred close.
+    CancelDeferred,
+}
+
+impl CloseMode {
+    /// The mode the two flags ask for; both at once is refused as cryptsetup refuses it.
+    pub fn from_flags(deferred: bool, cancel_deferred: bool) -> Result<CloseMode, Failure> {
+        match (deferred, cancel_deferred) {
+            (true, true) => Err(Failure::usage(
+                "Options --cancel-deferred and --deferred cannot be used at the same time.",
+            )),
+            (true, false) => Ok(CloseMode::Deferred),
+            (false, true) => Ok(CloseMode::CancelDeferred),
+            (false, false) => Ok(CloseMode::Now),
+        }
+    }
+}
+
+/// `close <name>`: flush, stop the export, end the daemon; refused while in use.
 pub fn close(name: &str) -> ActionResult {
-    control::request(name, &Request::Close)?;
+    close_with(name, CloseMode::Now)
+}
+
+/// `close [--deferred | --cancel-deferred] <name>`.
+pub fn close_with(name: &str, mode: CloseMode) -> ActionResult {
+    match mode {
+        CloseMode::Now => {
+            control::request(name, &Request::Close)?;
+        }
+        CloseMode::CancelDeferred => {
+            control::request(name, &Request::CancelDeferredClose)?;
+            return Ok(());
+        }
+        CloseMode::Deferred => {
+            if let control::Response::CloseDeferred { pending: true } =
+                control::request(name, &Request::CloseDeferred)?
+            {
+                // cryptsetup's line when the device stays until its last user closes it.
+                println!("Device {name} is still active and scheduled for deferred removal.");
+                return Ok(());
+            }
+        }
+    }
     // The daemon removes its socket once the export has stopped; wait for that so a script
     // can reuse the name or the backing file right after `close` returns.
     let path = control::socket_path(name)?;
@@ -459,7 +506,11 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         return Ok(());
     }
     let info = &a.info;
-    println!("/dev/mapper/{name} is active.");
+    // cryptsetup's first line, " and is in use" while the device is open.
+    println!(
+        "/dev/mapper/{name} is active{}.",
+        if a.users > 0 { " and is in use" } else { "" }
+    );
     let field = |k: &str| {
         info[k]
             .as_str()
@@ -540,6 +591,9 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         ExportDescription::Ublk(_) | ExportDescription::None => {}
     }
     println!("  status:      {}", a.status.trim());
+    if a.deferred_remove {
+        println!("  deferred:    closes when the last user has gone");
+    }
     if let Some(r) = &a.reencryption {
         let state = serde_json::to_value(r.state).unwrap_or_default();
         println!(

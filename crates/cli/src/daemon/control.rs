@@ -15,6 +15,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 /// A control socket that answers for one lower mapping of the stack, so `dm table`,
@@ -96,38 +97,96 @@ fn bind_control(name: &str) -> Result<(PathBuf, UnixListener), Failure> {
     Ok((path, listener))
 }
 
-/// Answers requests on `sockets` until the top mapping is closed. A lower mapping removed
-/// with `dm remove` (possible once a reload of the top no longer uses it) stops answering
-/// under its name.
+/// Set by the signal watcher before it asks for `close`: termination closes even while the
+/// volume is in use (the process is going away; refusing would only turn a flushed close
+/// into a kill).
+static TERMINATING: AtomicBool = AtomicBool::new(false);
+
+/// How long `close` waits for users that are leaving before it refuses. libdevmapper retries
+/// a busy removal for seconds because udev briefly opens new devices; here a client that
+/// just disconnected or closed the file is counted until its export notices (milliseconds:
+/// an NBD client's EOF, the kernel's asynchronous FUSE release), so a second is plenty.
+const CLOSE_SETTLE: Duration = Duration::from_secs(1);
+
+/// How often a pending `close --deferred` checks whether the last user has gone. Exports
+/// count users rather than announce departures, so the control loop looks again this often.
+const DEFERRED_CHECK: Duration = Duration::from_millis(100);
+
+/// Where the control loop stands on closing the top mapping.
+#[derive(Default)]
+struct Closing {
+    /// Closed: the loop ends after this request.
+    stopping: AtomicBool,
+    /// `close --deferred` is pending: closed once the volume is no longer in use.
+    deferred: AtomicBool,
+}
+
+/// Answers requests on `sockets` until the top mapping is closed (at once, or after a
+/// deferred close once its last user has gone). A lower mapping removed with `dm remove`
+/// (possible once a reload of the top no longer uses it) stops answering under its name.
 pub(super) fn serve(stack: &Stack, sockets: &mut Sockets) {
-    let stopping = AtomicBool::new(false);
+    let closing = Closing::default();
     loop {
-        let Ok((which, stream)) = accept_next(&sockets.top, &sockets.lower) else {
-            continue;
-        };
-        let target = which.map_or(stack.spec().name.as_str(), |i| {
-            sockets.lower[i].name.as_str()
-        });
-        handle_client(stream, stack, &stopping, target);
-        sockets.lower.retain(|s| {
-            let live = stack.registry().lookup(&s.name).is_some();
-            if !live {
-                let _ = std::fs::remove_file(&s.path);
-            }
-            live
-        });
-        if stopping.load(Ordering::SeqCst) {
+        let wait = closing
+            .deferred
+            .load(Ordering::SeqCst)
+            .then_some(DEFERRED_CHECK);
+        // `None`: the deferred check's timeout passed (or accept failed) with no client.
+        if let Ok(Some((which, stream))) = accept_next(&sockets.top, &sockets.lower, wait) {
+            let target = which.map_or(stack.spec().name.as_str(), |i| {
+                sockets.lower[i].name.as_str()
+            });
+            handle_client(stream, stack, &closing, target);
+            sockets.lower.retain(|s| {
+                let live = stack.registry().lookup(&s.name).is_some();
+                if !live {
+                    let _ = std::fs::remove_file(&s.path);
+                }
+                live
+            });
+        }
+        if closing.deferred.load(Ordering::SeqCst) && !in_use(stack) {
+            stack.stop_reencryption();
+            closing.stopping.store(true, Ordering::SeqCst);
+        }
+        if closing.stopping.load(Ordering::SeqCst) {
             break;
         }
     }
 }
 
+/// True while closing the top mapping would pull it from under someone: its export has
+/// users, or its suspend holds requests (they wait for a resume).
+fn in_use(stack: &Stack) -> bool {
+    stack.users() > 0
+        || stack
+            .registry()
+            .lookup(&stack.spec().name)
+            .is_some_and(|m| holds_suspended_io(&m.info()))
+}
+
+/// [`in_use`], after waiting up to [`CLOSE_SETTLE`] for users on their way out.
+fn in_use_after_settling(stack: &Stack) -> bool {
+    let deadline = Instant::now() + CLOSE_SETTLE;
+    loop {
+        if !in_use(stack) {
+            return false;
+        }
+        if Instant::now() >= deadline {
+            return true;
+        }
+        // Exports count their users; nothing announces the last one leaving.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits for a client on the top mapping's control socket (`None`) or on the socket of
-/// lower mapping `Some(i)`.
+/// lower mapping `Some(i)`; `Ok(None)` when `timeout` (forever if none) passed first.
 fn accept_next(
     top: &UnixListener,
     lower: &[LowerSocket],
-) -> std::io::Result<(Option<usize>, UnixStream)> {
+    timeout: Option<Duration>,
+) -> std::io::Result<Option<(Option<usize>, UnixStream)>> {
     use std::os::fd::AsRawFd;
     let mut fds: Vec<libc::pollfd> = std::iter::once(top.as_raw_fd())
         .chain(lower.iter().map(|s| s.listener.as_raw_fd()))
@@ -138,8 +197,9 @@ fn accept_next(
         })
         .collect();
     loop {
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
         // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
@@ -147,10 +207,13 @@ fn accept_next(
             }
             return Err(e);
         }
+        if n == 0 {
+            return Ok(None);
+        }
         if let Some(i) = fds.iter().position(|p| p.revents != 0) {
             let listener = if i == 0 { top } else { &lower[i - 1].listener };
             let (stream, _) = listener.accept()?;
-            return Ok((i.checked_sub(1), stream));
+            return Ok(Some((i.checked_sub(1), stream)));
         }
     }
 }
@@ -220,7 +283,7 @@ fn read_request_line(mut stream: &UnixStream) -> Result<SecretText, LineError> {
 
 /// One request per connection, for mapping `target` (the top or a lower one): read a line,
 /// answer a line.
-fn handle_client(stream: UnixStream, stack: &Stack, stopping: &AtomicBool, target: &str) {
+fn handle_client(stream: UnixStream, stack: &Stack, closing: &Closing, target: &str) {
     // Requests are answered one at a time, so a client that connects and then sends or reads
     // nothing must not hold every other client off: it gets this long for each.
     let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
@@ -246,7 +309,7 @@ fn handle_client(stream: UnixStream, stack: &Stack, stopping: &AtomicBool, targe
     }
     let answer = match read_request_line(&stream) {
         Ok(line) => match Request::decode(&line) {
-            Ok(req) => answer(&req, stack, stopping, target),
+            Ok(req) => answer(&req, stack, closing, target),
             Err(refusal) => refusal,
         },
         Err(LineError::Io) => return,
@@ -270,12 +333,21 @@ fn holds_suspended_io(info: &cryptblk_dm::MappingInfo) -> bool {
     info.suspended && info.held > 0
 }
 
-fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> Response {
+fn answer(req: &Request, stack: &Stack, closing: &Closing, target: &str) -> Response {
     let spec = stack.spec();
     let registry = stack.registry();
     let is_top = target == spec.name;
     if matches!(req, Request::Close) && !is_top {
         return stack.remove_lower(target);
+    }
+    if matches!(req, Request::CloseDeferred | Request::CancelDeferredClose) && !is_top {
+        return Response::error(
+            ExitCode::WrongParameters,
+            format!(
+                "{target} is a lower mapping of {}; deferred close applies to the volume",
+                spec.name
+            ),
+        );
     }
     let Some(mapping) = registry.lookup(target) else {
         return Response::error(
@@ -367,19 +439,38 @@ fn answer(req: &Request, stack: &Stack, stopping: &AtomicBool, target: &str) -> 
                 } else {
                     None
                 },
+                users: if is_top { stack.users() as u64 } else { 0 },
+                deferred_remove: is_top && closing.deferred.load(Ordering::SeqCst),
             }))
         }
         Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),
-        Request::Close if holds_suspended_io(&mapping.info()) => {
-            // The kernel refuses to remove a device someone holds open; a request held by
-            // the suspend is that here. Resume lets it finish; then close.
+        // The kernel refuses to remove a device someone holds open (cryptsetup: "Device
+        // NAME is still in use.", exit 5): here a client of the export, or a request held by
+        // the suspend (resume lets it finish). Termination signals close regardless.
+        Request::Close if !TERMINATING.load(Ordering::SeqCst) && in_use_after_settling(stack) => {
             Response::error(ExitCode::Busy, format!("Device {target} is still in use."))
         }
         Request::Close => {
             // A running reencryption finishes its step first, so the header on disk is a
             // finished step that either tool resumes.
             stack.stop_reencryption();
-            stopping.store(true, Ordering::SeqCst);
+            closing.stopping.store(true, Ordering::SeqCst);
+            Response::Done
+        }
+        // As the kernel's deferred removal: an unused device goes at once, a used one when
+        // its last user leaves (the serve loop watches for that).
+        Request::CloseDeferred => {
+            let pending = in_use(stack);
+            if pending {
+                closing.deferred.store(true, Ordering::SeqCst);
+            } else {
+                stack.stop_reencryption();
+                closing.stopping.store(true, Ordering::SeqCst);
+            }
+            Response::CloseDeferred { pending }
+        }
+        Request::CancelDeferredClose => {
+            closing.deferred.store(false, Ordering::SeqCst);
             Response::Done
         }
         Request::Reencrypt { .. } | Request::DecryptExport { .. } if !is_top => Response::error(
@@ -514,6 +605,7 @@ pub(super) fn spawn_signal_watcher(ctl: PathBuf) {
         unsafe {
             libc::sigwait(&set, &mut sig);
         }
+        TERMINATING.store(true, Ordering::SeqCst);
         if let Ok(mut s) = UnixStream::connect(&ctl) {
             let _ = s.write_all(Request::Close.encode().as_bytes());
             let mut sink = String::new();

@@ -338,6 +338,11 @@ impl Stack {
         self.export.describe()
     }
 
+    /// Users of the export now (see [`Export::users`]): `close` refuses while not 0.
+    pub(super) fn users(&self) -> usize {
+        self.export.users()
+    }
+
     /// Tells the export's clients the top mapping's new size (after a resume swapped in a
     /// table of another length).
     pub(super) fn export_resized(&self, new_size: u64) -> Result<(), String> {

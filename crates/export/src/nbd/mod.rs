@@ -481,6 +481,12 @@ impl Export for NbdServer {
         check_resize(self.shared.io.device().as_ref(), new_size)
     }
 
+    /// Every open connection, negotiating ones included: a client mid-handshake is about to
+    /// use the device (and one that stalls there is cut by the handshake timeout).
+    fn users(&self) -> usize {
+        self.connection_count()
+    }
+
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         NbdServer::stop(*self)
     }

@@ -94,6 +94,8 @@ struct Control {
     stopping: bool,
     /// The connected frontend's connection, to cut it on stop.
     connection: Option<ShutdownHandle>,
+    /// A frontend is connected (from its accept until its connection's workers are gone).
+    attached: bool,
 }
 
 /// A running vhost-user-blk export. Dropping it stops it like [`VhostUserExport::stop`],
@@ -236,6 +238,16 @@ impl Export for VhostUserExport {
         Ok(())
     }
 
+    /// 1 while a frontend (a VM's disk) is attached: one frontend at a time.
+    fn users(&self) -> usize {
+        usize::from(
+            self.control
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .attached,
+        )
+    }
+
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         VhostUserExport::stop(*self)
     }
@@ -327,6 +339,7 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, control: &Mutex<Control>,
         }
         {
             let mut c = control.lock().unwrap_or_else(|e| e.into_inner());
+            c.attached = true;
             if c.stopping {
                 daemon.request_shutdown();
             } else {
@@ -345,6 +358,7 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, control: &Mutex<Control>,
         // Dropping the daemon stops and joins its vring workers: no request is in flight
         // once it is gone.
         drop(daemon);
+        control.lock().unwrap_or_else(|e| e.into_inner()).attached = false;
         if let Err(e) = shared.device.flush() {
             log::error!("vhost-user-blk: flushing after the frontend left: {e}");
         }

@@ -34,8 +34,16 @@ pub enum Request {
         showkeys: bool,
     },
     /// Flush, stop the export and end the daemon (the top mapping), or remove one lower
-    /// mapping of the stack (`dm remove` of a lower name).
+    /// mapping of the stack (`dm remove` of a lower name). Refused (busy, "Device NAME is
+    /// still in use.") while the export has users or a suspend holds I/O.
     Close,
+    /// `close --deferred`: close the top mapping once its last user has gone (at once if it
+    /// has none), as the kernel's deferred removal. Its own command rather than a flag on
+    /// [`Request::Close`], so a daemon that predates it refuses it instead of closing.
+    CloseDeferred,
+    /// `close --cancel-deferred`: forget a [`Request::CloseDeferred`]; the volume stays
+    /// open (nothing to do if none was asked for, as the kernel's).
+    CancelDeferredClose,
     /// Suspend I/O (waits for requests in flight).
     Suspend,
     /// Resume I/O, swapping in a table staged by [`Request::Reload`].
@@ -123,6 +131,8 @@ impl fmt::Debug for Request {
                 f.debug_struct("Table").field("showkeys", showkeys).finish()
             }
             Request::Close => f.write_str("Close"),
+            Request::CloseDeferred => f.write_str("CloseDeferred"),
+            Request::CancelDeferredClose => f.write_str("CancelDeferredClose"),
             Request::Suspend => f.write_str("Suspend"),
             Request::Resume => f.write_str("Resume"),
             // The table may hold a volume key.
@@ -283,6 +293,14 @@ pub struct Status {
     /// online) and its progress; left out otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reencryption: Option<crate::reencrypt::ReencryptProgress>,
+    /// Users of the export now (NBD connections, opens of the FUSE file, an attached
+    /// vhost-user frontend, holders of the ublk device): `close` refuses while not 0, and
+    /// the plain report says "is active and is in use." (0 from daemons that predate it).
+    #[serde(default)]
+    pub users: u64,
+    /// `close --deferred` is pending: the daemon closes when the last user goes.
+    #[serde(default)]
+    pub deferred_remove: bool,
 }
 
 /// A remote backing store (`rbd:...`) in a [`Status`].
@@ -319,6 +337,12 @@ pub enum Response {
     Table(SecretText),
     /// The target's reply to [`Request::Message`], if it gave one.
     Message(Option<String>),
+    /// The answer to [`Request::CloseDeferred`]: `pending` when users remain and the
+    /// volume closes after the last one (false: it had none and is closing now).
+    CloseDeferred {
+        /// The close waits for the last user.
+        pending: bool,
+    },
     /// The request was refused.
     Error {
         /// The error class (cryptsetup's exit code).
@@ -336,6 +360,7 @@ enum WireBody<'a> {
     Status(&'a Status),
     Table { table: &'a str },
     Message { reply: Option<&'a str> },
+    CloseDeferred { pending: bool },
     Error { code: i32, error: &'a str },
 }
 
@@ -389,6 +414,9 @@ impl Response {
                     reply: r.as_deref(),
                 },
             ),
+            Response::CloseDeferred { pending } => {
+                (true, WireBody::CloseDeferred { pending: *pending })
+            }
             Response::Error { class, message } => (
                 false,
                 WireBody::Error {
@@ -450,7 +478,16 @@ impl Response {
                 let m: MessageAnswer = serde_json::from_value(value).map_err(malformed)?;
                 Response::Message(m.reply)
             }
+            Request::CloseDeferred => {
+                #[derive(Deserialize)]
+                struct DeferredAnswer {
+                    pending: bool,
+                }
+                let d: DeferredAnswer = serde_json::from_value(value).map_err(malformed)?;
+                Response::CloseDeferred { pending: d.pending }
+            }
             Request::Close
+            | Request::CancelDeferredClose
             | Request::Suspend
             | Request::Resume
             | Request::Reload { .. }
@@ -510,6 +547,8 @@ mod tests {
             pid: 42,
             backings: Vec::new(),
             reencryption: None,
+            users: 2,
+            deferred_remove: true,
         }
     }
 
@@ -520,6 +559,8 @@ mod tests {
             Request::Table { showkeys: true },
             Request::Table { showkeys: false },
             Request::Close,
+            Request::CloseDeferred,
+            Request::CancelDeferredClose,
             Request::Suspend,
             Request::Resume,
             Request::Reload {
@@ -541,6 +582,14 @@ mod tests {
         assert_eq!(
             Request::Refresh { flags: vec![] }.encode(),
             "{\"v\":1,\"request\":{\"cmd\":\"refresh\",\"flags\":[]}}\n"
+        );
+        assert_eq!(
+            Request::CloseDeferred.encode(),
+            "{\"v\":1,\"request\":{\"cmd\":\"close_deferred\"}}\n"
+        );
+        assert_eq!(
+            Request::CancelDeferredClose.encode(),
+            "{\"v\":1,\"request\":{\"cmd\":\"cancel_deferred_close\"}}\n"
         );
     }
 
@@ -582,6 +631,19 @@ mod tests {
                 Response::Table("0 8 zero\n".into()),
             ),
             (Request::Close, Response::Done),
+            (
+                Request::Close,
+                Response::error(ErrorClass::Busy, "Device v is still in use."),
+            ),
+            (
+                Request::CloseDeferred,
+                Response::CloseDeferred { pending: true },
+            ),
+            (
+                Request::CloseDeferred,
+                Response::CloseDeferred { pending: false },
+            ),
+            (Request::CancelDeferredClose, Response::Done),
             (Request::Resume, Response::Done),
             (
                 Request::Suspend,
@@ -643,7 +705,9 @@ mod tests {
                 "pipeline",
                 "export",
                 "lower",
-                "pid"
+                "pid",
+                "users",
+                "deferred_remove"
             ]
         );
         assert_eq!(
