@@ -106,8 +106,7 @@ fn structured_reply(rng: &mut Rng, i: usize) -> Vec<Vec<u8>> {
 /// A server stream: valid replies, then damaged with some probability.
 fn stream(rng: &mut Rng, structured: bool) -> Vec<u8> {
     let mut chunks: Vec<Vec<u8>> = Vec::new();
-    for i in 0..REQUESTS.len() {
-        let (cmd, _, len) = REQUESTS[i];
+    for (i, &(cmd, _, len)) in REQUESTS.iter().enumerate() {
         if structured && rng.chance(85) {
             chunks.extend(structured_reply(rng, i));
         } else {
@@ -194,12 +193,14 @@ impl Cursor<'_> {
     }
 }
 
+/// A structured reply under assembly: data, covered bytes, first error.
+type Assembly = (Vec<u8>, Vec<bool>, Option<i32>);
+
 /// Reads replies by the protocol's rules until the end of the stream or the first
 /// violation (after which nothing more is answered).
 fn reference(structured: bool, bytes: &[u8]) -> Vec<Outcome> {
     let mut out: Vec<Outcome> = vec![None; REQUESTS.len()];
-    // Per request under assembly: data, covered bytes, first error.
-    let mut open: Vec<Option<(Vec<u8>, Vec<bool>, Option<i32>)>> = vec![None; REQUESTS.len()];
+    let mut open: Vec<Option<Assembly>> = vec![None; REQUESTS.len()];
     let mut c = Cursor(bytes);
     let pending = |out: &Vec<Outcome>, h: u64| -> Option<usize> {
         let i = usize::try_from(h).ok()?.checked_sub(1)?;
