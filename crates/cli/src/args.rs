@@ -261,6 +261,11 @@ pub struct TokenOpts {
     /// (`swtpm:host=127.0.0.1,port=2321`); default: $SYSTEMD_TPM2_DEVICE, else /dev/tpmrm0.
     #[arg(long, global = true, value_name = "DEVICE|TCTI")]
     pub tpm2_device: Option<String>,
+    /// How long, in seconds, each exchange with a clevis tang server may take in all
+    /// (connecting, asking and the whole answer), as systemd's `token-timeout=` (0: no limit);
+    /// default 10.
+    #[arg(long, global = true, value_name = "SECONDS")]
+    pub token_timeout: Option<u64>,
 }
 
 /// `token` actions, as cryptsetup's.

@@ -106,6 +106,9 @@ fn run(cli: args::Cli) -> ActionResult {
     use actions::{info, luks, offline, serving};
     let o = &cli.opts;
     let json = o.json;
+    if let Some(secs) = o.token.token_timeout {
+        cryptblk_volume::token::clevis::tang::set_timeout(std::time::Duration::from_secs(secs));
+    }
     match &cli.action {
         Action::LuksFormat { device, key_file } => {
             luks::luks_format(o, device, key_file.as_deref())

@@ -10,14 +10,29 @@
 //! Requests from many threads go out on one connection at once; a reader thread matches
 //! replies to requests by handle.
 //!
+//! Deadlines: the handshake as a whole must finish within [`CONNECT_TIMEOUT`] (every read
+//! and write waits at most what is left of it), and a request within [`REQUEST_TIMEOUT`]
+//! from when it is sent ([`NbdTimeouts`] sets both). The reader thread assembles a reply in
+//! its own buffers and takes a request's lock only to hand over a finished reply, so a
+//! server that stalls mid-reply cannot keep a waiting request past its deadline: the
+//! request gives up, drops the connection and the reader's blocked read ends with it. A
+//! connection attempt never holds the lock `status` reads.
+//!
+//! Replies are checked as the protocol demands: a successful structured READ reply covers
+//! the requested range exactly once (data and hole chunks inside the range, none
+//! overlapping, nothing missing), error chunks carry at most [`proto::MAX_STRING`] bytes
+//! of message, and chunk types the client did not ask for are protocol errors. A violation
+//! drops the connection and fails the requests on it; it is never returned as data.
+//!
 //! Failures: a request that the server answers with an error, or that meets a broken
-//! connection, a short reply or no reply within [`REQUEST_TIMEOUT`], fails with `EIO` (a
-//! server's EPERM, ENOSPC or EINVAL keep their code) and is counted ([`NbdStats`]). A write
-//! succeeds only after the server acknowledged it. A broken connection is dropped and the
-//! next request connects again (at most one attempt per [`RECONNECT_EVERY`]), so the device
-//! comes back with its server; requests in flight on the lost connection are failed, never
-//! retried, since the caller must learn that their fate is unknown.
+//! connection, a bad or short reply or no reply in time, fails with `EIO` (a server's
+//! EPERM, ENOSPC or EINVAL keep their code) and is counted ([`NbdStats`]). A write succeeds
+//! only after the server acknowledged it. A broken connection is dropped and the next
+//! request connects again (at most one attempt per [`RECONNECT_EVERY`]), so the device
+//! comes back with its server; requests in flight on the lost connection are failed at
+//! once, never retried, since the caller must learn that their fate is unknown.
 
+pub mod proto;
 pub mod tls;
 pub mod tls_files;
 pub mod uri;
@@ -36,13 +51,15 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore};
 
 use crate::device::{check_range, BlockDevice, WriteFlags};
+use proto::*;
 use tls::TlsSession;
 use tls_files::TlsFile;
 pub use uri::{is_nbd_uri, NbdAddress, NbdUri};
 
-/// A request without a reply this long fails and its connection is dropped.
+/// A request without a reply this long after it was sent fails and its connection is
+/// dropped.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Connecting and negotiating must finish within this time.
+/// Connecting and negotiating, all of it, must finish within this time.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed connection attempt, requests fail at once for this long instead of
 /// trying again each.
@@ -51,41 +68,35 @@ pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 /// `tls-certificates=`.
 pub const TLS_ENV: &str = "CRYPTBLK_NBD_TLS_CERTIFICATES";
 
-const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
-const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
-const FLAG_FIXED_NEWSTYLE: u16 = 1;
-const FLAG_NO_ZEROES: u16 = 2;
-const OPT_STARTTLS: u32 = 5;
-const OPT_GO: u32 = 7;
-const OPT_STRUCTURED_REPLY: u32 = 8;
-const REP_ACK: u32 = 1;
-const REP_INFO: u32 = 3;
-const INFO_EXPORT: u16 = 0;
-const INFO_BLOCK_SIZE: u16 = 3;
-const TFLAG_READ_ONLY: u16 = 1 << 1;
-const TFLAG_SEND_FLUSH: u16 = 1 << 2;
-const TFLAG_SEND_FUA: u16 = 1 << 3;
-const TFLAG_SEND_TRIM: u16 = 1 << 5;
-const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
-const CMD_READ: u16 = 0;
-const CMD_WRITE: u16 = 1;
-const CMD_FLUSH: u16 = 3;
-const CMD_TRIM: u16 = 4;
-const CMD_WRITE_ZEROES: u16 = 6;
-const CMD_FLAG_FUA: u16 = 1;
-const REPLY_FLAG_DONE: u16 = 1;
-const REPLY_TYPE_NONE: u16 = 0;
-const REPLY_TYPE_OFFSET_DATA: u16 = 1;
-const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
-const REPLY_TYPE_ERROR_BIT: u16 = 1 << 15;
 /// The protocol's default maximum request when the server names none.
 const DEFAULT_MAX_REQUEST: u32 = 32 << 20;
 /// Trims and write-zeroes are split into requests of at most this length.
 const MAX_RANGE_REQUEST: u64 = 1 << 30;
+/// The largest error chunk read: error value (4), message length (2), a message of at most
+/// the protocol's longest string, and the offset of `NBD_REPLY_TYPE_ERROR_OFFSET` (8).
+/// Anything longer breaks the protocol, and is refused before it is buffered.
+const MAX_ERROR_CHUNK: u32 = 6 + MAX_STRING as u32 + 8;
+
+/// The deadlines of one NBD backing ([`NbdTimeouts::default`] is what `open` uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NbdTimeouts {
+    /// A request must be answered within this long after it was sent.
+    pub request: Duration,
+    /// A connection attempt (connect, TLS, options, `NBD_OPT_GO`) must finish within this.
+    pub connect: Duration,
+    /// After a failed connection attempt, requests fail at once for this long.
+    pub reconnect_every: Duration,
+}
+
+impl Default for NbdTimeouts {
+    fn default() -> Self {
+        NbdTimeouts {
+            request: REQUEST_TIMEOUT,
+            connect: CONNECT_TIMEOUT,
+            reconnect_every: RECONNECT_EVERY,
+        }
+    }
+}
 
 /// Failures of an NBD backing, for `status`.
 #[derive(Debug, Default)]
@@ -134,12 +145,16 @@ pub struct NbdBacking {
     /// What messages call it.
     name: String,
     tls: Option<Arc<ClientConfig>>,
+    timeouts: NbdTimeouts,
     size: u64,
     block_size: u32,
     max_request: u32,
     flags: u16,
+    /// The current connection; held only to look at or replace it, never across I/O.
     conn: Mutex<Option<Arc<Conn>>>,
-    last_failure: Mutex<Option<Instant>>,
+    /// Held across a connection attempt (so one thread connects and the others wait for
+    /// it, at most its handshake deadline); the time of the last failed attempt.
+    connecting: Mutex<Option<Instant>>,
     stats: NbdStats,
 }
 
@@ -147,6 +162,11 @@ impl NbdBacking {
     /// Connects to the export `spec` names (an NBD URI) and negotiates; fails with what the
     /// server or the network said.
     pub fn open(spec: &str) -> io::Result<Arc<NbdBacking>> {
+        NbdBacking::open_with(spec, NbdTimeouts::default())
+    }
+
+    /// [`NbdBacking::open`] with other deadlines (tests use short ones).
+    pub fn open_with(spec: &str, timeouts: NbdTimeouts) -> io::Result<Arc<NbdBacking>> {
         let uri =
             NbdUri::parse(spec).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let tls = if uri.tls {
@@ -155,17 +175,18 @@ impl NbdBacking {
             None
         };
         let name = spec.split('?').next().unwrap_or(spec).to_string();
-        let (conn, info) = Conn::connect(&uri, tls.as_ref())?;
+        let (conn, info) = Conn::connect(&uri, tls.as_ref(), timeouts.connect)?;
         let backing = Arc::new(NbdBacking {
             uri,
             name,
             tls,
+            timeouts,
             size: info.size,
             block_size: info.min_block.clamp(512, 65536),
             max_request: info.max_block.clamp(1 << 16, DEFAULT_MAX_REQUEST),
             flags: info.flags,
             conn: Mutex::new(Some(conn)),
-            last_failure: Mutex::new(None),
+            connecting: Mutex::new(None),
             stats: NbdStats::default(),
         });
         let mut open = lock(open_backings());
@@ -179,36 +200,42 @@ impl NbdBacking {
         &self.stats
     }
 
-    /// A snapshot for `status`.
+    /// A snapshot for `status`; never waits for a connection attempt.
     pub fn report(&self) -> NbdBackingReport {
         NbdBackingReport {
             uri: self.name.clone(),
-            connected: lock(&self.conn).as_ref().is_some_and(|c| !c.is_dead()),
+            connected: self.live().is_some(),
             errors: self.stats.errors.load(Ordering::Relaxed),
             reconnects: self.stats.reconnects.load(Ordering::Relaxed),
         }
     }
 
+    fn live(&self) -> Option<Arc<Conn>> {
+        lock(&self.conn).as_ref().filter(|c| !c.is_dead()).cloned()
+    }
+
     /// The live connection, making a new one if the last one broke.
     fn connection(&self) -> io::Result<Arc<Conn>> {
-        let mut current = lock(&self.conn);
-        if let Some(c) = current.as_ref().filter(|c| !c.is_dead()) {
-            return Ok(Arc::clone(c));
+        if let Some(c) = self.live() {
+            return Ok(c);
         }
-        *current = None;
-        let mut last_failure = lock(&self.last_failure);
-        if last_failure.is_some_and(|t| t.elapsed() < RECONNECT_EVERY) {
+        let mut last_failure = lock(&self.connecting);
+        // Another thread may have connected while this one waited.
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
+        if last_failure.is_some_and(|t| t.elapsed() < self.timeouts.reconnect_every) {
             return Err(io::Error::new(
                 io::ErrorKind::NotConnected,
                 format!("{}: not connected", self.name),
             ));
         }
-        match Conn::connect(&self.uri, self.tls.as_ref()) {
+        match Conn::connect(&self.uri, self.tls.as_ref(), self.timeouts.connect) {
             Ok((conn, info)) if info.size == self.size => {
                 *last_failure = None;
                 self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                 log::warn!("{}: connected again", self.name);
-                *current = Some(Arc::clone(&conn));
+                *lock(&self.conn) = Some(Arc::clone(&conn));
                 Ok(conn)
             }
             Ok((conn, info)) => {
@@ -236,9 +263,10 @@ impl NbdBacking {
         payload: &[u8],
         read_into: Option<&mut [u8]>,
     ) -> io::Result<()> {
-        let result = self
-            .connection()
-            .and_then(|conn| conn.call(cmd, flags, offset, len, payload, read_into));
+        let result = self.connection().and_then(|conn| {
+            let deadline = Instant::now() + self.timeouts.request;
+            conn.call(cmd, flags, offset, len, payload, read_into, deadline)
+        });
         if let Err(e) = &result {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
             log::warn!("{}: request at {offset} failed: {e}", self.name);
@@ -360,35 +388,88 @@ impl Socket {
         };
     }
 
-    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
-            Socket::Tcp(s) => {
-                s.set_read_timeout(read)?;
-                s.set_write_timeout(write)
-            }
-            Socket::Unix(s) => {
-                s.set_read_timeout(read)?;
-                s.set_write_timeout(write)
-            }
+            Socket::Tcp(s) => s.set_read_timeout(t),
+            Socket::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_write_timeout(t),
+            Socket::Unix(s) => s.set_write_timeout(t),
         }
     }
 }
 
-impl Read for &Socket {
+/// The socket seen through a deadline: each read or write waits at most what is left of
+/// it (the socket timeouts are set from it before each call), and once it has passed,
+/// fails with `TimedOut` saying what timed out. Without a deadline (the reader thread,
+/// which requests time out for) reads wait for ever.
+///
+/// Socket timeouts are per call, so a peer that trickles a byte now and then would keep a
+/// plain timeout from ever firing; recomputing them from one deadline bounds the whole.
+/// The read timeout is only set where one thread reads (the handshake), the write timeout
+/// only under the connection's send lock.
+#[derive(Clone, Copy)]
+struct Bounded<'a> {
+    socket: &'a Socket,
+    deadline: Option<Instant>,
+    what: &'a str,
+}
+
+impl Bounded<'_> {
+    fn left(&self) -> io::Result<Option<Duration>> {
+        match self.deadline {
+            None => Ok(None),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    Err(self.timed_out())
+                } else {
+                    Ok(Some(left))
+                }
+            }
+        }
+    }
+
+    fn timed_out(&self) -> io::Error {
+        io::Error::new(io::ErrorKind::TimedOut, format!("{} timed out", self.what))
+    }
+
+    /// A socket timeout is reported as `WouldBlock` (EAGAIN): name it.
+    fn map(&self, e: io::Error) -> io::Error {
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => self.timed_out(),
+            _ => e,
+        }
+    }
+}
+
+impl Read for Bounded<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
+        if let Some(left) = self.left()? {
+            self.socket.set_read_timeout(Some(left))?;
+        }
+        let r = match self.socket {
             Socket::Tcp(s) => (&*s).read(buf),
             Socket::Unix(s) => (&*s).read(buf),
-        }
+        };
+        r.map_err(|e| self.map(e))
     }
 }
 
-impl Write for &Socket {
+impl Write for Bounded<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
+        if let Some(left) = self.left()? {
+            self.socket.set_write_timeout(Some(left))?;
+        }
+        let r = match self.socket {
             Socket::Tcp(s) => (&*s).write(buf),
             Socket::Unix(s) => (&*s).write(buf),
-        }
+        };
+        r.map_err(|e| self.map(e))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -396,20 +477,39 @@ impl Write for &Socket {
     }
 }
 
-impl Read for &Channel {
+/// The channel (plain or TLS) through a [`Bounded`] socket.
+struct Link<'a> {
+    channel: &'a Channel,
+    socket: Bounded<'a>,
+}
+
+impl<'a> Link<'a> {
+    fn new(channel: &'a Channel, deadline: Option<Instant>, what: &'a str) -> Link<'a> {
+        Link {
+            channel,
+            socket: Bounded {
+                socket: &channel.socket,
+                deadline,
+                what,
+            },
+        }
+    }
+}
+
+impl Read for Link<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match &self.tls {
-            Some(tls) => tls.read(&self.socket, buf),
-            None => (&self.socket).read(buf),
+        match &self.channel.tls {
+            Some(tls) => tls.read(self.socket, buf),
+            None => self.socket.read(buf),
         }
     }
 }
 
-impl Write for &Channel {
+impl Write for Link<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match &self.tls {
-            Some(tls) => tls.write(&self.socket, &[io::IoSlice::new(buf)]),
-            None => (&self.socket).write(buf),
+        match &self.channel.tls {
+            Some(tls) => tls.write(self.socket, &[io::IoSlice::new(buf)]),
+            None => self.socket.write(buf),
         }
     }
 
@@ -418,27 +518,110 @@ impl Write for &Channel {
     }
 }
 
-/// One request waiting for its reply.
+/// One request waiting for its reply. The reader thread builds the reply in its own
+/// buffer ([`Reply`]) and locks `state` only to hand it over.
 struct Slot {
+    cmd: u16,
     offset: u64,
+    len: u32,
     state: Mutex<SlotState>,
     done: Condvar,
 }
 
 struct SlotState {
     finished: bool,
-    /// The read's data, filled by the reader thread.
+    /// A read's data, once finished.
     data: Vec<u8>,
     /// The server's error, or the connection's failure.
     error: Option<io::Error>,
 }
 
+/// A structured reply being assembled by the reader thread.
+struct Reply {
+    data: Vec<u8>,
+    /// Which bytes of the range a chunk has covered.
+    covered: Coverage,
+    /// The first error chunk's errno.
+    error: Option<i32>,
+}
+
+/// One bit per byte of a read's range: which bytes data and hole chunks have covered, to
+/// refuse overlapping chunks and replies that leave bytes out. A bitmap rather than a list
+/// of ranges because its size is fixed by the request (an eighth of the data buffer), not
+/// by how many chunks a server chooses to send.
+struct Coverage {
+    bits: Vec<u64>,
+    count: u64,
+}
+
+impl Coverage {
+    fn new(len: usize) -> Coverage {
+        Coverage {
+            bits: vec![0; len.div_ceil(64)],
+            count: 0,
+        }
+    }
+
+    /// Marks `start..end` covered; false (and nothing marked) if any of it already was.
+    fn mark(&mut self, start: usize, end: usize) -> bool {
+        let words = |f: &mut dyn FnMut(usize, u64) -> bool| {
+            let mut i = start;
+            while i < end {
+                let w = i / 64;
+                let lo = i % 64;
+                let hi = (end - w * 64).min(64);
+                let mask = if hi - lo == 64 {
+                    u64::MAX
+                } else {
+                    ((1u64 << (hi - lo)) - 1) << lo
+                };
+                if !f(w, mask) {
+                    return false;
+                }
+                i = w * 64 + hi;
+            }
+            true
+        };
+        if !words(&mut |w, mask| self.bits[w] & mask == 0) {
+            return false;
+        }
+        words(&mut |w, mask| {
+            self.bits[w] |= mask;
+            true
+        });
+        self.count += (end - start) as u64;
+        true
+    }
+}
+
+/// The requests of one connection waiting for replies, by handle.
+struct Book {
+    /// Structured replies were negotiated.
+    structured: bool,
+    pending: Mutex<HashMap<u64, Arc<Slot>>>,
+}
+
+impl Book {
+    /// The slot of `handle`, left pending until its reply is complete (so that a
+    /// connection failing mid-reply fails it too).
+    fn slot(&self, handle: u64) -> io::Result<Arc<Slot>> {
+        lock(&self.pending)
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| protocol(format!("reply to unknown handle {handle}")))
+    }
+
+    fn complete(&self, handle: u64, slot: &Slot, result: io::Result<Vec<u8>>) {
+        lock(&self.pending).remove(&handle);
+        finish(slot, result);
+    }
+}
+
 /// One connection: requests go out under `send`, the reader thread answers the slots.
 struct Conn {
     channel: Channel,
-    structured: bool,
+    book: Book,
     send: Mutex<()>,
-    pending: Mutex<HashMap<u64, Arc<Slot>>>,
     next_handle: AtomicU64,
     dead: AtomicBool,
 }
@@ -447,14 +630,24 @@ impl Conn {
     fn connect(
         uri: &NbdUri,
         tls: Option<&Arc<ClientConfig>>,
+        timeout: Duration,
     ) -> io::Result<(Arc<Conn>, ExportInfo)> {
+        let deadline = Instant::now() + timeout;
         let socket = match &uri.address {
             NbdAddress::Tcp { host, port } => {
                 let mut last =
                     io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address"));
                 let mut found = None;
                 for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        last = io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("connecting to {host} timed out"),
+                        );
+                        break;
+                    }
+                    match TcpStream::connect_timeout(&addr, left) {
                         Ok(s) => {
                             found = Some(s);
                             break;
@@ -471,17 +664,18 @@ impl Conn {
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?,
             ),
         };
-        socket.set_timeouts(Some(CONNECT_TIMEOUT), Some(CONNECT_TIMEOUT))?;
         let mut channel = Channel { socket, tls: None };
-        let (structured, info) = handshake(&mut channel, uri, tls)?;
-        // The reader waits for replies without a bound (requests time out themselves); a
-        // server that stops reading fails the write after REQUEST_TIMEOUT.
-        channel.socket.set_timeouts(None, Some(REQUEST_TIMEOUT))?;
+        let (structured, info) = handshake(&mut channel, uri, tls, deadline)?;
+        // The reader waits for replies without a bound: requests time out themselves and
+        // drop the connection, which ends the reader's wait.
+        channel.socket.set_read_timeout(None)?;
         let conn = Arc::new(Conn {
             channel,
-            structured,
+            book: Book {
+                structured,
+                pending: Mutex::new(HashMap::new()),
+            },
             send: Mutex::new(()),
-            pending: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             dead: AtomicBool::new(false),
         });
@@ -502,6 +696,8 @@ impl Conn {
         self.channel.socket.shutdown();
     }
 
+    /// Sends one request and waits for its reply until `deadline`.
+    #[allow(clippy::too_many_arguments)]
     fn call(
         &self,
         cmd: u16,
@@ -510,25 +706,24 @@ impl Conn {
         len: u32,
         payload: &[u8],
         read_into: Option<&mut [u8]>,
+        deadline: Instant,
     ) -> io::Result<()> {
         let slot = Arc::new(Slot {
+            cmd,
             offset,
+            len,
             state: Mutex::new(SlotState {
                 finished: false,
-                data: if read_into.is_some() {
-                    vec![0u8; len as usize]
-                } else {
-                    Vec::new()
-                },
+                data: Vec::new(),
                 error: None,
             }),
             done: Condvar::new(),
         });
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        lock(&self.pending).insert(handle, Arc::clone(&slot));
+        lock(&self.book.pending).insert(handle, Arc::clone(&slot));
         if self.is_dead() {
             // The reader may have failed the pending requests before this one was added.
-            lock(&self.pending).remove(&handle);
+            lock(&self.book.pending).remove(&handle);
             return Err(io::Error::new(
                 io::ErrorKind::NotConnected,
                 "connection lost",
@@ -542,26 +737,27 @@ impl Conn {
         header[16..24].copy_from_slice(&offset.to_be_bytes());
         header[24..28].copy_from_slice(&len.to_be_bytes());
         let sent = {
+            // Whoever holds this lock gives up by its own deadline, which is no later than
+            // this request's (it started first), and drops the connection.
             let _send = lock(&self.send);
-            let mut w = &self.channel;
+            let mut w = Link::new(&self.channel, Some(deadline), "sending the request");
             w.write_all(&header).and_then(|()| w.write_all(payload))
         };
         if let Err(e) = sent {
             self.kill();
-            lock(&self.pending).remove(&handle);
+            lock(&self.book.pending).remove(&handle);
             return Err(e);
         }
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
         let mut state = lock(&slot.state);
         while !state.finished {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 drop(state);
-                lock(&self.pending).remove(&handle);
+                lock(&self.book.pending).remove(&handle);
                 self.kill();
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("no reply within {REQUEST_TIMEOUT:?}"),
+                    "timed out waiting for the reply",
                 ));
             }
             state = slot
@@ -574,25 +770,34 @@ impl Conn {
             return Err(e);
         }
         if let Some(buf) = read_into {
+            if state.data.len() != buf.len() {
+                return Err(protocol("a read's reply has the wrong length".to_string()));
+            }
             buf.copy_from_slice(&state.data);
         }
         Ok(())
     }
 
-    /// The reader thread: answers slots until the connection fails, then fails the rest.
+    /// The reader thread: answers slots until the connection fails, then fails the rest
+    /// (including the one whose reply broke off).
     fn read_replies(self: Arc<Self>) {
+        let mut replies = HashMap::new();
         let why = loop {
-            if let Err(e) = self.read_reply() {
+            if let Err(e) = self.read_reply(&mut replies) {
                 break e;
             }
         };
+        self.fail_all(&why);
+    }
+
+    fn fail_all(&self, why: &io::Error) {
         self.dead.store(true, Ordering::SeqCst);
         self.channel.socket.shutdown();
-        let pending: Vec<Arc<Slot>> = lock(&self.pending).drain().map(|(_, s)| s).collect();
+        let pending: Vec<Arc<Slot>> = lock(&self.book.pending).drain().map(|(_, s)| s).collect();
         for slot in pending {
             finish(
                 &slot,
-                Some(io::Error::new(
+                Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
                     format!("connection lost: {why}"),
                 )),
@@ -600,109 +805,256 @@ impl Conn {
         }
     }
 
-    fn read_reply(&self) -> io::Result<()> {
-        let mut r = &self.channel;
-        let magic = read_u32(&mut r)?;
-        match magic {
-            SIMPLE_REPLY_MAGIC => {
-                let error = read_u32(&mut r)?;
-                let handle = read_u64(&mut r)?;
-                let slot = self.take_slot(handle)?;
-                let result = if error != 0 {
-                    Some(server_error(error))
-                } else {
-                    let mut state = lock(&slot.state);
-                    // A read's data follows a successful simple reply.
-                    r.read_exact(&mut state.data)?;
-                    None
-                };
-                finish(&slot, result);
-                Ok(())
-            }
-            STRUCTURED_REPLY_MAGIC if self.structured => {
-                let flags = read_u16(&mut r)?;
-                let kind = read_u16(&mut r)?;
-                let handle = read_u64(&mut r)?;
-                let len = read_u32(&mut r)?;
-                let slot = lock(&self.pending)
-                    .get(&handle)
-                    .cloned()
-                    .ok_or_else(|| protocol(format!("reply to unknown handle {handle}")))?;
-                self.read_chunk(&slot, kind, len, &mut r)?;
-                if flags & REPLY_FLAG_DONE != 0 {
-                    lock(&self.pending).remove(&handle);
-                    let error = lock(&slot.state).error.take();
-                    finish(&slot, error);
-                }
-                Ok(())
-            }
-            _ => Err(protocol(format!("bad reply magic {magic:#x}"))),
-        }
-    }
-
-    fn take_slot(&self, handle: u64) -> io::Result<Arc<Slot>> {
-        lock(&self.pending)
-            .remove(&handle)
-            .ok_or_else(|| protocol(format!("reply to unknown handle {handle}")))
-    }
-
-    fn read_chunk(&self, slot: &Slot, kind: u16, len: u32, r: &mut &Channel) -> io::Result<()> {
-        match kind {
-            REPLY_TYPE_NONE if len == 0 => Ok(()),
-            REPLY_TYPE_OFFSET_DATA | REPLY_TYPE_OFFSET_HOLE if len >= 8 => {
-                let offset = read_u64(r)?;
-                let mut state = lock(&slot.state);
-                let (start, n) = if kind == REPLY_TYPE_OFFSET_DATA {
-                    (offset.wrapping_sub(slot.offset), u64::from(len - 8))
-                } else {
-                    if len != 12 {
-                        return Err(protocol("bad hole chunk".to_string()));
-                    }
-                    (offset.wrapping_sub(slot.offset), u64::from(read_u32(r)?))
-                };
-                let end = start
-                    .checked_add(n)
-                    .filter(|e| *e <= state.data.len() as u64);
-                let Some(end) = end else {
-                    return Err(protocol(format!("chunk at {offset} outside the request")));
-                };
-                let range = start as usize..end as usize;
-                if kind == REPLY_TYPE_OFFSET_DATA {
-                    r.read_exact(&mut state.data[range])?;
-                } else {
-                    state.data[range].fill(0);
-                }
-                Ok(())
-            }
-            k if k & REPLY_TYPE_ERROR_BIT != 0 && len >= 6 => {
-                let error = read_u32(r)?;
-                let msg_len = read_u16(r)?;
-                let mut rest = vec![0u8; len as usize - 6];
-                r.read_exact(&mut rest)?;
-                let msg = rest.get(..usize::from(msg_len)).unwrap_or(&rest);
-                let e = server_error(error);
-                let e = io::Error::new(e.kind(), format!("{e}: {}", String::from_utf8_lossy(msg)));
-                // Keep the code for the caller (the message is logged by the request).
-                let code = server_errno(error);
-                lock(&slot.state).error = Some(io::Error::from_raw_os_error(code));
-                log::warn!("NBD server error: {e}");
-                Ok(())
-            }
-            k if k & REPLY_TYPE_ERROR_BIT == 0 => {
-                // A chunk type we did not ask for (block status): skip it.
-                io::copy(&mut r.take(u64::from(len)), &mut io::sink())?;
-                Ok(())
-            }
-            _ => Err(protocol(format!("malformed reply chunk type {kind}"))),
-        }
+    /// Reads one simple reply or one structured reply chunk.
+    fn read_reply(&self, replies: &mut HashMap<u64, Reply>) -> io::Result<()> {
+        let mut r = Link::new(&self.channel, None, "reading the reply");
+        read_reply_from(&mut r, &self.book, replies)
     }
 }
 
-fn finish(slot: &Slot, error: Option<io::Error>) {
+/// Reads one simple reply or one structured reply chunk from `r` for the requests in
+/// `conn`.
+fn read_reply_from(
+    r: &mut impl Read,
+    conn: &Book,
+    replies: &mut HashMap<u64, Reply>,
+) -> io::Result<()> {
+    let magic = read_u32(r)?;
+    match magic {
+        SIMPLE_REPLY_MAGIC => {
+            let error = read_u32(r)?;
+            let handle = read_u64(r)?;
+            if replies.contains_key(&handle) {
+                return Err(protocol(format!(
+                    "simple reply to handle {handle} amid its structured reply"
+                )));
+            }
+            let slot = conn.slot(handle)?;
+            if error != 0 {
+                conn.complete(handle, &slot, Err(server_error(error)));
+            } else if slot.cmd == CMD_READ {
+                // A read's data follows a successful simple reply; it is read into this
+                // thread's buffer, without the request's lock.
+                let mut data = vec![0u8; slot.len as usize];
+                r.read_exact(&mut data)?;
+                conn.complete(handle, &slot, Ok(data));
+            } else {
+                conn.complete(handle, &slot, Ok(Vec::new()));
+            }
+            Ok(())
+        }
+        STRUCTURED_REPLY_MAGIC if conn.structured => {
+            let flags = read_u16(r)?;
+            let kind = read_u16(r)?;
+            let handle = read_u64(r)?;
+            let len = read_u32(r)?;
+            let slot = conn.slot(handle)?;
+            let reply = replies.entry(handle).or_insert_with(|| Reply {
+                data: if slot.cmd == CMD_READ {
+                    vec![0u8; slot.len as usize]
+                } else {
+                    Vec::new()
+                },
+                covered: Coverage::new(if slot.cmd == CMD_READ {
+                    slot.len as usize
+                } else {
+                    0
+                }),
+                error: None,
+            });
+            read_chunk(r, &slot, reply, kind, flags, len)?;
+            if flags & REPLY_FLAG_DONE != 0 {
+                let reply = replies.remove(&handle).unwrap_or_else(|| unreachable!());
+                let result = if let Some(code) = reply.error {
+                    Err(io::Error::from_raw_os_error(code))
+                } else if slot.cmd == CMD_READ && reply.covered.count != u64::from(slot.len) {
+                    // Bytes no chunk covered would be returned as zeros (garbage once
+                    // decrypted): the protocol requires a successful read to cover all.
+                    return Err(protocol(format!(
+                        "the reply to the read at {} covers {} of its {} bytes",
+                        slot.offset, reply.covered.count, slot.len
+                    )));
+                } else {
+                    Ok(reply.data)
+                };
+                conn.complete(handle, &slot, result);
+            }
+            Ok(())
+        }
+        _ => Err(protocol(format!("bad reply magic {magic:#x}"))),
+    }
+}
+
+/// Reads one chunk's payload into `reply`, checking it against the protocol.
+fn read_chunk(
+    r: &mut impl Read,
+    slot: &Slot,
+    reply: &mut Reply,
+    kind: u16,
+    flags: u16,
+    len: u32,
+) -> io::Result<()> {
+    let is_read = slot.cmd == CMD_READ;
+    match kind {
+        REPLY_TYPE_NONE => {
+            if len != 0 || flags & REPLY_FLAG_DONE == 0 {
+                return Err(protocol("a NONE chunk must be empty and final".to_string()));
+            }
+            Ok(())
+        }
+        REPLY_TYPE_OFFSET_DATA | REPLY_TYPE_OFFSET_HOLE if is_read => {
+            let (offset, n) = if kind == REPLY_TYPE_OFFSET_DATA {
+                if len <= 8 {
+                    return Err(protocol(format!("data chunk of length {len}")));
+                }
+                (read_u64(r)?, u64::from(len - 8))
+            } else {
+                if len != 12 {
+                    return Err(protocol(format!("hole chunk of length {len}")));
+                }
+                let offset = read_u64(r)?;
+                let n = read_u32(r)?;
+                if n == 0 {
+                    return Err(protocol("empty hole chunk".to_string()));
+                }
+                (offset, u64::from(n))
+            };
+            let start = offset
+                .checked_sub(slot.offset)
+                .filter(|s| s.checked_add(n).is_some_and(|e| e <= u64::from(slot.len)));
+            let Some(start) = start else {
+                return Err(protocol(format!(
+                    "chunk of {n} bytes at {offset} outside the read of {} at {}",
+                    slot.len, slot.offset
+                )));
+            };
+            let range = start as usize..(start + n) as usize;
+            if !reply.covered.mark(range.start, range.end) {
+                return Err(protocol(format!(
+                    "chunk of {n} bytes at {offset} overlaps an earlier one"
+                )));
+            }
+            if kind == REPLY_TYPE_OFFSET_DATA {
+                r.read_exact(&mut reply.data[range])?;
+            }
+            // A hole's bytes are the zeros the buffer was made with.
+            Ok(())
+        }
+        k if k & REPLY_TYPE_ERROR_BIT != 0 => {
+            if !(6..=MAX_ERROR_CHUNK).contains(&len) {
+                return Err(protocol(format!("error chunk of length {len}")));
+            }
+            let error = read_u32(r)?;
+            let msg_len = read_u16(r)?;
+            let mut rest = vec![0u8; len as usize - 6];
+            r.read_exact(&mut rest)?;
+            let msg_len = usize::from(msg_len);
+            let fits = match k {
+                REPLY_TYPE_ERROR => rest.len() == msg_len,
+                REPLY_TYPE_ERROR_OFFSET => rest.len() == msg_len + 8,
+                // Error types this client does not know still start with error and
+                // message (the protocol says so, for this very purpose).
+                _ => rest.len() >= msg_len,
+            };
+            if !fits || msg_len > MAX_STRING || error == 0 {
+                return Err(protocol(format!("malformed error chunk (type {k:#x})")));
+            }
+            if k == REPLY_TYPE_ERROR_OFFSET && is_read {
+                let at = u64::from_be_bytes(rest[msg_len..].try_into().unwrap_or_default());
+                let inside = at
+                    .checked_sub(slot.offset)
+                    .is_some_and(|s| s < u64::from(slot.len));
+                if !inside {
+                    return Err(protocol(format!(
+                        "error offset {at} outside the read of {} at {}",
+                        slot.len, slot.offset
+                    )));
+                }
+            }
+            log::warn!(
+                "NBD server error: {}: {}",
+                server_error(error),
+                String::from_utf8_lossy(&rest[..msg_len])
+            );
+            // The first error is what the request fails with.
+            reply.error.get_or_insert(server_errno(error));
+            Ok(())
+        }
+        // Block status or anything else this client never asked for.
+        _ => Err(protocol(format!(
+            "unexpected chunk type {kind} in the reply to command {}",
+            slot.cmd
+        ))),
+    }
+}
+
+/// What [`parse_replies`] made of a server's bytes.
+#[derive(Debug)]
+pub struct ParsedReplies {
+    /// Per request: `None` while no complete reply came, else its outcome (a read's data).
+    pub outcomes: Vec<Option<io::Result<Vec<u8>>>>,
+    /// How reading stopped: the protocol error or end of input that ended it.
+    pub stopped: io::Error,
+}
+
+/// Runs the client's reply reader over `bytes` as if a server had sent them in answer to
+/// `requests` (command, offset, length), which get handles 1, 2, ...; for the fuzz target
+/// and the hostile-reply tests, which exercise exactly the code a connection uses.
+#[doc(hidden)]
+pub fn parse_replies(
+    structured: bool,
+    requests: &[(u16, u64, u32)],
+    bytes: &[u8],
+) -> ParsedReplies {
+    let book = Book {
+        structured,
+        pending: Mutex::new(HashMap::new()),
+    };
+    let slots: Vec<Arc<Slot>> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, &(cmd, offset, len))| {
+            let slot = Arc::new(Slot {
+                cmd,
+                offset,
+                len,
+                state: Mutex::new(SlotState {
+                    finished: false,
+                    data: Vec::new(),
+                    error: None,
+                }),
+                done: Condvar::new(),
+            });
+            lock(&book.pending).insert(i as u64 + 1, Arc::clone(&slot));
+            slot
+        })
+        .collect();
+    let mut replies = HashMap::new();
+    let mut r = bytes;
+    let stopped = loop {
+        if let Err(e) = read_reply_from(&mut r, &book, &mut replies) {
+            break e;
+        }
+    };
+    let outcomes = slots
+        .iter()
+        .map(|slot| {
+            let mut state = lock(&slot.state);
+            state.finished.then(|| match state.error.take() {
+                Some(e) => Err(e),
+                None => Ok(std::mem::take(&mut state.data)),
+            })
+        })
+        .collect();
+    ParsedReplies { outcomes, stopped }
+}
+
+fn finish(slot: &Slot, result: io::Result<Vec<u8>>) {
     let mut state = lock(&slot.state);
     state.finished = true;
-    if error.is_some() {
-        state.error = error;
+    match result {
+        Ok(data) => state.data = data,
+        Err(e) => state.error = Some(e),
     }
     slot.done.notify_all();
 }
@@ -717,7 +1069,7 @@ fn protocol(msg: String) -> io::Error {
 /// The errno for an NBD error code (the protocol's values are Linux's).
 fn server_errno(code: u32) -> i32 {
     match code {
-        1 | 5 | 12 | 22 | 28 | 75 | 95 | 108 => code as i32,
+        EPERM | EIO | ENOMEM | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | ESHUTDOWN => code as i32,
         _ => libc::EIO,
     }
 }
@@ -773,11 +1125,11 @@ fn read_option_reply(r: &mut impl Read, option: u32) -> io::Result<(u32, Vec<u8>
 
 fn option_error(option: &str, kind: u32, data: &[u8]) -> io::Error {
     let why = match kind {
-        0x8000_0001 => "not supported",
-        0x8000_0002 => "refused by the server's policy",
-        0x8000_0005 => "TLS is required (use nbds://)",
-        0x8000_0006 => "no such export",
-        0x8000_0007 => "the server is shutting down",
+        REP_ERR_UNSUP => "not supported",
+        REP_ERR_POLICY => "refused by the server's policy",
+        REP_ERR_TLS_REQD => "TLS is required (use nbds://)",
+        REP_ERR_UNKNOWN => "no such export",
+        REP_ERR_SHUTDOWN => "the server is shutting down",
         _ => "failed",
     };
     let text = String::from_utf8_lossy(data);
@@ -791,13 +1143,20 @@ fn option_error(option: &str, kind: u32, data: &[u8]) -> io::Error {
     )
 }
 
-/// The fixed newstyle handshake up to `NBD_OPT_GO`: (structured replies, export info).
+/// The fixed newstyle handshake up to `NBD_OPT_GO`, all of it before `deadline`:
+/// (structured replies, export info).
 fn handshake(
     channel: &mut Channel,
     uri: &NbdUri,
     tls: Option<&Arc<ClientConfig>>,
+    deadline: Instant,
 ) -> io::Result<(bool, ExportInfo)> {
-    let mut s = &channel.socket;
+    const WHAT: &str = "the NBD handshake";
+    let mut s = Bounded {
+        socket: &channel.socket,
+        deadline: Some(deadline),
+        what: WHAT,
+    };
     if read_u64(&mut s)? != NBDMAGIC || read_u64(&mut s)? != IHAVEOPT {
         return Err(protocol("not a newstyle NBD server".to_string()));
     }
@@ -808,7 +1167,7 @@ fn handshake(
         ));
     }
     let no_zeroes = server_flags & FLAG_NO_ZEROES != 0;
-    let client_flags: u32 = 1 | if no_zeroes { 2 } else { 0 };
+    let client_flags = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
     s.write_all(&client_flags.to_be_bytes())?;
     if let Some(config) = tls {
         send_option(&mut s, OPT_STARTTLS, &[])?;
@@ -831,7 +1190,7 @@ fn handshake(
         }
         channel.tls = Some(TlsSession::new(rustls::Connection::Client(client)));
     }
-    let mut c = &*channel;
+    let mut c = Link::new(channel, Some(deadline), WHAT);
     send_option(&mut c, OPT_STRUCTURED_REPLY, &[])?;
     let (kind, _) = read_option_reply(&mut c, OPT_STRUCTURED_REPLY)?;
     let structured = kind == REP_ACK;
@@ -848,6 +1207,7 @@ fn handshake(
         min_block: 512,
         max_block: DEFAULT_MAX_REQUEST,
     };
+    let mut got_size = false;
     loop {
         let (kind, data) = read_option_reply(&mut c, OPT_GO)?;
         match kind {
@@ -857,6 +1217,7 @@ fn handshake(
                 if which == INFO_EXPORT && data.len() == 12 {
                     info.size = u64::from_be_bytes(data[2..10].try_into().unwrap_or_default());
                     info.flags = u16::from_be_bytes([data[10], data[11]]);
+                    got_size = true;
                 } else if which == INFO_BLOCK_SIZE && data.len() == 14 {
                     let field = |i: usize| {
                         u32::from_be_bytes(data[i..i + 4].try_into().unwrap_or_default())
@@ -865,22 +1226,39 @@ fn handshake(
                     info.max_block = field(10);
                 }
             }
-            k if k & 0x8000_0000 != 0 => return Err(option_error("GO", k, &data)),
+            k if k & REP_ERR != 0 => return Err(option_error("GO", k, &data)),
             _ => {}
         }
     }
-    if info.size == u64::MAX {
+    if !got_size {
         return Err(protocol(
             "the server did not send the export's size".to_string(),
         ));
     }
-    if !info.size.is_multiple_of(512) {
+    check_export_size(info.size)?;
+    Ok((structured, info))
+}
+
+/// The export sizes this client takes: whole 512-byte sectors, and no more than the
+/// largest offset a file or block device can have (`off_t` is signed), since the layers
+/// above address the device in those.
+pub fn check_export_size(size: u64) -> io::Result<()> {
+    if !size.is_multiple_of(512) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("the export's size {} is not a multiple of 512", info.size),
+            format!("the export's size {size} is not a multiple of 512"),
         ));
     }
-    Ok((structured, info))
+    if size > i64::MAX as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the export's size {size} is larger than the largest device ({} bytes)",
+                i64::MAX as u64 - 511
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The TLS configuration of `nbds` URIs: the CA and optional client certificate in `dir`

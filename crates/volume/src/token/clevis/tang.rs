@@ -23,10 +23,37 @@ use serde_json::{json, Value};
 use sha2::Digest;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-/// How long connecting to, writing to and reading from a tang server may take.
+/// How long one exchange with a tang server may take by default, all of it: connecting,
+/// sending the request and reading the whole answer. It bounds the exchange, not each
+/// read (as systemd's `token-timeout=` bounds the token's unlock), so a server that drips
+/// its answer a byte at a time cannot stretch it.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The deadline of each exchange in milliseconds ([`set_timeout`]); 0: none.
+static EXCHANGE_TIMEOUT_MS: AtomicU64 = AtomicU64::new(TIMEOUT.as_millis() as u64);
+
+/// Sets how long each later exchange with a tang server may take in all (default
+/// [`TIMEOUT`]). Zero turns the deadline off and waits for ever, as `token-timeout=0`
+/// does in systemd's crypttab.
+pub fn set_timeout(timeout: Duration) {
+    let ms = if timeout.is_zero() {
+        0
+    } else {
+        timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64
+    };
+    EXCHANGE_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+}
+
+/// How long each exchange with a tang server may take in all; None: no limit.
+pub fn timeout() -> Option<Duration> {
+    match EXCHANGE_TIMEOUT_MS.load(Ordering::Relaxed) {
+        0 => None,
+        ms => Some(Duration::from_millis(ms)),
+    }
+}
 
 /// The largest answer read from a tang server.
 const MAX_REPLY: u64 = 1 << 20;
@@ -377,6 +404,30 @@ pub fn get(url: &str, path: &str) -> Result<Vec<u8>> {
 }
 
 fn request(url: &str, method: &str, path: &str, body: Option<&str>) -> Result<Vec<u8>> {
+    let limit = timeout();
+    let deadline = limit.and_then(|l| Instant::now().checked_add(l));
+    let timed_out = || {
+        let within = limit.map(|l| format!(" within {l:?}")).unwrap_or_default();
+        tang_err(url, format!("timed out (no whole answer{within})"))
+    };
+    // What is left of the deadline (None: no deadline), or the timeout error once it has
+    // passed.
+    let left = || match deadline {
+        None => Ok(None),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                Err(timed_out())
+            } else {
+                Ok(Some(left))
+            }
+        }
+    };
+    // A socket timeout shows as EAGAIN ("Resource temporarily unavailable"): name it.
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => timed_out(),
+        _ => tang_err(url, e),
+    };
     let (host, port, prefix) = split_url(url)?;
     let addrs: Vec<_> = (host.as_str(), port)
         .to_socket_addrs()
@@ -385,7 +436,11 @@ fn request(url: &str, method: &str, path: &str, body: Option<&str>) -> Result<Ve
     let mut last = None;
     let mut stream = None;
     for a in &addrs {
-        match TcpStream::connect_timeout(a, TIMEOUT) {
+        let attempt = match left()? {
+            Some(l) => TcpStream::connect_timeout(a, l),
+            None => TcpStream::connect(a),
+        };
+        match attempt {
             Ok(s) => {
                 stream = Some(s);
                 break;
@@ -393,18 +448,16 @@ fn request(url: &str, method: &str, path: &str, body: Option<&str>) -> Result<Ve
             Err(e) => last = Some(e),
         }
     }
-    let mut stream = stream.ok_or_else(|| {
-        tang_err(
+    let mut stream = stream.ok_or_else(|| match &last {
+        Some(e) if e.kind() == std::io::ErrorKind::TimedOut => timed_out(),
+        _ => tang_err(
             url,
             format!(
                 "unreachable ({})",
                 last.map(|e| e.to_string()).unwrap_or("no address".into())
             ),
-        )
+        ),
     })?;
-    let io = |e: std::io::Error| tang_err(url, e);
-    stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
-    stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
     let authority = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -420,7 +473,17 @@ fn request(url: &str, method: &str, path: &str, body: Option<&str>) -> Result<Ve
             "{method} {prefix}{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
         ),
     };
-    stream.write_all(req.as_bytes()).map_err(io)?;
+    // Each write and read waits at most what is left of the one deadline.
+    let mut out = req.as_bytes();
+    while !out.is_empty() {
+        stream.set_write_timeout(left()?).map_err(io)?;
+        match stream.write(out) {
+            Ok(0) => return Err(tang_err(url, "the connection closed")),
+            Ok(n) => out = &out[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
     // tangd answers and then waits for more requests until the connection closes, so the
     // answer ends where its Content-Length says, not at end of file.
     let mut reply = Vec::new();
@@ -430,7 +493,12 @@ fn request(url: &str, method: &str, path: &str, body: Option<&str>) -> Result<Ve
             reply.truncate(done);
             break;
         }
-        let n = stream.read(&mut buf).map_err(io)?;
+        stream.set_read_timeout(left()?).map_err(io)?;
+        let n = match stream.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
         if n == 0 {
             break;
         }
