@@ -258,18 +258,53 @@ impl Volume {
     }
 
     /// Writes a header backup to the new file `out` (which must not exist).
+    ///
+    /// The file is made new, never followed through a symlink nor overwritten, with mode
+    /// 0400 whatever the umask, as cryptsetup makes it: it holds every keyslot, so a copy
+    /// others can read is an offline attack on the passphrases, one that outlives a later
+    /// passphrase change. A file that cannot be written whole is removed.
     pub fn backup_header(&self, out: &Path) -> Result<()> {
-        match self {
-            Volume::Luks1(v) => std::fs::write(out, v.header_backup()?)?,
-            Volume::Luks2(h, f) => {
-                let size = h.metadata_and_keyslots_size();
-                let file = std::fs::File::create(out)?;
-                file.set_len(size)?;
-                h.backup(f, &file)?;
-                file.sync_all()?;
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .open(out)
+            .map_err(|e| {
+                VolumeError::usage(if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    format!(
+                        "Requested header backup file {} already exists.",
+                        out.display()
+                    )
+                } else {
+                    format!("Cannot create header backup file {}.", out.display())
+                })
+            })?;
+        let written = (|| -> Result<()> {
+            match self {
+                Volume::Luks1(v) => file.write_all(&v.header_backup()?)?,
+                Volume::Luks2(h, f) => {
+                    file.set_len(h.metadata_and_keyslots_size())?;
+                    h.backup(f, &file)?;
+                }
             }
+            file.sync_all()?;
+            Ok(())
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(out);
         }
-        Ok(())
+        written.map_err(|e| {
+            VolumeError::new(
+                e.code,
+                format!(
+                    "Cannot write header backup file {}: {}",
+                    out.display(),
+                    e.message
+                ),
+            )
+        })
     }
 }
 

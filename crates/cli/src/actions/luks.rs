@@ -633,15 +633,6 @@ pub fn header_backup(opts: &Opts, device: &Path) -> ActionResult {
         .header_backup_file
         .as_deref()
         .ok_or_else(|| Failure::usage("Option --header-backup-file is required."))?;
-    if out.exists() {
-        return Err(Failure::new(
-            ExitCode::Busy,
-            format!(
-                "Requested header backup file {} already exists.",
-                out.display()
-            ),
-        ));
-    }
     volume::load(opts, device, false)?.backup_header(out)
 }
 
