@@ -262,7 +262,7 @@ pub fn enroll_tang(
 /// (key file, terminal or standard input).
 fn existing_volume_key(opts: &Opts, vol: &Volume) -> Result<SecretBytes, Failure> {
     if let Some(p) = &opts.volume_key_file {
-        return Ok(vol.volume_key_from_file(p, opts.key_size)?);
+        return vol.volume_key_from_file(p, opts.key_size);
     }
     let pass = volume::read_secret(
         &volume::key_source(opts, None),
