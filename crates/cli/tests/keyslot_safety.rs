@@ -470,3 +470,30 @@ fn forced_pbkdf_cost_below_the_minimum_is_refused() {
     );
     assert_eq!(r.code, 1, "{r:?}");
 }
+
+#[test]
+fn luks2_only_options_are_refused_for_luks1() {
+    let dir = tempdir();
+    let base = image(dir.path(), "luks1", false, &[]);
+    for opt in [
+        &["--luks2-metadata-size", "64k"][..],
+        &["--luks2-keyslots-size", "1M"],
+    ] {
+        let args = [
+            &["-q", "luksFormat", "--type", "luks1"][..],
+            &FAST,
+            opt,
+            &["img", "p1"],
+        ];
+        let r = agree(&base, &args.concat(), b"");
+        assert_eq!(
+            (r.code, r.stderr.as_str()),
+            (1, "Unsupported LUKS2 metadata size options.")
+        );
+    }
+    let r = agree(&base, &["luksDump", "--dump-json-metadata", "img"], b"");
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (1, "Dump operation is not supported for this device type.")
+    );
+}

@@ -95,6 +95,10 @@ fn format_header(
                     "Unsupported encryption sector size for LUKS1.",
                 ));
             }
+            // LUKS1 has no such areas: cryptsetup refuses the options, writing nothing.
+            if opts.luks2_metadata_size.is_some() || opts.luks2_keyslots_size.is_some() {
+                return Err(Failure::usage("Unsupported LUKS2 metadata size options."));
+            }
             let hash = opts.hash.clone().unwrap_or_else(|| "sha256".into());
             let hash = cryptblk_cipher::hash::HashAlgorithm::from_name(&hash)
                 .map_err(|_| Failure::usage(format!("Hash algorithm {hash} not supported.")))?;
@@ -466,6 +470,11 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
 /// `luksDump`.
 pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
     let vol = volume::load(opts, device, false)?;
+    if opts.dump_json_metadata && vol.luks2().is_none() {
+        return Err(Failure::usage(
+            "Dump operation is not supported for this device type.",
+        ));
+    }
     // `--unbound -S N` prints that keyslot's unbound key, as cryptsetup does.
     let (slot_unlocked, vk) = if opts.dump_volume_key || opts.unbound {
         volume::confirm(opts, "Header dump with volume key is sensitive information\nwhich allows access to encrypted partition without a passphrase.")?;
