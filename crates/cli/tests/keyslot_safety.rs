@@ -497,3 +497,21 @@ fn luks2_only_options_are_refused_for_luks1() {
         (1, "Dump operation is not supported for this device type.")
     );
 }
+
+#[test]
+fn unbound_key_needs_no_existing_passphrase() {
+    let dir = tempdir();
+    let base = image(dir.path(), "luks2", false, &[]);
+    // The only line of input is the new keyslot's passphrase.
+    let add = [
+        &["luksAddKey", "--unbound", "-s", "72"][..],
+        &FAST,
+        &["img"],
+    ]
+    .concat();
+    let r = agree(&base, &add, b"U\n");
+    assert_eq!((r.code, r.slots.len()), (0, 2), "{r:?}");
+    assert_eq!(r.slots[1], "1: luks2 (unbound)");
+    let r = agree(&base, &[add.as_slice(), &["p2"]].concat(), b"");
+    assert_eq!((r.code, r.slots.len()), (0, 2), "{r:?}");
+}

@@ -233,6 +233,23 @@ impl Volume {
         })
     }
 
+    /// Adds a LUKS2 keyslot for `passphrase` holding a new random key of `key_bytes` bytes
+    /// bound to no segment (`luksAddKey --unbound`): no existing passphrase is needed, as
+    /// in cryptsetup, since the volume key is not involved. LUKS1 has no unbound keyslots.
+    pub fn add_unbound_key(
+        &mut self,
+        key_bytes: usize,
+        passphrase: &[u8],
+        params: &KeyslotParams,
+    ) -> Result<usize> {
+        match self {
+            Volume::Luks1(_) => Err(VolumeError::usage(
+                "Unbound keyslots exist only in LUKS2 devices.",
+            )),
+            Volume::Luks2(h, f) => Ok(h.add_unbound_keyslot(&*f, key_bytes, passphrase, params)?.0),
+        }
+    }
+
     /// Replaces the passphrase of the keyslot `old` opens (from `slot` if given).
     pub fn change_key(
         &mut self,

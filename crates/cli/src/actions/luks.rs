@@ -528,6 +528,9 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
 
 /// `luksAddKey <device> [<new key file>]`.
 pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
+    if opts.unbound {
+        return add_unbound_key(opts, device, new_key_file);
+    }
     let mut vol = volume::load(opts, device, true)?;
     let (existing_slot, vk) = if let Some(p) = &opts.volume_key_file {
         (None, vol.volume_key_from_file(p, opts.key_size)?)
@@ -556,6 +559,44 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
     let added = vol.add_key(&vk, new.as_bytes(), slot, &kdf1, &params2)?;
     if opts.verbose {
         eprintln!("Key slot {added} created.");
+    }
+    Ok(())
+}
+
+/// `luksAddKey --unbound -s BITS <device> [<new key file>]`: a keyslot with a new random key
+/// of its own, which needs no existing passphrase (cryptsetup asks none). Its passphrase is
+/// the new key file, else `--key-file`, else asked for (or read from standard input).
+fn add_unbound_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
+    let bits = opts
+        .key_size
+        .ok_or_else(|| Failure::usage("Key size is required with --unbound option."))?;
+    if bits == 0 || bits % 8 != 0 {
+        return Err(Failure::usage(format!(
+            "Key size {bits} is not a multiple of 8 bits."
+        )));
+    }
+    let mut vol = volume::load(opts, device, true)?;
+    if vol.luks2().is_none() {
+        return Err(Failure::usage(format!(
+            "Device {} is not a valid LUKS2 device.",
+            device.display()
+        )));
+    }
+    let new = match new_key_file.or(opts.key_file.as_deref()) {
+        Some(p) => volume::read_secret(
+            &cryptblk_format::keyfile::KeySource::File(p.to_path_buf()),
+            volume::limits(opts),
+            "",
+        )?,
+        None => volume::read_new_secret(None, "Enter new passphrase for key slot: ")?,
+    };
+    let slot = vol.add_unbound_key(
+        bits as usize / 8,
+        new.as_bytes(),
+        &volume::keyslot_params(opts)?,
+    )?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} created.");
     }
     Ok(())
 }
