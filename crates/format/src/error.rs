@@ -54,8 +54,9 @@ pub enum FormatError {
     /// Every keyslot is in use.
     #[error("all keyslots are full")]
     KeyslotsFull,
-    /// A supplied volume key does not match the header's digest.
-    #[error("volume key does not match the volume")]
+    /// A supplied volume key does not match the header's digest (cryptsetup: EPERM, exit
+    /// code 2, with this message).
+    #[error("Volume key does not match the volume.")]
     VolumeKeyMismatch,
     /// A caller-supplied parameter is unusable (message says which).
     #[error("invalid parameter: {0}")]
@@ -63,6 +64,25 @@ pub enum FormatError {
     /// A key file or passphrase could not be read as requested.
     #[error("key file: {0}")]
     KeyFile(String),
+    /// A passphrase or key was asked from a pipe, file or key file that held nothing
+    /// (cryptsetup's message; a caller that may go on without the key tells it apart).
+    #[error("Nothing to read on input.")]
+    NothingToRead,
+    /// PBKDF parameters cryptsetup refuses (its lines, printed as they are).
+    #[error("{0}")]
+    PbkdfRefused(String),
+    /// A volume key file (`--volume-key-file`) cannot be opened (cryptsetup's message).
+    #[error("Cannot read keyfile {0}.")]
+    UnreadableKeyFile(String),
+    /// A volume key file (`--volume-key-file`) holds fewer bytes than the volume key needs
+    /// (cryptsetup's message).
+    #[error("Cannot read {bytes} bytes from keyfile {path}.")]
+    ShortVolumeKeyFile {
+        /// Bytes the key needs.
+        bytes: usize,
+        /// The file as the user named it.
+        path: String,
+    },
     /// The key derivation function failed or was given unusable parameters.
     #[error("key derivation failed: {0}")]
     Kdf(String),
@@ -89,7 +109,7 @@ impl FormatError {
     /// 3 out of memory, 4 wrong device specified, 5 device already exists or busy).
     pub fn exit_code(&self) -> i32 {
         match self {
-            FormatError::WrongPassphrase => 2,
+            FormatError::WrongPassphrase | FormatError::VolumeKeyMismatch => 2,
             FormatError::Io { source, .. } => match source.kind() {
                 io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => 4,
                 io::ErrorKind::OutOfMemory => 3,

@@ -205,6 +205,23 @@ impl PbkdfRequest {
         self
     }
 
+    /// Refuses a forced cost below cryptsetup's minimum (PBKDF2: 1000 iterations, Argon2:
+    /// 4 passes) with its two lines, instead of raising it silently.
+    pub fn check_minimums(&self) -> Result<()> {
+        let min = match self.kind {
+            PbkdfKind::Pbkdf2 => PBKDF2_MIN_ITERATIONS,
+            PbkdfKind::Argon2i | PbkdfKind::Argon2id => ARGON2_MIN_TIME,
+        };
+        match self.force_iterations {
+            Some(n) if n < min => Err(FormatError::PbkdfRefused(format!(
+                "Forced iteration count is too low for {} (minimum is {min}).\n\
+                 Failed to set pbkdf parameters.",
+                self.kind.name()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Sets the target unlock time.
     pub fn with_iter_time(mut self, ms: u32) -> Self {
         self.iter_time_ms = ms;

@@ -84,6 +84,29 @@ pub fn read_key_file(path: &Path, limits: KeyFileLimits) -> Result<SecretBytes> 
     read_key_from(file, limits, false, regular)
 }
 
+/// Reads a volume key of `key_bytes` bytes from `path` (`--volume-key-file`), as
+/// cryptsetup does: the first `key_bytes` bytes of whatever the file is (a longer file, a
+/// device, `/dev/urandom`), refused when it holds fewer. No size cap applies and nothing is
+/// special about `-`: cryptsetup opens a file of that name too.
+pub fn read_volume_key_file(path: &Path, key_bytes: usize) -> Result<SecretBytes> {
+    let file = std::fs::File::open(path)
+        .map_err(|_| FormatError::UnreadableKeyFile(path.display().to_string()))?;
+    let short = || FormatError::ShortVolumeKeyFile {
+        bytes: key_bytes,
+        path: path.display().to_string(),
+    };
+    let limits = KeyFileLimits {
+        offset: 0,
+        size: Some(key_bytes),
+    };
+    match read_key_from(file, limits, false, true) {
+        Ok(k) if k.len() == key_bytes => Ok(k),
+        Ok(_) => Err(short()),
+        Err(FormatError::KeyFile(_) | FormatError::NothingToRead) => Err(short()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The core reader: skips `limits.offset` bytes, then reads up to `limits.size` bytes (or the
 /// default maximum), stopping at a newline when `stop_at_newline` (the newline is dropped).
 /// `regular_file` allows an empty key (an empty regular file is a valid, empty key; an empty
@@ -142,7 +165,7 @@ pub fn read_key_from<R: Read>(
         chunk.zeroize();
     }
     if buf.len() == 0 && !regular_file && !newline {
-        return Err(FormatError::KeyFile("nothing to read on input".into()));
+        return Err(FormatError::NothingToRead);
     }
     match limits.size {
         None if buf.len() > DEFAULT_KEYFILE_SIZE_MAX => {

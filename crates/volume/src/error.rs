@@ -99,7 +99,9 @@ impl From<cryptblk_format::FormatError> for VolumeError {
     fn from(e: cryptblk_format::FormatError) -> Self {
         use cryptblk_format::FormatError;
         let code = match &e {
-            FormatError::WrongPassphrase => ErrorClass::NoPermission,
+            FormatError::WrongPassphrase | FormatError::VolumeKeyMismatch => {
+                ErrorClass::NoPermission
+            }
             FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 ErrorClass::WrongDevice
             }

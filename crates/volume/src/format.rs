@@ -35,6 +35,32 @@ pub fn cipher_and_key_bytes(
     Ok((cipher, bits / 8))
 }
 
+/// Bytes of a new volume key: the encryption key's `key_bytes`, plus the integrity key of
+/// `integrity` (`--integrity`, with `--integrity-key-size` in bytes) when there is one.
+pub fn new_volume_key_bytes(
+    key_bytes: usize,
+    integrity: Option<&str>,
+    integrity_key_bytes: Option<usize>,
+) -> Result<usize> {
+    Ok(match integrity {
+        Some(name) => {
+            key_bytes
+                + cryptblk_format::luks2::integrity::IntegrityAlgorithm::from_name(name)?
+                    .key_size(integrity_key_bytes)?
+        }
+        None => key_bytes,
+    })
+}
+
+/// A volume key from `--volume-key-file`: the first `key_bytes` bytes of the file, refused
+/// with cryptsetup's message when it holds fewer (see
+/// [`cryptblk_format::keyfile::read_volume_key_file`]).
+pub fn read_volume_key_file(path: &Path, key_bytes: usize) -> Result<SecretBytes> {
+    Ok(cryptblk_format::keyfile::read_volume_key_file(
+        path, key_bytes,
+    )?)
+}
+
 /// `--key-size` bits, or cryptsetup's default for `cipher` (512 for XTS, 256 otherwise); a
 /// size that is no whole number of bytes is refused.
 pub fn key_bits_or_default(cipher: &str, key_bits: Option<u32>) -> Result<usize> {

@@ -43,6 +43,7 @@ pub mod error;
 pub mod format;
 pub mod fvault2;
 pub mod integrity;
+pub mod keyslots;
 pub mod lock;
 pub mod loopaes;
 pub mod luks;

@@ -144,6 +144,34 @@ impl Volume {
         }
     }
 
+    /// Bytes of the volume key, when a keyslot tells (LUKS2 without keyslots does not).
+    pub fn volume_key_size(&self) -> Option<usize> {
+        match self {
+            Volume::Luks1(v) => Some(v.header().key_bytes as usize),
+            Volume::Luks2(h, _) => h.volume_key_size(),
+        }
+    }
+
+    /// Reads `--volume-key-file` to this volume's key size and checks it against the
+    /// volume's digest. As cryptsetup, `key_bits` (`--key-size`) is used only when no
+    /// keyslot tells the size (a LUKS2 volume without keyslots, where a volume key file is
+    /// the way back in), and required then.
+    pub fn volume_key_from_file(&self, path: &Path, key_bits: Option<u32>) -> Result<SecretBytes> {
+        let bytes = match (self.volume_key_size(), key_bits) {
+            (Some(n), _) => n,
+            (None, Some(bits)) => bits as usize / 8,
+            (None, None) => {
+                return Err(VolumeError::usage(
+                    "Cannot determine volume key size for LUKS without keyslots, please use \
+                     --key-size option.",
+                ))
+            }
+        };
+        let vk = crate::format::read_volume_key_file(path, bytes)?;
+        self.verify_volume_key(vk.as_bytes())?;
+        Ok(vk)
+    }
+
     /// Checks a volume key supplied directly (`--volume-key-file`).
     pub fn verify_volume_key(&self, vk: &[u8]) -> Result<()> {
         match self {
@@ -203,6 +231,23 @@ impl Volume {
             Volume::Luks1(v) => v.add_key(vk, new_passphrase, slot, luks1_kdf)?,
             Volume::Luks2(h, f) => h.add_keyslot(&*f, vk, new_passphrase, luks2)?,
         })
+    }
+
+    /// Adds a LUKS2 keyslot for `passphrase` holding a new random key of `key_bytes` bytes
+    /// bound to no segment (`luksAddKey --unbound`): no existing passphrase is needed, as
+    /// in cryptsetup, since the volume key is not involved. LUKS1 has no unbound keyslots.
+    pub fn add_unbound_key(
+        &mut self,
+        key_bytes: usize,
+        passphrase: &[u8],
+        params: &KeyslotParams,
+    ) -> Result<usize> {
+        match self {
+            Volume::Luks1(_) => Err(VolumeError::usage(
+                "Unbound keyslots exist only in LUKS2 devices.",
+            )),
+            Volume::Luks2(h, f) => Ok(h.add_unbound_keyslot(&*f, key_bytes, passphrase, params)?.0),
+        }
     }
 
     /// Replaces the passphrase of the keyslot `old` opens (from `slot` if given).

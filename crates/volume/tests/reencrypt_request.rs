@@ -53,7 +53,7 @@ impl ReencryptInput for TestInput {
     fn pbkdf(&mut self, _luks1: bool) -> cryptblk_volume::Result<PbkdfRequest> {
         Ok(PbkdfRequest::pbkdf2(HashAlgorithm::Sha256).with_forced_iterations(1000))
     }
-    fn volume_key(&mut self) -> cryptblk_volume::Result<Option<SecretBytes>> {
+    fn volume_key(&mut self, _key_bytes: usize) -> cryptblk_volume::Result<Option<SecretBytes>> {
         Ok(None)
     }
     fn notice(&mut self, notice: ReencryptNotice) {

@@ -14,7 +14,7 @@ use std::path::Path;
 /// password or startup key file (`--key-file`) read as cryptsetup reads passphrases.
 fn volume_key(opts: &Opts, h: &BitlkHeader, device: &Path) -> Result<SecretBytes, Failure> {
     if let Some(p) = &opts.volume_key_file {
-        let vk = volume::read_volume_key_file(p)?;
+        let vk = volume::read_volume_key_file(p, h.encryption.key_bytes())?;
         bitlk::check_volume_key(h, &vk)?;
         return Ok(vk);
     }

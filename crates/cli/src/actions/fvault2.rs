@@ -23,7 +23,10 @@ fn unlock(opts: &Opts, h: &Fvault2Header, device: &Path) -> Result<SecretBytes, 
 
 /// The key of `--volume-key-file`, as cryptsetup reads it.
 fn volume_key_file(path: &Path) -> Result<SecretBytes, Failure> {
-    fvault2::volume_key_from_file(volume::read_volume_key_file(path)?, path)
+    fvault2::volume_key_from_file(
+        volume::read_volume_key_file(path, cryptblk_format::fvault2::VOLUME_KEY_SIZE)?,
+        path,
+    )
 }
 
 /// `fvault2Dump <device>` (with `--dump-volume-key`, the dump and the volume key, which

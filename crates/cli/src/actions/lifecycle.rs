@@ -50,8 +50,7 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
     };
     let vol = cryptblk_volume::Volume::load(&header, cryptblk_volume::LuksType::Any, false)?;
     if let Some(p) = &opts.volume_key_file {
-        let vk = volume::read_volume_key_file(p)?;
-        vol.verify_volume_key(vk.as_bytes())?;
+        let vk = vol.volume_key_from_file(p, opts.key_size)?;
         return lib::resume_with_key(&st, vk.as_bytes());
     }
     let purpose = cryptblk_format::luks2::UnlockPurpose::Activate;

@@ -77,10 +77,15 @@ fn format_header(
         }
         None => cipher_and_key_bytes(opts)?,
     };
+    let vk_bytes = cryptblk_volume::format::new_volume_key_bytes(
+        key_bytes,
+        integrity.as_deref(),
+        super::luks_integrity::integrity_key_bytes(opts)?,
+    )?;
     let vk = opts
         .volume_key_file
         .as_deref()
-        .map(volume::read_volume_key_file)
+        .map(|p| volume::read_volume_key_file(p, vk_bytes))
         .transpose()?;
     let detached = opts.header.is_some();
     let req = match opts.volume_type {
@@ -89,6 +94,10 @@ fn format_header(
                 return Err(Failure::usage(
                     "Unsupported encryption sector size for LUKS1.",
                 ));
+            }
+            // LUKS1 has no such areas: cryptsetup refuses the options, writing nothing.
+            if opts.luks2_metadata_size.is_some() || opts.luks2_keyslots_size.is_some() {
+                return Err(Failure::usage("Unsupported LUKS2 metadata size options."));
             }
             let hash = opts.hash.clone().unwrap_or_else(|| "sha256".into());
             let hash = cryptblk_cipher::hash::HashAlgorithm::from_name(&hash)
@@ -238,9 +247,7 @@ pub fn unlock(
     purpose: UnlockPurpose,
 ) -> Result<(Option<usize>, SecretBytes), Failure> {
     if let Some(p) = &opts.volume_key_file {
-        let vk = volume::read_volume_key_file(p)?;
-        vol.verify_volume_key(vk.as_bytes())?;
-        return Ok((None, vk));
+        return Ok((None, vol.volume_key_from_file(p, opts.key_size)?));
     }
     if let Some((slot, key)) = super::token::try_tokens(opts, vol, device, purpose)? {
         return Ok((Some(slot), key));
@@ -475,6 +482,11 @@ fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
 /// `luksDump`.
 pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
     let vol = volume::load(opts, device, false)?;
+    if opts.dump_json_metadata && vol.luks2().is_none() {
+        return Err(Failure::usage(
+            "Dump operation is not supported for this device type.",
+        ));
+    }
     // `--unbound -S N` prints that keyslot's unbound key, as cryptsetup does.
     let (slot_unlocked, vk) = if opts.dump_volume_key || opts.unbound {
         volume::confirm(opts, "Header dump with volume key is sensitive information\nwhich allows access to encrypted partition without a passphrase.")?;
@@ -528,11 +540,12 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
 
 /// `luksAddKey <device> [<new key file>]`.
 pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
+    if opts.unbound {
+        return add_unbound_key(opts, device, new_key_file);
+    }
     let mut vol = volume::load(opts, device, true)?;
     let (existing_slot, vk) = if let Some(p) = &opts.volume_key_file {
-        let vk = volume::read_volume_key_file(p)?;
-        vol.verify_volume_key(vk.as_bytes())?;
-        (None, vk)
+        (None, vol.volume_key_from_file(p, opts.key_size)?)
     } else {
         let purpose = if opts.unbound {
             UnlockPurpose::Unbound
@@ -554,33 +567,84 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
     let _ = existing_slot;
     let new = volume::read_new_secret(new_key_file, "Enter new passphrase for key slot: ")?;
     let slot = opts.key_slot.map(|s| s as usize);
-    let added = vol.add_key(
-        &vk,
-        new.as_bytes(),
-        slot,
-        &volume::pbkdf_request(opts, true)?,
-        &volume::keyslot_params(opts)?,
-    )?;
+    let (kdf1, params2) = new_keyslot_kdf(opts, &vol)?;
+    let added = vol.add_key(&vk, new.as_bytes(), slot, &kdf1, &params2)?;
     if opts.verbose {
         eprintln!("Key slot {added} created.");
     }
     Ok(())
 }
 
-/// `luksRemoveKey <device> [<key file>]`.
+/// `luksAddKey --unbound -s BITS <device> [<new key file>]`: a keyslot with a new random key
+/// of its own, which needs no existing passphrase (cryptsetup asks none). Its passphrase is
+/// the new key file, else `--key-file`, else asked for (or read from standard input).
+fn add_unbound_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> ActionResult {
+    let bits = opts
+        .key_size
+        .ok_or_else(|| Failure::usage("Key size is required with --unbound option."))?;
+    if bits == 0 || bits % 8 != 0 {
+        return Err(Failure::usage(format!(
+            "Key size {bits} is not a multiple of 8 bits."
+        )));
+    }
+    let mut vol = volume::load(opts, device, true)?;
+    if vol.luks2().is_none() {
+        return Err(Failure::usage(format!(
+            "Device {} is not a valid LUKS2 device.",
+            device.display()
+        )));
+    }
+    let new = match new_key_file.or(opts.key_file.as_deref()) {
+        Some(p) => volume::read_secret(
+            &cryptblk_format::keyfile::KeySource::File(p.to_path_buf()),
+            volume::limits(opts),
+            "",
+        )?,
+        None => volume::read_new_secret(None, "Enter new passphrase for key slot: ")?,
+    };
+    let slot = vol.add_unbound_key(
+        bits as usize / 8,
+        new.as_bytes(),
+        &volume::keyslot_params(opts)?,
+    )?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} created.");
+    }
+    Ok(())
+}
+
+/// The KDF of a new keyslot of `vol` (LUKS1's, and LUKS2's with the keyslot options): only
+/// the volume's own version is read from the options, so `--pbkdf argon2id` serves a LUKS2
+/// volume and is refused for a LUKS1 one.
+fn new_keyslot_kdf(
+    opts: &Opts,
+    vol: &Volume,
+) -> Result<
+    (
+        cryptblk_format::kdf::PbkdfRequest,
+        cryptblk_format::luks2::KeyslotParams,
+    ),
+    Failure,
+> {
+    if vol.luks2().is_some() {
+        let p = volume::keyslot_params(opts)?;
+        Ok((p.pbkdf, p))
+    } else {
+        let k = volume::pbkdf_request(opts, true)?;
+        Ok((k, cryptblk_format::luks2::KeyslotParams::new(k)))
+    }
+}
+
+/// `luksRemoveKey <device> [<key file>]`: the checks are
+/// [`cryptblk_volume::keyslots::remove_key`]'s.
 pub fn remove_key(opts: &Opts, device: &Path, key_file: Option<&Path>) -> ActionResult {
     let mut vol = volume::load(opts, device, true)?;
-    let pass = volume::read_secret(
-        &volume::key_source(opts, key_file),
-        volume::limits(opts),
-        "Enter passphrase to be deleted: ",
-    )?;
-    let (slot, _) = vol.unlock(
-        pass.as_bytes(),
+    let mut input = RemovalPrompts { opts, key_file };
+    let slot = cryptblk_volume::keyslots::remove_key(
+        &mut vol,
         opts.key_slot.map(|s| s as usize),
-        UnlockPurpose::Unbound,
+        &mut input,
     )?;
-    vol.kill_slot(slot)?;
     if opts.verbose {
         eprintln!("Key slot {slot} removed.");
     }
@@ -602,29 +666,61 @@ pub fn change_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Ac
         UnlockPurpose::Unbound,
     )?;
     let new = volume::read_new_secret(new_key_file, "Enter new passphrase: ")?;
+    let (kdf1, params2) = new_keyslot_kdf(opts, &vol)?;
     vol.change_key(
         old.as_bytes(),
         new.as_bytes(),
         opts.key_slot.map(|s| s as usize),
-        &volume::pbkdf_request(opts, true)?,
-        &volume::keyslot_params(opts)?,
+        &kdf1,
+        &params2,
     )
 }
 
-/// `luksKillSlot <device> <slot> [<key file>]`: with --batch-mode no passphrase is needed,
-/// otherwise one of a remaining slot confirms, as in cryptsetup.
+/// `luksKillSlot <device> <slot> [<key file>]`: which passphrase is needed, and when the
+/// user must confirm, is [`cryptblk_volume::keyslots::kill_slot`]'s decision (cryptsetup's).
 pub fn kill_slot(opts: &Opts, device: &Path, slot: u32, key_file: Option<&Path>) -> ActionResult {
+    use cryptblk_volume::keyslots::{KeyFileGiven, KillSlot};
     let mut vol = volume::load(opts, device, true)?;
-    let slot = slot as usize;
-    if !opts.batch_mode || opts.key_file.is_some() || key_file.is_some() {
-        let pass = volume::read_secret(
-            &volume::key_source(opts, key_file),
-            volume::limits(opts),
-            "Enter any remaining passphrase: ",
-        )?;
-        vol.unlock(pass.as_bytes(), None, UnlockPurpose::Unbound)?;
+    let req = KillSlot {
+        slot: slot as usize,
+        batch: opts.batch_mode,
+        key_file: match opts.key_file.as_deref().or(key_file) {
+            None => KeyFileGiven::No,
+            Some(p) if p == Path::new("-") => KeyFileGiven::Stdin,
+            Some(_) => KeyFileGiven::File,
+        },
+        stdin_is_tty: cryptblk_format::keyfile::stdin_is_tty(),
+    };
+    let mut input = RemovalPrompts { opts, key_file };
+    cryptblk_volume::keyslots::kill_slot(&mut vol, &req, &mut input)?;
+    if opts.verbose {
+        eprintln!("Key slot {slot} removed.");
     }
-    vol.kill_slot(slot)
+    Ok(())
+}
+
+/// The terminal, standard input or key file answering a keyslot removal's questions.
+struct RemovalPrompts<'a> {
+    opts: &'a Opts,
+    key_file: Option<&'a Path>,
+}
+
+impl cryptblk_volume::keyslots::RemovalInput for RemovalPrompts<'_> {
+    fn secret(&mut self, prompt: &str) -> Result<Option<SecretBytes>, Failure> {
+        let source = volume::key_source(self.opts, self.key_file);
+        match cryptblk_format::keyfile::read_key(&source, volume::limits(self.opts), prompt) {
+            Ok(k) => Ok(Some(k)),
+            Err(e @ cryptblk_format::FormatError::NothingToRead) => {
+                eprintln!("{e}");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn confirm(&mut self, question: &str) -> Result<bool, Failure> {
+        volume::ask_yes(self.opts, question)
+    }
 }
 
 /// `luksHeaderBackup <device> --header-backup-file <file>`.

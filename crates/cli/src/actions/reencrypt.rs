@@ -65,11 +65,11 @@ impl ReencryptInput for CliInput<'_> {
         volume::pbkdf_request(self.opts, luks1)
     }
 
-    fn volume_key(&mut self) -> Result<Option<SecretBytes>, Failure> {
+    fn volume_key(&mut self, key_bytes: usize) -> Result<Option<SecretBytes>, Failure> {
         self.opts
             .volume_key_file
             .as_deref()
-            .map(volume::read_volume_key_file)
+            .map(|p| volume::read_volume_key_file(p, key_bytes))
             .transpose()
     }
 

@@ -262,9 +262,7 @@ pub fn enroll_tang(
 /// (key file, terminal or standard input).
 fn existing_volume_key(opts: &Opts, vol: &Volume) -> Result<SecretBytes, Failure> {
     if let Some(p) = &opts.volume_key_file {
-        let vk = volume::read_volume_key_file(p)?;
-        vol.verify_volume_key(vk.as_bytes())?;
-        return Ok(vk);
+        return vol.volume_key_from_file(p, opts.key_size);
     }
     let pass = volume::read_secret(
         &volume::key_source(opts, None),

@@ -99,13 +99,10 @@ pub fn read_new_secret(new_key_file: Option<&Path>, prompt: &str) -> Result<Secr
     }
 }
 
-/// Reads `--volume-key-file` (raw key bytes).
-pub fn read_volume_key_file(path: &Path) -> Result<SecretBytes, Failure> {
-    read_secret(
-        &KeySource::File(path.to_path_buf()),
-        KeyFileLimits::default(),
-        "",
-    )
+/// Reads `--volume-key-file`: its first `key_bytes` bytes, as cryptsetup (a shorter file
+/// is refused).
+pub fn read_volume_key_file(path: &Path, key_bytes: usize) -> Result<SecretBytes, Failure> {
+    cryptblk_volume::format::read_volume_key_file(path, key_bytes)
 }
 
 /// The KDF request from `--pbkdf`, `--hash`, `--iter-time`, `--pbkdf-*`.
@@ -138,6 +135,7 @@ pub fn pbkdf_request(opts: &Opts, luks1: bool) -> Result<PbkdfRequest, Failure> 
     if let Some(p) = opts.pbkdf_parallel {
         r.parallel = p;
     }
+    r.check_minimums()?;
     Ok(r)
 }
 
@@ -157,21 +155,27 @@ pub fn keyslot_params(opts: &Opts) -> Result<KeyslotParams, Failure> {
 
 /// Asks for confirmation as cryptsetup does: on a terminal only, unless `--batch-mode`.
 pub fn confirm(opts: &Opts, question: &str) -> Result<(), Failure> {
+    if ask_yes(opts, question)? {
+        Ok(())
+    } else {
+        Err(Failure::usage("Operation aborted."))
+    }
+}
+
+/// cryptsetup's yes-dialog: true without asking in batch mode or when standard input is no
+/// terminal, else true only when the user types YES.
+pub fn ask_yes(opts: &Opts, question: &str) -> Result<bool, Failure> {
     // cryptsetup asks only on a terminal: with stdin a pipe or file it goes ahead silently,
     // and stdin is left for the passphrase (`echo pw | cryptsetup luksFormat IMG` works).
     if opts.batch_mode || !std::io::stdin().is_terminal() {
-        return Ok(());
+        return Ok(true);
     }
     eprintln!(
         "\nWARNING!\n========\n{question}\n\nAre you sure? (Type 'yes' in capital letters): "
     );
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
-    if line.trim_end() == "YES" {
-        Ok(())
-    } else {
-        Err(Failure::usage("Operation aborted."))
-    }
+    Ok(line.trim_end() == "YES")
 }
 
 /// Prints a dump made with the volume key, as cryptsetup's dumps do with

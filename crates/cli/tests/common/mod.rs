@@ -699,3 +699,144 @@ pub fn as_other_user(program: impl AsRef<std::ffi::OsStr>) -> Command {
         .arg(program);
     c
 }
+
+/// One exchange with a program on a terminal: wait for `prompt`, then type `answer` and
+/// Enter. A `secret` prompt is answered only once the program has turned echo off, since
+/// cryptsetup and cryptblk drop what was typed before (they set the terminal with
+/// TCSAFLUSH after printing the prompt).
+pub struct PtyStep<'a> {
+    /// Text the program prints when it waits for the answer.
+    pub prompt: &'a str,
+    /// The line to type.
+    pub answer: &'a str,
+    /// The answer is a passphrase (typed with echo off).
+    pub secret: bool,
+}
+
+/// What a program run on a terminal printed (standard output and error, as the terminal
+/// shows them) and its exit code.
+pub struct PtyRun {
+    /// The terminal's output.
+    pub output: String,
+    /// The exit code (-1 for a signal).
+    pub code: i32,
+}
+
+/// Runs `cmd` on a new pseudo-terminal (its controlling terminal, standard input, output
+/// and error), answering `steps` in order; panics when a prompt does not come or the
+/// program does not end within 60 s (the program is killed then).
+pub fn run_on_pty(cmd: &mut Command, steps: &[PtyStep]) -> PtyRun {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty fills two descriptors; no name, settings or size are passed.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened and are owned here alone.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    // The Command holds the terminal's other end until its stdio is replaced: without
+    // this the master would never see the end of the output.
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let fd = master.as_raw_fd();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut out: Vec<u8> = Vec::new();
+    let mut seen = 0;
+    let mut steps = steps.iter();
+    let mut next = steps.next();
+    let fail = |child: &mut Child, out: &[u8], why: &str| -> ! {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{why}; terminal output: {:?}", String::from_utf8_lossy(out));
+    };
+    loop {
+        if let Some(step) = next {
+            let text = String::from_utf8_lossy(&out[seen..]).into_owned();
+            if let Some(at) = text.find(step.prompt) {
+                seen += text[..at + step.prompt.len()].len();
+                while step.secret && echo_on(fd) {
+                    if Instant::now() > deadline {
+                        fail(&mut child, &out, "echo never turned off for a passphrase");
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                let line = format!("{}\n", step.answer);
+                // SAFETY: writes from a live buffer to the open master.
+                let n = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+                assert_eq!(n, line.len() as isize, "writing to the terminal");
+                next = steps.next();
+                continue;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let why = match next {
+                Some(s) => format!("no prompt {:?} within 60 s", s.prompt),
+                None => "the program did not end within 60 s".to_string(),
+            };
+            fail(&mut child, &out, &why);
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(1000) as i32) };
+        if ready <= 0 {
+            continue;
+        }
+        let mut buf = [0u8; 4096];
+        // SAFETY: reads into a live buffer from the open master.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            // EIO: every holder of the terminal's other end has exited.
+            break;
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+    if let Some(s) = next {
+        fail(
+            &mut child,
+            &out,
+            &format!("the program ended before {:?}", s.prompt),
+        );
+    }
+    let status = child.wait().unwrap();
+    PtyRun {
+        output: String::from_utf8_lossy(&out).into_owned(),
+        code: status.code().unwrap_or(-1),
+    }
+}
+
+/// True while the terminal of `master` echoes input.
+fn echo_on(master: i32) -> bool {
+    // SAFETY: termios is plain data that tcgetattr fills for a valid descriptor.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    unsafe { libc::tcgetattr(master, &mut t) };
+    t.c_lflag & libc::ECHO != 0
+}

@@ -12,7 +12,7 @@ use super::request::{
 use super::{luks1, EncryptParams, ReencryptKeys, RunOptions, RunOutcome};
 use crate::error::{Result, VolumeError};
 use crate::lock::DataLock;
-use crate::luks::Volume;
+use crate::luks::{LuksType, Volume};
 use crate::progress::Progress;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::hdrio::HeaderIo;
@@ -100,6 +100,33 @@ impl Start {
 /// Decides the offline run `req` becomes for `device` (holding no lock: the caller holds
 /// the data lock), refusing what cryptsetup refuses before any passphrase is asked.
 fn decide(req: &ReencryptRequest, device: &Path, run_opts: &mut RunOptions) -> Result<Start> {
+    if req.encrypt && is_luks(device) {
+        // Encrypting a LUKS device again would bury its header and keyslots under a second
+        // layer: cryptsetup refuses it, unless this is its own encryption to resume.
+        let resuming = matches!(
+            load(req.header_path(device), req.luks_type, false),
+            Ok(Volume::Luks2(ref h, _)) if h.reencryption_in_progress()
+        );
+        if !resuming {
+            let version = if is_luks1(device) { 1 } else { 2 };
+            let conflicting = match req.luks_type {
+                Some(LuksType::Luks1) => version != 1,
+                Some(LuksType::Luks2) => version != 2,
+                _ => false,
+            };
+            // Without --header cryptsetup first checks --type against the device.
+            if conflicting && req.header.is_none() {
+                return Err(VolumeError::usage(format!(
+                    "Conflicting versions. Device {} is LUKS{version}.",
+                    device.display()
+                )));
+            }
+            return Err(VolumeError::usage(format!(
+                "Device {} is already LUKS device. Aborting operation.",
+                device.display()
+            )));
+        }
+    }
     if is_luks1(req.header_path(device)) {
         return Ok(Start::Luks1);
     }
@@ -552,12 +579,18 @@ fn luks1_rekey(
                 ))
             })?;
             let kdf = input.pbkdf(true)?;
+            let current = vol.header().key_bytes as usize;
+            let new_key_bytes = if req.keep_key {
+                current
+            } else {
+                req.key_size().unwrap_or(current)
+            };
             let params = luks1::Luks1Params {
                 cipher: req.cipher.clone(),
                 key_bytes: req.key_size(),
                 hash: kdf.hash,
                 kdf,
-                volume_key: input.volume_key()?,
+                volume_key: input.volume_key(new_key_bytes)?,
                 keep_key: req.keep_key,
             };
             let pass = luks1_passphrases(req, input, &vol)?;

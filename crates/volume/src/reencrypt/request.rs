@@ -108,8 +108,8 @@ pub trait ReencryptInput {
     fn confirm(&mut self, question: &str) -> Result<()>;
     /// The key derivation of new keyslots (`luks1`: of a LUKS1 header).
     fn pbkdf(&mut self, luks1: bool) -> Result<PbkdfRequest>;
-    /// The new volume key (`--volume-key-file`), when given.
-    fn volume_key(&mut self) -> Result<Option<SecretBytes>>;
+    /// The new volume key (`--volume-key-file`, read to `key_bytes` bytes), when given.
+    fn volume_key(&mut self, key_bytes: usize) -> Result<Option<SecretBytes>>;
     /// A step worth telling the user about.
     fn notice(&mut self, notice: ReencryptNotice);
 }

@@ -17,8 +17,15 @@ use std::path::Path;
 fn init_params(
     req: &ReencryptRequest,
     input: &mut dyn ReencryptInput,
+    h: &Luks2Header,
     device_block: u32,
 ) -> Result<InitParams> {
+    // `--volume-key-file` is read to the new key's size, as cryptsetup reads it.
+    let new_key_bytes = h
+        .volume_key_size()
+        .map(|cur| super::init::new_key_size(cur, req.cipher.as_deref(), req.key_size()))
+        .or(req.key_size())
+        .unwrap_or(0);
     Ok(InitParams {
         cipher: req.cipher.clone(),
         key_size: req.key_size(),
@@ -32,7 +39,7 @@ fn init_params(
         },
         device_block,
         one_keyslot: req.key_slot.is_some(),
-        new_key: input.volume_key()?,
+        new_key: input.volume_key(new_key_bytes)?,
     })
 }
 
@@ -46,7 +53,7 @@ pub(crate) fn start_rekey(
     device: &Path,
     device_block: u32,
 ) -> Result<super::InitOutcome> {
-    let mut params = init_params(req, input, device_block)?;
+    let mut params = init_params(req, input, h, device_block)?;
     let (pass, one) = passphrases(req, input, h, file, device)?;
     params.one_keyslot |= one;
     let init = super::init(h, file, &pass, &params)?;
