@@ -260,6 +260,10 @@ pub struct Status {
     pub suspended: bool,
     /// Requests in flight.
     pub inflight: u64,
+    /// Requests held by a suspend (they run on resume); left out when there are none (the
+    /// report keeps its old shape), and absent from daemons that predate it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub held: u64,
     /// Served read-only.
     pub readonly: bool,
     /// The live table, keys hidden.
@@ -283,6 +287,11 @@ pub struct Status {
     /// online) and its progress; left out otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reencryption: Option<crate::reencrypt::ReencryptProgress>,
+}
+
+/// serde's test for leaving a zero count out of a report.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A remote backing store (`rbd:...`) in a [`Status`].
@@ -492,6 +501,7 @@ mod tests {
             size: 8 << 20,
             suspended: false,
             inflight: 0,
+            held: 0,
             readonly: true,
             table: "0 16384 crypt aes-xts-plain64 - 0 /dev/x 4096\n".into(),
             status: "0 16384 crypt\n".into(),
