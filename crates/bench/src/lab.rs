@@ -46,10 +46,31 @@ use crate::report::{
 use crate::workload::Workload;
 use crate::{BenchError, BenchOptions};
 
-/// The lab's host-side runner, guest helpers and guest script, built into the binary.
-const RUN_SH: &str = include_str!("../../../tests/lab/run.sh");
-const LIB_SH: &str = include_str!("../../../tests/lab/lib.sh");
-const GUEST_SH: &str = include_str!("../../../tests/lab/bench-guest.sh");
+/// The lab's host-side runner (run.sh and the boot-retrying vm.sh it calls), guest helpers and
+/// guest script, built into the binary: (file name, text, executable). Every file that one of
+/// them runs or sources beside itself must be here (the test `embedded_scripts_are_complete`).
+const LAB_SCRIPTS: &[(&str, &str, bool)] = &[
+    ("run.sh", include_str!("../../../tests/lab/run.sh"), true),
+    ("vm.sh", include_str!("../../../tests/lab/vm.sh"), true),
+    ("lib.sh", include_str!("../../../tests/lab/lib.sh"), false),
+    (
+        "bench-guest.sh",
+        include_str!("../../../tests/lab/bench-guest.sh"),
+        true,
+    ),
+];
+
+/// Writes the embedded lab scripts into `dir` (the bench's stand-in for `tests/lab/`).
+fn write_lab_scripts(dir: &Path) -> Result<(), BenchError> {
+    for (name, text, exec) in LAB_SCRIPTS {
+        if *exec {
+            write_exec(&dir.join(name), text)?;
+        } else {
+            write(&dir.join(name), text)?;
+        }
+    }
+    Ok(())
+}
 
 /// Printed with every lab table: what the figures are worth.
 pub const EMULATED_CAVEAT: &str = "EMULATED CPU (QEMU TCG): every guest instruction is emulated; absolute MB/s and latencies mean nothing, compare ratios within one run only.";
@@ -877,6 +898,26 @@ struct Boot {
     seconds: f64,
 }
 
+/// The command that runs the embedded run.sh (staging `cryptblk` into `share`) with the guest
+/// script in the lab VM of `lab_dir`.
+fn run_sh_command(
+    scripts: &Path,
+    share: &Path,
+    lab_dir: &Path,
+    cryptblk: &Path,
+    timeout: Duration,
+) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(scripts.join("run.sh"))
+        .arg("--no-build")
+        .arg(scripts.join("bench-guest.sh"))
+        .env("CRYPTBLK_BIN", cryptblk)
+        .env("LAB_DIR", lab_dir)
+        .env("LAB_SHARE", share)
+        .env("LAB_TIMEOUT", timeout.as_secs().to_string());
+    cmd
+}
+
 /// Runs run.sh (staging the binary) with the guest script; streams the guest's log to
 /// stderr when `progress`.
 fn boot(
@@ -889,15 +930,8 @@ fn boot(
     progress: bool,
 ) -> Result<Boot, BenchError> {
     let started = Instant::now();
-    let mut cmd = Command::new("bash");
-    cmd.arg(scripts.join("run.sh"))
-        .arg("--no-build")
-        .arg(scripts.join("bench-guest.sh"))
-        .env("CRYPTBLK_BIN", &lab.cryptblk)
-        .env("LAB_DIR", lab_dir)
-        .env("LAB_SHARE", share)
-        .env("LAB_TIMEOUT", timeout.as_secs().to_string())
-        .stdin(Stdio::null())
+    let mut cmd = run_sh_command(scripts, share, lab_dir, &lab.cryptblk, timeout);
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
@@ -1016,9 +1050,7 @@ pub fn run(opts: &BenchOptions, lab: &LabOptions) -> Result<LabReport, BenchErro
         }
     };
     let scripts = work.join("scripts");
-    write_exec(&scripts.join("run.sh"), RUN_SH)?;
-    write(&scripts.join("lib.sh"), LIB_SH)?;
-    write_exec(&scripts.join("bench-guest.sh"), GUEST_SH)?;
+    write_lab_scripts(&scripts)?;
 
     let host_cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -1339,6 +1371,64 @@ fn write_outputs(opts: &BenchOptions, r: &LabReport) -> Result<(), BenchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bench's embedded lab runner gets as far as the lab's run-in-vm.sh: everything that
+    /// run.sh calls beside itself (vm.sh since the boot retries) is written with it. A stand-in
+    /// run-in-vm.sh records its arguments and the staged share instead of booting.
+    #[test]
+    fn embedded_runner_reaches_the_vm() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let scripts = tmp.path().join("scripts");
+        let lab_dir = tmp.path().join("lab");
+        let share = tmp.path().join("share");
+        std::fs::create_dir_all(&lab_dir).unwrap();
+        std::fs::create_dir_all(&share).unwrap();
+        write_lab_scripts(&scripts).unwrap();
+        let ran = tmp.path().join("ran");
+        let stub = lab_dir.join("run-in-vm.sh");
+        std::fs::write(
+            &stub,
+            format!(
+                "#!/bin/bash\necho \"$*\" > {}\nls \"$LAB_SHARE\" >> {}\necho guest-ran\n",
+                ran.display(),
+                ran.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Any executable stands in for the cryptblk binary: run.sh only copies it.
+        let mut cmd = run_sh_command(
+            &scripts,
+            &share,
+            &lab_dir,
+            Path::new("/bin/true"),
+            Duration::from_secs(60),
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(cmd.stdin(Stdio::null()).output().unwrap()));
+        let out = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("run.sh did not finish within 60 s");
+        let ran = std::fs::read_to_string(&ran).unwrap_or_else(|e| {
+            panic!(
+                "run-in-vm.sh was not reached ({e}); run.sh said: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("guest-ran"));
+        let mut lines = ran.lines();
+        assert!(lines.next().unwrap().ends_with("bench-guest.sh"), "{ran}");
+        let staged: Vec<&str> = lines.collect();
+        for f in ["cryptblk", "lib.sh"] {
+            assert!(staged.contains(&f), "{f} not staged: {staged:?}");
+        }
+    }
     use crate::metrics::DirMetrics;
 
     fn row(config: &str, wl: &str, t: &str, mb: f64) -> ResultRow {

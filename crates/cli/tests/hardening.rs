@@ -630,3 +630,74 @@ fn a_runtime_directory_someone_else_controls_is_refused() {
     std::io::Read::read_to_end(&mut stream, &mut heard).unwrap();
     assert_eq!(heard, b"");
 }
+
+/// A LUKS2 volume (cryptsetup's, data at 16 MiB) cut short so that its data segment starts
+/// at or past the device's end: `decrypt` refuses it as `open` does (same line, exit 4),
+/// creates no output and leaves the volume as it was.
+#[test]
+fn decrypt_refuses_a_data_segment_past_the_end_as_open_does() {
+    let dir = tempdir();
+    let d = dir.path();
+    let key = key_file(d);
+    for (i, cut) in [8u64 << 20, 16 << 20].into_iter().enumerate() {
+        let img = d.join(format!("short{i}.img"));
+        cryptsetup_luks2(&img, &key, 32 << 20).expect("cryptsetup");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let sum = sha256(&img);
+        let name = format!("t-hd-short{i}");
+        let open = run(
+            cryptblk()
+                .arg("open")
+                .arg("--key-file")
+                .arg(&key)
+                .arg(&img)
+                .arg(&name)
+                .arg("--nbd")
+                .arg(d.join(format!("{name}.sock"))),
+            b"",
+        );
+        assert_refused(&open, 4, "is too small");
+        let out = d.join(format!("plain{i}.bin"));
+        let dec = run(
+            cryptblk()
+                .arg("decrypt")
+                .arg("--key-file")
+                .arg(&key)
+                .arg(&img)
+                .arg(&out),
+            b"",
+        );
+        assert_refused(&dec, 4, "is too small");
+        assert_eq!(dec.stderr, open.stderr, "decrypt and open refuse alike");
+        assert!(!out.exists(), "decrypt left an output at cut {cut}");
+        assert_eq!(sha256(&img), sum);
+    }
+}
+
+/// `encrypt` of an empty input would make a volume without a data sector, which `open`
+/// refuses as too small: refused (exit 4), from a file and from standard input, and no
+/// output is left.
+#[test]
+fn encrypt_refuses_an_input_that_leaves_no_data_area() {
+    let dir = tempdir();
+    let d = dir.path();
+    let key = key_file(d);
+    let empty = write_file(d, "empty.bin", b"");
+    let out = d.join("vol.img");
+    let encrypt = || {
+        let mut c = cryptblk();
+        c.arg("encrypt").args(FAST).arg("--key-file").arg(&key);
+        c
+    };
+    let o = run(encrypt().arg(&empty).arg(&out), b"");
+    assert_refused(&o, 4, "is empty");
+    assert!(!out.exists());
+    let o = run(encrypt().arg("-").arg(&out), b"");
+    assert_refused(&o, 4, "is empty");
+    assert!(!out.exists());
+}

@@ -10,7 +10,7 @@ mod common;
 use common::memory::in_memory;
 use common::*;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn hex_bytes(hex: &str) -> Vec<u8> {
     (0..hex.len())
@@ -68,11 +68,8 @@ fn suspend_holds_io_wipes_the_key_and_resume_releases_it() {
         .arg(nbd_uri(&sock))
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        writer.try_wait().unwrap().is_none(),
-        "the writer was not held"
-    );
+    // Its first request reaches the daemon and is held there (status counts it).
+    wait_held(name, &mut writer);
 
     let (rc, err) = code(
         cryptblk()
@@ -192,7 +189,11 @@ fn fio_verifies_across_suspend_resume_cycles() {
     // Suspend and resume for as long as fio runs; count only cycles made under load.
     let cycles = repeat_while_running(&mut child, Duration::from_millis(150), |_| {
         run_ok(cryptblk().args(["luksSuspend", name]), b"");
-        std::thread::sleep(Duration::from_millis(150));
+        // Resume only once fio's I/O is held by the suspend (or fio has finished).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while status(name).get("held").is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         run_ok(
             cryptblk()
                 .args(["luksResume", name, "--key-file"])
@@ -245,4 +246,21 @@ fn luks1_resumes_by_key_slot_and_keeps_its_data() {
     let back = dir.path().join("back.bin");
     run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&back), b"");
     assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..]);
+}
+
+/// Waits until the suspended volume `name` holds a request of `writer` (status `held`),
+/// failing when the writer ends first or after 20 s.
+fn wait_held(name: &str, writer: &mut std::process::Child) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if status(name)["held"].as_u64().unwrap_or(0) > 0 {
+            return;
+        }
+        assert!(
+            writer.try_wait().unwrap().is_none(),
+            "the writer ended instead of being held"
+        );
+        assert!(Instant::now() < deadline, "no request was held within 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -224,7 +224,17 @@ fn reload_flips_pipelines_under_load_without_errors() {
     let mut swaps = 0;
     let tables = [&inline, &queued, &same_cpu];
     for round in 0..30 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Every swap happens under load: the workers have done I/O since the last one.
+        let before = ops_done.load(Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while ops_done.load(Ordering::Relaxed) < before + 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no I/O between swaps {round} and {}",
+                round + 1
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let next = tables[round % tables.len()];
         // The dmsetup sequence: reload (staged, I/O continues), suspend (drain), resume.
         reg.reload("live", next).unwrap();
@@ -270,7 +280,15 @@ fn suspend_blocks_new_io_until_resume() {
             done.store(true, Ordering::SeqCst);
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    // The write is held by the suspend (counted as held), not run and not lost.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while m.info().held == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write was never held"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     assert!(!done.load(Ordering::SeqCst), "I/O ran while suspended");
     assert!(m.info().suspended);
     assert!(

@@ -20,8 +20,9 @@ use cryptblk_export::{NbdConfig, NbdServer};
 struct GatedDisk {
     inner: Arc<MemDisk>,
     gated: u64,
-    open: Mutex<bool>,
-    opened: Condvar,
+    /// (the gate is open, requests that reached it)
+    gate: Mutex<(bool, usize)>,
+    changed: Condvar,
     log: Mutex<Vec<&'static str>>,
 }
 
@@ -30,8 +31,8 @@ impl GatedDisk {
         Arc::new(GatedDisk {
             inner,
             gated,
-            open: Mutex::new(false),
-            opened: Condvar::new(),
+            gate: Mutex::new((false, 0)),
+            changed: Condvar::new(),
             log: Mutex::new(Vec::new()),
         })
     }
@@ -40,16 +41,33 @@ impl GatedDisk {
         if offset != self.gated {
             return;
         }
-        let open = self.open.lock().unwrap();
+        let mut gate = self.gate.lock().unwrap();
+        gate.1 += 1;
+        self.changed.notify_all();
         let _unused = self
-            .opened
-            .wait_timeout_while(open, Duration::from_secs(10), |open| !*open)
+            .changed
+            .wait_timeout_while(gate, Duration::from_secs(10), |g| !g.0)
             .unwrap();
     }
 
+    /// Waits until `n` requests have reached the gate (they are blocked in the backing
+    /// now); fails after 10 s.
+    fn wait_arrived(&self, n: usize) {
+        let gate = self.gate.lock().unwrap();
+        let (gate, _) = self
+            .changed
+            .wait_timeout_while(gate, Duration::from_secs(10), |g| g.1 < n)
+            .unwrap();
+        assert!(
+            gate.1 >= n,
+            "only {} of {n} requests reached the gate",
+            gate.1
+        );
+    }
+
     fn open_gate(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
+        self.gate.lock().unwrap().0 = true;
+        self.changed.notify_all();
     }
 
     fn log(&self) -> Vec<&'static str> {
@@ -211,8 +229,8 @@ fn a_blocked_lone_request_does_not_hold_up_the_next() {
     let server = serve(gated.clone(), config(&dir));
     let mut c = Client::open(&dir.join("nbd.sock"), true, true);
     c.send_request(0, CMD_READ, 1, 0, 512, &[]);
-    // Long enough for the server to take the first read alone and block in it.
-    std::thread::sleep(Duration::from_millis(200));
+    // The server took the first read alone and is blocked in it.
+    gated.wait_arrived(1);
     c.send_request(0, CMD_READ, 2, 65536, 512, &[]);
     let (handle, reply) = any_reply(&mut c, 512);
     assert_eq!(
@@ -255,6 +273,7 @@ fn flush_waits_for_the_writes_received_before_it() {
     c.send_request(0, CMD_READ, 3, 65536, 512, &[]);
     let (handle, reply) = any_reply(&mut c, 512);
     assert_eq!((handle, reply.error), (3, 0));
+    gated.wait_arrived(1);
     // While the write is blocked, the flush must not be answered.
     assert!(
         !reply_pending(&c, Duration::from_millis(300)),
@@ -283,7 +302,9 @@ fn disconnect_waits_for_requests_in_flight() {
     let data = pattern(43, 8192);
     c.send_request(0, CMD_WRITE, 5, 0, 8192, &data);
     c.send_request(0, CMD_DISC, 6, 0, 0, &[]);
-    std::thread::sleep(Duration::from_millis(100));
+    // The write is blocked in the backing and the server has read the disconnect.
+    gated.wait_arrived(1);
+    wait_read_by_server(&c);
     gated.open_gate();
     let (handle, reply) = any_reply(&mut c, 0);
     assert_eq!((handle, reply.error), (5, 0), "the write still replies");
@@ -297,6 +318,26 @@ fn disconnect_waits_for_requests_in_flight() {
     }
     assert_eq!(server.connection_count(), 0);
     server.stop().unwrap();
+}
+
+/// Waits until the server has read everything the client sent (the socket's send queue,
+/// SIOCOUTQ, is empty); fails after 10 s.
+fn wait_read_by_server(c: &Client) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ writes one int to the valid pointer.
+        let rc = unsafe { libc::ioctl(c.s.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+        if queued == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server left {queued} bytes unread"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Reads the 18-byte greeting; false if the server closed the connection instead.

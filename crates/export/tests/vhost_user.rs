@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::{pattern, require_tool, run, MemDisk, TempDir};
 use cryptblk_dm::{BlockDevice, Registry};
@@ -22,7 +23,9 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 use vmm_sys_util::eventfd::EventFd;
 
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
@@ -55,6 +58,27 @@ type Buf = (u64, u32, bool);
 impl Vq {
     /// Places the chain, kicks, waits for the answer; returns the used length.
     fn submit(&mut self, chain: &[Buf]) -> u32 {
+        self.place(chain);
+        self.kick.write(1).unwrap();
+        let m = &self.mem;
+        loop {
+            let idx: u16 = m.read_obj(GuestAddress(self.used + 2)).unwrap();
+            if idx != self.last_used {
+                break;
+            }
+            self.call.read().unwrap();
+        }
+        fence(Ordering::SeqCst);
+        let elem = self.used + 4 + 8 * u64::from(self.last_used % QUEUE_SIZE);
+        let id: u32 = m.read_obj(GuestAddress(elem)).unwrap();
+        let len: u32 = m.read_obj(GuestAddress(elem + 4)).unwrap();
+        assert_eq!(id, 0, "the answer names the chain we sent");
+        self.last_used = self.last_used.wrapping_add(1);
+        len
+    }
+
+    /// Places the chain in the descriptor table and makes it available, without a kick.
+    fn place(&mut self, chain: &[Buf]) {
         let m = &self.mem;
         for (i, &(addr, len, write)) in chain.iter().enumerate() {
             let d = GuestAddress(self.desc + 16 * i as u64);
@@ -75,21 +99,6 @@ impl Vq {
         m.write_obj(self.next_avail, GuestAddress(self.avail + 2))
             .unwrap();
         fence(Ordering::SeqCst);
-        self.kick.write(1).unwrap();
-        loop {
-            let idx: u16 = m.read_obj(GuestAddress(self.used + 2)).unwrap();
-            if idx != self.last_used {
-                break;
-            }
-            self.call.read().unwrap();
-        }
-        fence(Ordering::SeqCst);
-        let elem = self.used + 4 + 8 * u64::from(self.last_used % QUEUE_SIZE);
-        let id: u32 = m.read_obj(GuestAddress(elem)).unwrap();
-        let len: u32 = m.read_obj(GuestAddress(elem + 4)).unwrap();
-        assert_eq!(id, 0, "the answer names the chain we sent");
-        self.last_used = self.last_used.wrapping_add(1);
-        len
     }
 
     fn header(&self, kind: u32, sector: u64) -> Buf {
@@ -228,7 +237,7 @@ impl AddN for GuestAddress {
 
 /// A connected test frontend: negotiated features, the device's config, its queues.
 struct Guest {
-    _frontend: Frontend,
+    frontend: Frontend,
     features: u64,
     config: virtio_blk_config,
     queues: Vec<Vq>,
@@ -254,6 +263,18 @@ fn memfd_memory() -> Arc<GuestMemoryMmap> {
 /// Connects as QEMU does: owner, features (EVENT_IDX left out: this driver never updates
 /// `used_event`), protocol features, config, memory table, then each queue.
 fn connect(socket: &Path, queues: u16) -> Guest {
+    connect_with(socket, queues, |_| {}, true)
+}
+
+/// [`connect`], with `edit` applied to the memory table before it is sent (a hostile
+/// frontend's table); unless `strict`, nothing follows the table (no queue is set up, so
+/// the export has no reason to touch the memory) and its sending may fail.
+fn connect_with(
+    socket: &Path,
+    queues: u16,
+    edit: impl FnOnce(&mut VhostUserMemoryRegionInfo),
+    strict: bool,
+) -> Guest {
     let mem = memfd_memory();
     let mut fe = Frontend::connect(socket, u64::from(queues)).unwrap();
     fe.set_owner().unwrap();
@@ -281,8 +302,18 @@ fn connect(socket: &Path, queues: u16) -> Guest {
 
     let host = mem.get_host_address(GuestAddress(0)).unwrap() as u64;
     let region = mem.find_region(GuestAddress(0)).unwrap();
-    fe.set_mem_table(&[VhostUserMemoryRegionInfo::from_guest_region(region).unwrap()])
-        .unwrap();
+    let mut info = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
+    edit(&mut info);
+    let sent = fe.set_mem_table(&[info]);
+    if !strict {
+        return Guest {
+            frontend: fe,
+            features,
+            config,
+            queues: Vec::new(),
+        };
+    }
+    sent.unwrap();
 
     let mut vqs = Vec::new();
     for q in 0..queues {
@@ -320,7 +351,7 @@ fn connect(socket: &Path, queues: u16) -> Guest {
         vqs.push(vq);
     }
     Guest {
-        _frontend: fe,
+        frontend: fe,
         features,
         config,
         queues: vqs,
@@ -716,4 +747,108 @@ fn bad_settings_and_a_live_socket_are_refused() {
         .err()
         .expect("a regular file is not replaced");
     assert!(err.to_string().contains("not a socket"), "{err}");
+}
+
+/// Runs `f` on a thread of its own and fails when it has not finished within `secs`: an
+/// export that keeps a frontend waiting would otherwise hang the test.
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|e| panic!("{what}: not done within {secs} s ({e})"))
+}
+
+/// Waits until the export has closed `fe`'s connection (a request needing a reply fails).
+fn wait_closed(fe: &mut Frontend) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fe.get_features().is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the export kept the hostile frontend's connection"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The memfd behind a test frontend's guest memory.
+fn memfd(mem: &GuestMemoryMmap) -> &File {
+    mem.find_region(GuestAddress(0))
+        .unwrap()
+        .file_offset()
+        .unwrap()
+        .file()
+}
+
+/// A good frontend after a hostile one: data written reads back.
+fn serves_the_next_frontend(socket: &Path, sector: u64, seed: u64) {
+    let s = socket.to_path_buf();
+    within(30, "the next frontend", move || {
+        let mut g = connect(&s, 1);
+        let data = pattern(seed, 8192);
+        assert_eq!(g.queues[0].write(sector, &data), VIRTIO_BLK_S_OK);
+        let (st, back) = g.queues[0].read(sector, data.len());
+        assert_eq!(st, VIRTIO_BLK_S_OK);
+        assert!(back == data, "the next frontend reads its data back");
+    });
+}
+
+/// A memory table whose region starts past the end of its memfd (mmap_offset = the file's
+/// size) is refused: the connection is closed on the table itself (no queue is ever set
+/// up, so no access to that memory, and no SIGBUS, is involved), the process lives, and the
+/// next frontend is served.
+#[test]
+fn a_memory_table_past_the_end_of_its_file_is_refused() {
+    let dir = TempDir::new("vhost-hostile-table");
+    let disk = MemDisk::new(4 * MIB, 512);
+    let socket = dir.join("vu.sock");
+    let export = VhostUserExport::start(disk.clone(), VhostUserConfig::new(&socket)).unwrap();
+    let s = socket.clone();
+    within(30, "the hostile table", move || {
+        let mut g = connect_with(&s, 1, |r| r.mmap_offset = MEM_SIZE, false);
+        wait_closed(&mut g.frontend);
+    });
+    serves_the_next_frontend(&socket, 8, 31);
+    export.stop().unwrap();
+}
+
+/// A frontend that truncates its memfd after SET_MEM_TABLE and then kicks a request: the
+/// export's accesses fault (SIGBUS), the request fails and the frontend is dropped, and the
+/// process — every other volume it serves — lives on: the next frontend is served and
+/// finds the data written before.
+#[test]
+fn a_frontend_that_shrinks_its_memory_is_dropped_and_the_export_lives_on() {
+    let dir = TempDir::new("vhost-hostile-shrink");
+    let disk = MemDisk::new(4 * MIB, 512);
+    let socket = dir.join("vu.sock");
+    let export = VhostUserExport::start(disk.clone(), VhostUserConfig::new(&socket)).unwrap();
+    let before = pattern(41, 4096);
+    let s = socket.clone();
+    let written = before.clone();
+    within(30, "the shrinking frontend", move || {
+        let mut g = connect(&s, 1);
+        assert_eq!(g.queues[0].write(0, &written), VIRTIO_BLK_S_OK);
+        // The next request laid out (rings, header, buffers), then the memory cut to
+        // nothing, then the kick. The test does not touch its own mapping after the cut.
+        let q = &mut g.queues[0];
+        let chain = [
+            q.header(VIRTIO_BLK_T_IN, 0),
+            (q.buf(), 4096, true),
+            q.status_buf(),
+        ];
+        q.place(&chain);
+        memfd(&q.mem).set_len(0).unwrap();
+        q.kick.write(1).unwrap();
+        wait_closed(&mut g.frontend);
+    });
+    let s = socket.clone();
+    within(30, "the next frontend", move || {
+        let mut g = connect(&s, 1);
+        let (st, back) = g.queues[0].read(0, 4096);
+        assert_eq!(st, VIRTIO_BLK_S_OK);
+        assert!(back == before, "the data written before survived");
+    });
+    serves_the_next_frontend(&socket, 16, 43);
+    export.stop().unwrap();
 }

@@ -86,13 +86,19 @@ pub fn encrypt_stream(
     result.map(|()| pos)
 }
 
-/// The bytes of `seg` on a data device of `dev_size` bytes (whole encryption sectors).
-pub fn segment_len(seg: &Segment, dev_size: u64) -> u64 {
-    let len = match seg.size {
-        Some(s) => s,
-        None => dev_size.saturating_sub(seg.offset),
-    };
-    len - len % u64::from(seg.sector_size)
+/// The bytes of `seg` on the data device `data_dev` of `dev_size` bytes (whole encryption
+/// sectors); the geometry `open` checks ([`Segment::mapped_len`]): a segment that starts at
+/// or past the device's end, or whose fixed size runs past it, is refused (exit 4) before
+/// any output exists, not decrypted into an empty or short file.
+pub fn segment_len(seg: &Segment, dev_size: u64, data_dev: &Path) -> Result<u64> {
+    let len = seg.mapped_len(dev_size, data_dev)?;
+    if seg.offset.checked_add(len).is_none_or(|end| end > dev_size) {
+        return Err(VolumeError::device(format!(
+            "Device {} is too small.",
+            data_dev.display()
+        )));
+    }
+    Ok(len)
 }
 
 /// Decrypts the first `len` bytes of `seg` on `data` into `dst`.

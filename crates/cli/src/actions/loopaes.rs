@@ -74,13 +74,7 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         offline::segment_cipher(&seg, vol.key.as_bytes(), opts.cipher_implementation.clone())?;
     let data = File::open(device)?;
     let dev_size = cryptblk_volume::device::device_size(device)?;
-    let len = offline::segment_len(&seg, dev_size);
-    if len == 0 {
-        return Err(Failure::device(format!(
-            "Device {} is too small.",
-            device.display()
-        )));
-    }
+    let len = offline::segment_len(&seg, dev_size, device)?;
     let mut dst = Output::create(output)?;
     offline::decrypt_segment(
         cipher.as_ref(),

@@ -60,10 +60,22 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
         let len = f.metadata()?.len();
         (Box::new(f), Some(len))
     };
+    // A volume without a single data sector is one `open` refuses as too small: refuse to
+    // make it (an empty file before anything is written; an empty stream before the commit).
+    let empty = || {
+        Failure::device(format!(
+            "The input {} is empty: {} would be too small (no data area after the header).",
+            input.display(),
+            output.display()
+        ))
+    };
+    if total == Some(0) {
+        return Err(empty());
+    }
     let mut dst = Output::create(output)?;
     dst.writer()
         .write_all(&header.contents()[..data_offset as usize])?;
-    offline::encrypt_stream(
+    let written = offline::encrypt_stream(
         cipher.as_ref(),
         sector,
         &mut *src,
@@ -71,6 +83,9 @@ pub fn encrypt(opts: &Opts, input: &Path, output: &Path) -> ActionResult {
         total,
         &mut Bar::for_file(opts, output),
     )?;
+    if written == 0 {
+        return Err(empty());
+    }
     dst.commit()
 }
 
@@ -116,7 +131,7 @@ pub fn decrypt(opts: &Opts, device: &Path, output: &Path) -> ActionResult {
         let mut d = &data;
         d.seek(SeekFrom::End(0))?
     };
-    let len = offline::segment_len(&seg, dev_size);
+    let len = offline::segment_len(&seg, dev_size, device)?;
     let mut dst = Output::create(output)?;
     offline::decrypt_segment(
         cipher.as_ref(),
@@ -159,6 +174,13 @@ fn decrypt_mid_reencryption(
         let mut d = &data;
         d.seek(SeekFrom::End(0))?
     };
+    // As for a volume at rest: no data area, no output (open refuses it the same way).
+    if state.logical_size(dev_size) == 0 {
+        return Err(Failure::device(format!(
+            "Device {} is too small.",
+            device.display()
+        )));
+    }
     let mut dst = Output::create(output)?;
     reencrypt::read_plaintext(
         state,

@@ -413,6 +413,7 @@ fn answer(req: &Request, stack: &Stack, closing: &Closing, target: &str) -> Resp
                 size: info.size,
                 suspended: info.suspended,
                 inflight: info.inflight as u64,
+                held: info.held as u64,
                 readonly: spec.readonly,
                 pipeline: TableSpec::parse(&table)
                     .map(|t| t.crypt_pipelines())

@@ -4,6 +4,7 @@
 
 pub mod memory;
 pub mod reenc;
+pub mod sweep;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

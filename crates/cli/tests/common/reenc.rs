@@ -55,15 +55,20 @@ pub fn every() -> usize {
         .unwrap_or(0)
 }
 
-/// The kill points to try out of `total` writes: [`every`] apart when set, else about
-/// `samples` spread over the run plus its first and last writes.
+/// The kill points to try out of `total` writes: [`every`] apart from the first when set,
+/// else about `samples` spread over the run from an offset this run's seed picks
+/// ([`super::sweep::sweep_offset`]: over many runs every write is cut), plus its first and
+/// last writes.
 pub fn kill_points(total: usize, samples: usize) -> Vec<usize> {
-    let step = match every() {
-        0 => (total / samples).max(1),
-        e => e,
+    let (step, first) = match every() {
+        0 => {
+            let step = (total / samples).max(1);
+            (step, 1 + super::sweep::sweep_offset(step, total as u64))
+        }
+        e => (e, 1),
     };
-    let mut v: Vec<usize> = (1..=total).step_by(step).collect();
-    v.extend([2, total.saturating_sub(1), total]);
+    let mut v: Vec<usize> = (first..=total).step_by(step).collect();
+    v.extend([1, 2, total.saturating_sub(1), total]);
     v.retain(|&n| n >= 1 && n <= total);
     v.sort_unstable();
     v.dedup();

@@ -366,12 +366,19 @@ mod tests {
             4 * PIECE,
             PieceOp::Write(WriteFlags::default()),
         ));
-        let helper = {
+        let (left, helper_left) = std::sync::mpsc::channel();
+        {
             let (w, io) = (Arc::clone(&w), Arc::clone(&io));
-            std::thread::spawn(move || w.help(&io))
-        };
+            std::thread::spawn(move || {
+                w.help(&io);
+                let _ = left.send(());
+            });
+        }
         w.arrived(1);
         w.abort();
-        helper.join().unwrap();
+        // A helper left waiting is the failure: a timeout, not a hung test.
+        helper_left
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the helper still waits 10 s after abort");
     }
 }

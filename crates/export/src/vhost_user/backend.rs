@@ -4,11 +4,11 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use cryptblk_dm::device::BlockDevice;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{ShutdownHandle, VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
     virtio_blk_config, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
     VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
@@ -16,12 +16,16 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueOwnedT;
-use vm_memory::{ByteValued, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{
+    ByteValued, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+    GuestMemoryRegion,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use super::guard::ConnGuard;
 use super::request::{self, Target, MAX_RANGES};
 
 /// Largest discard or write-zeroes range, in 512-byte sectors (advertised in the config).
@@ -98,12 +102,49 @@ pub(crate) struct BlkConfig(pub virtio_blk_config);
 // pattern is a valid value.
 unsafe impl ByteValued for BlkConfig {}
 
+/// One frontend connection: its guest memory's SIGBUS guard and the handle that cuts it.
+pub(crate) struct Connection {
+    guard: ConnGuard,
+    shutdown: Mutex<Option<ShutdownHandle>>,
+}
+
+impl Connection {
+    /// Whether the frontend shrank the guest memory under us ([`ConnGuard::broken`]).
+    pub fn broken(&self) -> bool {
+        self.guard.broken()
+    }
+
+    /// The handle that ends this connection, once the daemon has accepted it.
+    pub fn set_shutdown(&self, handle: Option<ShutdownHandle>) {
+        *self.shutdown.lock().unwrap_or_else(|e| e.into_inner()) = handle;
+    }
+
+    /// Logs the frontend's misbehaviour and cuts the connection: its guest memory is gone.
+    fn drop_broken_frontend(&self) -> io::Error {
+        log::warn!(
+            "vhost-user-blk: the frontend truncated the guest memory it shared (SIGBUS on a guest page, answered with a zero page); failing its request and dropping the frontend"
+        );
+        if let Some(h) = self
+            .shutdown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            h.shutdown();
+        }
+        io::Error::other("the frontend truncated its guest memory")
+    }
+}
+
 /// One frontend connection's device: the vring worker threads each hold a clone.
 #[derive(Clone)]
 pub(crate) struct BlkBackend {
     shared: Arc<Shared>,
     event_idx: Arc<AtomicBool>,
+    /// The memory table in use: our own snapshot of the last one accepted (a refused
+    /// table is never used, even though the framework already holds it).
     mem: Arc<RwLock<GuestMemoryAtomic<GuestMemoryMmap>>>,
+    conn: Arc<Connection>,
 }
 
 impl BlkBackend {
@@ -113,19 +154,35 @@ impl BlkBackend {
             shared,
             event_idx: Arc::new(AtomicBool::new(false)),
             mem: Arc::new(RwLock::new(GuestMemoryAtomic::new(GuestMemoryMmap::new()))),
+            conn: Arc::new(Connection {
+                guard: ConnGuard::new(),
+                shutdown: Mutex::new(None),
+            }),
         }
     }
 
-    /// Serves every request the queue holds, then answers them with one notification.
+    /// This connection's state, for the serving thread.
+    pub fn connection(&self) -> Arc<Connection> {
+        self.conn.clone()
+    }
+
+    /// Serves every request the queue holds, then answers them with one notification. A
+    /// request during which the guest memory faulted fails, and so does the connection.
     fn process_queue(&self, vring: &VringRwLock) -> io::Result<()> {
         let atomic = self.mem.read().unwrap_or_else(|e| e.into_inner()).clone();
         let mem = atomic.memory();
-        let chains: Vec<_> = vring
+        let chains = vring
             .get_mut()
             .get_queue_mut()
             .iter(mem.clone())
-            .map_err(|e| io::Error::other(format!("reading the available ring: {e}")))?
-            .collect();
+            .map(|chains| chains.collect::<Vec<_>>());
+        // A ring read from a page the frontend truncated reads zeros: whatever came of it
+        // (often a bad index), the frontend is the fault.
+        if self.conn.broken() {
+            return Err(self.conn.drop_broken_frontend());
+        }
+        let chains =
+            chains.map_err(|e| io::Error::other(format!("reading the available ring: {e}")))?;
         if chains.is_empty() {
             return Ok(());
         }
@@ -139,6 +196,9 @@ impl BlkBackend {
             let head = chain.head_index();
             let descs: Vec<_> = chain.collect();
             let used = request::handle(&mem, &descs, &target).unwrap_or(0);
+            if self.conn.broken() {
+                return Err(self.conn.drop_broken_frontend());
+            }
             vring
                 .add_used(head, used)
                 .map_err(|e| io::Error::other(format!("adding to the used ring: {e}")))?;
@@ -188,9 +248,29 @@ impl VhostUserBackend for BlkBackend {
             .unwrap_or_default()
     }
 
+    /// Takes a new memory table: every region guarded against SIGBUS first (the framework
+    /// already publishes the table to the vrings), then checked against its file's size.
+    /// A table that maps past a file's end is refused: the error ends the connection (the
+    /// frontend sees it closed, or a NACK where it asked for replies).
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
-        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = mem;
-        Ok(())
+        let table = mem.memory().into_inner();
+        let checked = self
+            .conn
+            .guard
+            .protect(&table)
+            .and_then(|()| check_regions(&table));
+        let mut ours = self.mem.write().unwrap_or_else(|e| e.into_inner());
+        match checked {
+            Ok(()) => {
+                *ours = GuestMemoryAtomic::from(table);
+                Ok(())
+            }
+            Err(e) => {
+                log::warn!("vhost-user-blk: refusing the frontend's memory table: {e}");
+                *ours = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+                Err(e)
+            }
+        }
     }
 
     /// One worker thread per virtqueue, so queues run their crypt work in parallel.
@@ -246,4 +326,33 @@ impl VhostUserBackend for BlkBackend {
         }
         Ok(())
     }
+}
+
+/// Every region of a memory table lies within its file (fstat): a region mapped past its
+/// file's end would raise SIGBUS at the first access. Files that are not regular (a DAX
+/// character device) have no size to check; the SIGBUS guard still covers them.
+fn check_regions(table: &GuestMemoryMmap) -> io::Result<()> {
+    for (i, region) in table.iter().enumerate() {
+        let Some(fo) = region.file_offset() else {
+            continue;
+        };
+        let meta = fo.file().metadata()?;
+        if !meta.file_type().is_file() {
+            continue;
+        }
+        let end = fo.start().checked_add(region.len());
+        if end.is_none_or(|end| end > meta.len()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "region {i} (guest address {:#x}, {} bytes at file offset {}) lies past the end of its file ({} bytes)",
+                    region.start_addr().0,
+                    region.len(),
+                    fo.start(),
+                    meta.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

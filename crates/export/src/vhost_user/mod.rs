@@ -20,8 +20,14 @@
 //! One frontend at a time: when it disconnects (the VM stops or its vhost-user device is
 //! unplugged), in-flight requests finish, the device is flushed, and the socket accepts the
 //! next frontend, which negotiates from scratch (QEMU's `reconnect=` option relies on this).
+//!
+//! A frontend is not trusted with the daemon's life: a memory table whose regions lie past
+//! their files' ends is refused (the connection ends, a warning names the region), and a
+//! frontend that shrinks its memory file later gets its request failed and its connection
+//! dropped instead of a SIGBUS that ends the daemon ([`guard`] says how and why).
 
 mod backend;
+mod guard;
 mod request;
 
 use std::fs;
@@ -322,6 +328,7 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, control: &Mutex<Control>,
         // A fresh daemon per connection: the frontend negotiates everything again, and the
         // previous connection's vring workers are gone.
         let backend = BlkBackend::new(shared.clone());
+        let conn = backend.connection();
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let mut daemon = match VhostUserDaemon::new("vhost-user-blk".into(), backend, mem) {
             Ok(d) => d,
@@ -346,6 +353,7 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, control: &Mutex<Control>,
                 c.connection = daemon.shutdown_handle();
             }
         }
+        conn.set_shutdown(daemon.shutdown_handle());
         log::info!("vhost-user-blk: frontend connected");
         match daemon.wait() {
             Ok(())
@@ -353,6 +361,11 @@ fn serve(mut listener: Listener, shared: &Arc<Shared>, control: &Mutex<Control>,
                 VhostUserError::Disconnected | VhostUserError::PartialMessage,
             )) => log::info!("vhost-user-blk: frontend disconnected"),
             Err(e) => log::warn!("vhost-user-blk: connection ended: {e}"),
+        }
+        if conn.broken() {
+            log::warn!(
+                "vhost-user-blk: the frontend truncated the guest memory it shared; its connection is closed"
+            );
         }
         control.lock().unwrap_or_else(|e| e.into_inner()).connection = None;
         // Dropping the daemon stops and joins its vring workers: no request is in flight

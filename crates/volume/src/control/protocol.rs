@@ -270,6 +270,10 @@ pub struct Status {
     pub suspended: bool,
     /// Requests in flight.
     pub inflight: u64,
+    /// Requests held by a suspend (they run on resume); left out when there are none (the
+    /// report keeps its old shape), and absent from daemons that predate it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub held: u64,
     /// Served read-only.
     pub readonly: bool,
     /// The live table, keys hidden.
@@ -301,6 +305,11 @@ pub struct Status {
     /// `close --deferred` is pending: the daemon closes when the last user goes.
     #[serde(default)]
     pub deferred_remove: bool,
+}
+
+/// serde's test for leaving a zero count out of a report.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A remote backing store (`rbd:...`) in a [`Status`].
@@ -529,6 +538,7 @@ mod tests {
             size: 8 << 20,
             suspended: false,
             inflight: 0,
+            held: 0,
             readonly: true,
             table: "0 16384 crypt aes-xts-plain64 - 0 /dev/x 4096\n".into(),
             status: "0 16384 crypt\n".into(),
