@@ -130,6 +130,28 @@ fn batch_mode_is_silent_and_progress_json_is_cryptsetups() {
     assert_eq!(ours_last["eta_ms"], "0");
 }
 
+/// `cryptblk decrypt KEY IMG -` into a pipe whose reader is gone; stderr into the same pipe
+/// (`2>&1 | head`) or kept.
+fn decrypt_into_closed_pipe(key: &Path, img: &Path, stderr_too: bool) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let stderr = if stderr_too {
+        Stdio::from(writer.try_clone().unwrap())
+    } else {
+        Stdio::piped()
+    };
+    cryptblk()
+        .args(["decrypt", "--key-file"])
+        .arg(key)
+        .arg(img)
+        .arg("-")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(stderr)
+        .output()
+        .unwrap()
+}
+
 /// `decrypt VOL - | head -c 100` (stderr too): no panic, no message, and the command ends as
 /// `cat` does when its reader goes, by SIGPIPE.
 #[test]
@@ -138,38 +160,10 @@ fn decrypt_into_a_closed_pipe_ends_quietly_by_sigpipe() {
     let key = common::write_file(dir.path(), "key", b"progress pass");
     let img = dir.path().join("a.img");
     common::cryptsetup_luks2(&img, &key, 64 << 20).unwrap();
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
-    let writer2 = writer.try_clone().unwrap();
-    let out = cryptblk()
-        .args(["decrypt", "--key-file"])
-        .arg(&key)
-        .arg(&img)
-        .arg("-")
-        .stdin(Stdio::null())
-        .stdout(writer)
-        .stderr(writer2)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGPIPE),
-        "status {:?}",
-        out.status
-    );
+    let out = decrypt_into_closed_pipe(&key, &img, true);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
     // With stderr kept: nothing said about the pipe.
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
-    let out = cryptblk()
-        .args(["decrypt", "--key-file"])
-        .arg(&key)
-        .arg(&img)
-        .arg("-")
-        .stdin(Stdio::null())
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let out = decrypt_into_closed_pipe(&key, &img, false);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{err}");
     assert!(

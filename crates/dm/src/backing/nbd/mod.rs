@@ -528,6 +528,23 @@ struct Slot {
     done: Condvar,
 }
 
+impl Slot {
+    /// A request waiting for its reply.
+    fn new(cmd: u16, offset: u64, len: u32) -> Arc<Slot> {
+        Arc::new(Slot {
+            cmd,
+            offset,
+            len,
+            state: Mutex::new(SlotState {
+                finished: false,
+                data: Vec::new(),
+                error: None,
+            }),
+            done: Condvar::new(),
+        })
+    }
+}
+
 struct SlotState {
     finished: bool,
     /// A read's data, once finished.
@@ -708,17 +725,7 @@ impl Conn {
         read_into: Option<&mut [u8]>,
         deadline: Instant,
     ) -> io::Result<()> {
-        let slot = Arc::new(Slot {
-            cmd,
-            offset,
-            len,
-            state: Mutex::new(SlotState {
-                finished: false,
-                data: Vec::new(),
-                error: None,
-            }),
-            done: Condvar::new(),
-        });
+        let slot = Slot::new(cmd, offset, len);
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         lock(&self.book.pending).insert(handle, Arc::clone(&slot));
         if self.is_dead() {
@@ -1014,17 +1021,7 @@ pub fn parse_replies(
         .iter()
         .enumerate()
         .map(|(i, &(cmd, offset, len))| {
-            let slot = Arc::new(Slot {
-                cmd,
-                offset,
-                len,
-                state: Mutex::new(SlotState {
-                    finished: false,
-                    data: Vec::new(),
-                    error: None,
-                }),
-                done: Condvar::new(),
-            });
+            let slot = Slot::new(cmd, offset, len);
             lock(&book.pending).insert(i as u64 + 1, Arc::clone(&slot));
             slot
         })
