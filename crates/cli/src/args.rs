@@ -737,7 +737,9 @@ impl PerfArgs {
     }
 }
 
-/// Where a mapping is served.
+/// Where a mapping is served. Without --nbd, --fuse, --ublk or --vhost-user: over ublk where
+/// /dev/ublk-control is usable (linked as /dev/cryptblk/NAME when root), else over NBD on the
+/// Unix socket <runtime dir>/NAME.sock.
 #[derive(Args, Debug, Default, Clone)]
 pub struct ExportArgs {
     /// Serve over NBD on a Unix socket (unix:PATH, or a path containing '/'), or on TCP at
@@ -776,7 +778,8 @@ pub struct ExportArgs {
     /// Serve as the file <DIR>/disk on a FUSE mount (losetup works on it).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
-    /// Serve as the kernel block device /dev/ublkbN (needs the ublk_drv module).
+    /// Serve as the kernel block device /dev/ublkbN (needs the ublk_drv module), linked as
+    /// /dev/cryptblk/NAME when running as root.
     #[arg(long)]
     pub ublk: bool,
     /// ublk: hardware queues, each served by its own thread (default: one per CPU).

@@ -91,7 +91,10 @@ fn a_mounted_fuse_loop_device_holds_the_volume_open() {
     let fl = FuseLoop::new(dir.path(), name);
     let fs = &fl.fs;
     fl.open(&img, &key);
-    assert_eq!(status_line(name), format!("/dev/mapper/{name} is active."));
+    assert_eq!(
+        status_line(name),
+        format!("{} is active.", fl.disk().display())
+    );
     assert_eq!(users(name), 0);
 
     let lo = sh(
@@ -107,7 +110,7 @@ fn a_mounted_fuse_loop_device_holds_the_volume_open() {
     assert_close_refused(name);
     assert_eq!(
         status_line(name),
-        format!("/dev/mapper/{name} is active and is in use.")
+        format!("{} is active and is in use.", fl.disk().display())
     );
     assert!(users(name) >= 1);
     // Still served: the file system writes and syncs through the refused close.
@@ -122,7 +125,10 @@ fn a_mounted_fuse_loop_device_holds_the_volume_open() {
     wait_for("the loop device to let go", Duration::from_secs(5), || {
         users(name) == 0
     });
-    assert_eq!(status_line(name), format!("/dev/mapper/{name} is active."));
+    assert_eq!(
+        status_line(name),
+        format!("{} is active.", fl.disk().display())
+    );
     let (code, _, err) = close(name, &[]);
     assert_eq!(code, 0, "close of an unused volume: {err}");
     assert!(!served(name), "closed");
@@ -325,13 +331,13 @@ fn a_connected_nbd_client_holds_the_volume_open() {
     let name = "t-inuse-nbd";
     let sock = dir.path().join("nbd.sock");
     let _served = open_nbd(&img, &key, name, &sock, &[]);
-    assert_eq!(status_line(name), format!("/dev/mapper/{name} is active."));
+    assert_eq!(status_line(name), format!("{} is active.", sock.display()));
 
     let mut client = QemuIo::connect(&nbd_uri(&sock));
     client.command("write -P 0x5a 0 4k", "wrote 4096/4096");
     assert_eq!(
         status_line(name),
-        format!("/dev/mapper/{name} is active and is in use.")
+        format!("{} is active and is in use.", sock.display())
     );
     assert_eq!(users(name), 1);
     assert_close_refused(name);
@@ -344,7 +350,7 @@ fn a_connected_nbd_client_holds_the_volume_open() {
         Duration::from_secs(5),
         || users(name) == 0,
     );
-    assert_eq!(status_line(name), format!("/dev/mapper/{name} is active."));
+    assert_eq!(status_line(name), format!("{} is active.", sock.display()));
     let (code, _, err) = close(name, &[]);
     assert_eq!(code, 0, "close after the client left: {err}");
     assert!(!served(name), "closed");

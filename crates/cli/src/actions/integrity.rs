@@ -222,7 +222,7 @@ fn open(opts: &Opts, device: &Path, name: &str, export: &ExportArgs) -> ActionRe
     let spec = ServeSpec {
         name: plan.name.clone(),
         table: plan.table.to_string(),
-        export: super::serving::export_spec(export)?,
+        export: super::serving::export_spec(export, &plan.name)?,
         readonly: mode == lib::OpenMode::Recovery || opts.readonly,
         info: plan.info.clone(),
     };
@@ -287,6 +287,7 @@ fn status(name: &str, json_out: bool) -> ActionResult {
             "failures": failures,
             "mismatches": failures,
             "export": a.export,
+            "device_path": super::serving::device_path(name, &a.export),
         });
         if journal {
             v["journal_size"] = json!(journal_bytes);
@@ -300,11 +301,8 @@ fn status(name: &str, json_out: bool) -> ActionResult {
         println!("{v}");
         return Ok(());
     }
-    // integritysetup's and veritysetup's first line, as cryptsetup's.
-    println!(
-        "/dev/mapper/{name} is active{}.",
-        if a.users > 0 { " and is in use" } else { "" }
-    );
+    // integritysetup's and veritysetup's first line, as cryptsetup's, naming the export.
+    println!("{}", super::serving::active_line(&a));
     println!("  type:    INTEGRITY");
     println!("  tag size: {tag_size}");
     println!("  integrity: {integrity}");
@@ -402,16 +400,14 @@ pub fn verity_status(name: &str, json_out: bool) -> ActionResult {
         "hash_offset": hash_start * hash_bs / 512,
         "root_hash": f[11],
         "export": a.export,
+        "device_path": super::serving::device_path(name, &a.export),
     });
     if json_out {
         println!("{v}");
         return Ok(());
     }
-    // integritysetup's and veritysetup's first line, as cryptsetup's.
-    println!(
-        "/dev/mapper/{name} is active{}.",
-        if a.users > 0 { " and is in use" } else { "" }
-    );
+    // integritysetup's and veritysetup's first line, as cryptsetup's, naming the export.
+    println!("{}", super::serving::active_line(&a));
     println!("  type:        VERITY");
     println!("  status:      {}", v["status"].as_str().unwrap_or(""));
     println!("  hash type:   {}", v["hash_type"]);

@@ -353,7 +353,7 @@ fn serve_spec(plan: plan::ActivationPlan, opts: &Opts, a: &OpenArgs) -> Result<S
     Ok(ServeSpec {
         name: plan.name.clone(),
         table: plan.table.to_string(),
-        export: super::serving::export_spec(&a.export)?,
+        export: super::serving::export_spec(&a.export, &plan.name)?,
         readonly: opts.readonly,
         info: plan.info.clone(),
     })

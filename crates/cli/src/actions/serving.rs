@@ -61,8 +61,9 @@ fn describe(facts: &Value) -> String {
     }
 }
 
-/// The export the user asked for (at most one).
-pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
+/// The export the user asked for (at most one); with none, the device `open` makes by
+/// default for mapping `name` (see [`default_export`]).
+pub fn export_spec(export: &ExportArgs, name: &str) -> Result<ExportSpec, Failure> {
     if let Some(socket) = &export.vhost_user {
         if export.nbd.is_some() || export.fuse.is_some() || export.ublk {
             return Err(Failure::usage(
@@ -131,10 +132,92 @@ pub fn export_spec(export: &ExportArgs) -> Result<ExportSpec, Failure> {
                 .map_err(|e| Failure::usage(format!("FUSE mount point {}: {e}", dir.display())))?;
             Ok(ExportSpec::Fuse(abs))
         }
-        (None, None) => Err(Failure::usage(
-            "no export given: use --nbd <socket|host:port>, --fuse <dir>, --ublk or --vhost-user <socket>",
-        )),
+        (None, None) => default_export(name, export, ublk_usable()),
     }
+}
+
+/// The kernel's ublk control device: the kernel serves ublk block devices when it exists.
+const UBLK_CONTROL: &str = "/dev/ublk-control";
+
+/// True when the kernel has ublk and this process may use it: `/dev/ublk-control` opens
+/// read-write (it exists once `ublk_drv` is loaded; opening it needs root or a udev rule).
+pub fn ublk_usable() -> bool {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(UBLK_CONTROL)
+        .is_ok()
+}
+
+/// The export given no export option, as cryptsetup always makes a device: a ublk block
+/// device when `ublk` (the kernel has it, [`ublk_usable`]; the daemon then links
+/// `/dev/cryptblk/NAME` to it when root), else NBD on the Unix socket
+/// `<runtime dir>/NAME.sock` ([`default_nbd_socket`]), whose path is the stable name. The
+/// NBD options (`--tls`, `--max-clients`...) apply to that socket.
+pub fn default_export(name: &str, export: &ExportArgs, ublk: bool) -> Result<ExportSpec, Failure> {
+    if ublk {
+        return Ok(ExportSpec::Ublk {
+            queues: None,
+            depth: export
+                .queue_depth
+                .unwrap_or(cryptblk_export::ublk::DEFAULT_QUEUE_DEPTH),
+        });
+    }
+    Ok(ExportSpec::NbdUnix(
+        default_nbd_socket(name)?,
+        nbd_limits(export)?,
+    ))
+}
+
+/// The NBD socket of mapping `name` served without an export option:
+/// `<runtime dir>/NAME.sock`, next to its control socket `NAME.ctl` (the runtime directory
+/// is `$CRYPTBLK_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/cryptblk`, else `/run/cryptblk` for
+/// root; private to its owner, so only that user's clients connect).
+pub fn default_nbd_socket(name: &str) -> Result<PathBuf, Failure> {
+    control::check_name(name)?;
+    Ok(control::runtime_dir()?.join(format!("{name}.sock")))
+}
+
+/// The path that stands for a served mapping where cryptsetup names `/dev/mapper/NAME`:
+/// `/dev/cryptblk/NAME` for a ublk device that link names (else `/dev/ublkbN`), the socket
+/// of NBD on a Unix socket, the URI of NBD on TCP, the FUSE file, the vhost-user socket;
+/// `None` for a mapping without export (a lower mapping of a stack).
+pub fn device_path(name: &str, export: &ExportDescription) -> Option<String> {
+    match export {
+        ExportDescription::Ublk(u) => {
+            let link = crate::daemon::devlink::link_path(name);
+            Some(if std::fs::read_link(&link).is_ok_and(|t| t == u.dev) {
+                link.display().to_string()
+            } else {
+                u.dev.display().to_string()
+            })
+        }
+        ExportDescription::Nbd(n) => Some(match n.uri.split_once("?socket=") {
+            Some((_, socket)) => socket.to_string(),
+            None => n.uri.clone(),
+        }),
+        ExportDescription::Fuse(f) => Some(f.file.display().to_string()),
+        ExportDescription::VhostUser(v) => Some(v.socket.display().to_string()),
+        ExportDescription::None => None,
+    }
+}
+
+/// cryptsetup's first `status` line with the path that stands for the mapping
+/// ([`device_path`]) where cryptsetup prints `/dev/mapper/NAME`, which does not exist here.
+pub fn active_line(a: &control::Status) -> String {
+    format!(
+        "{} is active{}.",
+        device_path(&a.name, &a.export).unwrap_or_else(|| a.name.clone()),
+        if a.users > 0 { " and is in use" } else { "" }
+    )
+}
+
+/// `status --json`'s report: the daemon's, plus `device_path` ([`device_path`]; null
+/// without export).
+pub fn status_json(a: &control::Status) -> Value {
+    let mut v = a.to_json();
+    v["device_path"] = json!(device_path(&a.name, &a.export));
+    v
 }
 
 /// Where `--nbd` listens.
@@ -345,7 +428,7 @@ pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
             export,
         } => {
             control::check_name(name)?;
-            let export_to = export_spec(export)?;
+            let export_to = export_spec(export, name)?;
             let top_from_stdin = table.table.is_none()
                 && table
                     .table_file
@@ -502,15 +585,12 @@ pub fn close_with(name: &str, mode: CloseMode) -> ActionResult {
 pub fn status(name: &str, json_out: bool) -> ActionResult {
     let a = control::status(name)?;
     if json_out {
-        println!("{}", a.to_json());
+        println!("{}", status_json(&a));
         return Ok(());
     }
     let info = &a.info;
     // cryptsetup's first line, " and is in use" while the device is open.
-    println!(
-        "/dev/mapper/{name} is active{}.",
-        if a.users > 0 { " and is in use" } else { "" }
-    );
+    println!("{}", active_line(&a));
     let field = |k: &str| {
         info[k]
             .as_str()
@@ -550,9 +630,14 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         line("offset:  ", &v);
     }
     line("size:    ", &format!("{} sectors", a.size / 512));
+    // cryptsetup adds " (suspended)" to the mode of a suspended device.
     line(
         "mode:    ",
-        if a.readonly { "readonly" } else { "read/write" },
+        &format!(
+            "{}{}",
+            if a.readonly { "readonly" } else { "read/write" },
+            if a.suspended { " (suspended)" } else { "" }
+        ),
     );
     // cryptsetup's `flags:` line, byte for byte: each flag but the last followed by a space.
     let flags: String = [
@@ -684,5 +769,41 @@ mod nbd_address_tests {
             assert_eq!(e.code, crate::exit::ExitCode::WrongParameters, "{bad}");
             assert!(e.message.contains(bad), "{}", e.message);
         }
+    }
+}
+
+#[cfg(test)]
+mod default_export_tests {
+    use super::*;
+
+    #[test]
+    fn no_export_option_serves_ublk_where_the_kernel_has_it_else_nbd_in_the_runtime_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        // The environment is left alone (other tests run in this process): the socket is
+        // wherever the runtime directory is (tests/default_export.rs sets it).
+        let run = control::runtime_dir().unwrap();
+        let none = ExportArgs::default();
+        match default_export("vol", &none, true).unwrap() {
+            ExportSpec::Ublk { queues, depth } => {
+                assert_eq!(queues, None);
+                assert_eq!(depth, cryptblk_export::ublk::DEFAULT_QUEUE_DEPTH);
+            }
+            other => panic!("with ublk: {other:?}"),
+        }
+        match default_export("vol", &none, false).unwrap() {
+            ExportSpec::NbdUnix(path, _) => assert_eq!(path, run.join("vol.sock")),
+            other => panic!("without ublk: {other:?}"),
+        }
+        // The choice is only made when no export is asked for.
+        let asked = ExportArgs {
+            fuse: Some(dir.path().to_path_buf()),
+            ..ExportArgs::default()
+        };
+        assert!(matches!(
+            export_spec(&asked, "vol").unwrap(),
+            ExportSpec::Fuse(_)
+        ));
+        // A bad name is refused before any path is made of it.
+        assert!(default_export("../x", &none, false).is_err());
     }
 }

@@ -58,7 +58,7 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             let spec = ServeSpec {
                 name: plan.name.clone(),
                 table: plan.table.to_string(),
-                export: super::serving::export_spec(export)?,
+                export: super::serving::export_spec(export, &plan.name)?,
                 readonly: true,
                 info: plan.info.clone(),
             };

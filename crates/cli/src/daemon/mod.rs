@@ -16,6 +16,7 @@
 //! and turns signals into `close`, [`tables`] reads and rewrites table text for requests.
 
 mod control;
+pub mod devlink;
 mod spawn;
 mod stack;
 

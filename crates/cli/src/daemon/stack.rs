@@ -96,6 +96,8 @@ pub(super) struct Stack {
     /// The top (exported) mapping.
     mapping: Arc<Mapping>,
     export: Box<dyn Export>,
+    /// `/dev/cryptblk/NAME` and the ublk device it links to, removed on close.
+    dev_link: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// The lower mappings, in creation order.
     lower: Vec<String>,
     /// The data locks on every file the tables use, held until the stack is closed.
@@ -161,11 +163,19 @@ impl Stack {
         // a `luksSuspend` key wipe.
         zeroize::Zeroize::zeroize(&mut spec.table);
         let export = start_export(&spec, mapping.clone())?;
+        // The device exists once its export has started: give it its stable name.
+        let dev_link = match export.describe() {
+            ExportDescription::Ublk(u) => {
+                super::devlink::create(&spec.name, &u.dev).map(|link| (link, u.dev))
+            }
+            _ => None,
+        };
         Ok(Stack {
             spec,
             registry,
             mapping,
             export,
+            dev_link,
             lower,
             locks: Mutex::new(locks),
             reencryption: Mutex::new(None),
@@ -403,6 +413,9 @@ impl Stack {
 
     /// Gives up before serving (the control sockets could not be bound): stops the export.
     pub(super) fn abandon(self) {
+        if let Some((link, dev)) = &self.dev_link {
+            super::devlink::remove(link, dev);
+        }
         let _ = self.export.stop();
     }
 
@@ -415,11 +428,16 @@ impl Stack {
             registry,
             mapping,
             export,
+            dev_link,
             lower,
             locks,
             reencryption,
             exported_header: _,
         } = self;
+        // The stable name goes first: nothing should open the device while it stops.
+        if let Some((link, dev)) = &dev_link {
+            super::devlink::remove(link, dev);
+        }
         // Its thread holds the registry and may hold the hotzone: end it first.
         drop(reencryption);
         // A suspended mapping's I/O would wait for a resume that never comes: it is removed
