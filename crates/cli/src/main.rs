@@ -39,6 +39,7 @@ fn main() {
             std::process::exit(code);
         }
     };
+    install_logger(cli.opts.debug);
     if let Err(m) = cli.one_key_file() {
         eprintln!("{m}");
         std::process::exit(ExitCode::WrongParameters as i32);
@@ -80,6 +81,22 @@ fn die_of_sigpipe() -> ! {
         libc::raise(libc::SIGPIPE);
     }
     std::process::exit(128 + libc::SIGPIPE)
+}
+
+/// The command's logger: warnings and errors of the library layers on standard error
+/// (`--debug` adds their debug lines; `CRYPTBLK_LOG` as env_logger reads it overrides both).
+fn install_logger(debug: bool) {
+    let level = if debug {
+        log::LevelFilter::Debug
+    } else {
+        log::LevelFilter::Warn
+    };
+    let _ = env_logger::Builder::new()
+        .filter_level(level)
+        .parse_env("CRYPTBLK_LOG")
+        .format_timestamp(None)
+        .target(env_logger::Target::Stderr)
+        .try_init();
 }
 
 /// A reader that stops early (`cryptblk status | head -1`) closes stdout, and Rust ignores

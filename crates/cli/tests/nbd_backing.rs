@@ -182,7 +182,7 @@ fn remote_server_lost_and_back_gives_errors_never_wrong_data() {
     let img = dir.path().join("remote.img");
     let remote_sock = dir.path().join("nbdkit.sock");
     let uri = format!("nbd+unix:///?socket={}", remote_sock.display());
-    let Some((table, _, offset, _)) = luks_over(dir.path(), &img, &uri) else {
+    let Some((table, vk, offset, _)) = luks_over(dir.path(), &img, &uri) else {
         return;
     };
     let remote = nbdkit(&img, &remote_sock);
@@ -241,4 +241,14 @@ fn remote_server_lost_and_back_gives_errors_never_wrong_data() {
     assert!(remote["errors"].as_u64().unwrap_or(0) > 0, "{facts}");
     assert!(remote["reconnects"].as_u64().unwrap_or(0) >= 1, "{facts}");
     assert_eq!(remote["connected"], true, "{facts}");
+
+    // The daemon's log says what happened, with the failed request's place, and never the key.
+    let log = std::fs::read_to_string(common::runtime_dir().join("flaky.log")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("request at") && l.contains("failed")),
+        "no failed request in the log:\n{log}"
+    );
+    assert!(log.contains("connected again"), "no reconnect in the log:\n{log}");
+    assert!(!log.to_lowercase().contains(&vk.to_lowercase()), "the key is in the log");
 }
