@@ -249,6 +249,12 @@ fn remote_server_lost_and_back_gives_errors_never_wrong_data() {
             .any(|l| l.contains("WARN") && l.contains("request at") && l.contains("failed")),
         "no failed request in the log:\n{log}"
     );
-    assert!(log.contains("connected again"), "no reconnect in the log:\n{log}");
-    assert!(!log.to_lowercase().contains(&vk.to_lowercase()), "the key is in the log");
+    assert!(
+        log.contains("connected again"),
+        "no reconnect in the log:\n{log}"
+    );
+    assert!(
+        !log.to_lowercase().contains(&vk.to_lowercase()),
+        "the key is in the log"
+    );
 }
