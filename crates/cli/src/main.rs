@@ -83,8 +83,10 @@ fn die_of_sigpipe() -> ! {
     std::process::exit(128 + libc::SIGPIPE)
 }
 
-/// The command's logger: warnings and errors of the library layers on standard error
+/// The command's logger: warnings and errors of cryptblk's own layers on standard error
 /// (`--debug` adds their debug lines; `CRYPTBLK_LOG` as env_logger reads it overrides both).
+/// Other crates' records stay off: a command reports a failure in one line of its own, as
+/// cryptsetup does (tss-esapi, for one, logs every TPM error it returns).
 fn install_logger(debug: bool) {
     let level = if debug {
         log::LevelFilter::Debug
@@ -92,7 +94,8 @@ fn install_logger(debug: bool) {
         log::LevelFilter::Warn
     };
     let _ = env_logger::Builder::new()
-        .filter_level(level)
+        .filter_level(log::LevelFilter::Off)
+        .filter_module("cryptblk", level)
         .parse_env("CRYPTBLK_LOG")
         .format_timestamp(None)
         .target(env_logger::Target::Stderr)
