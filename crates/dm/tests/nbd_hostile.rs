@@ -338,12 +338,7 @@ fn stall_mid_reply_times_out_and_status_answers() {
     let dev = within("open", move || {
         NbdBacking::open_with(&uri, short()).unwrap()
     });
-    let reader = Arc::clone(&dev);
-    let (done_tx, done_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 4096];
-        let _ = done_tx.send(reader.read_at(0, &mut buf).map(|()| buf));
-    });
+    let done_rx = read_in_background(&dev, 4096);
     seen_rx
         .recv_timeout(WATCHDOG)
         .expect("the server saw the read");
@@ -473,12 +468,7 @@ fn endless_reconnect_handshake_bounds_requests_and_not_status() {
             d.read_at(0, &mut b).map(|()| b)
         }),
     );
-    let d = Arc::clone(&dev);
-    let (done_tx, done_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut b = vec![0u8; 512];
-        let _ = done_tx.send(d.read_at(0, &mut b).map(|()| b));
-    });
+    let done_rx = read_in_background(&dev, 512);
     seen_rx
         .recv_timeout(WATCHDOG)
         .expect("the client reconnected");
@@ -526,4 +516,18 @@ fn well_formed_chunks_in_any_order_read_correctly() {
     let mut want = pattern(8192, 4096);
     want[1000..3072].fill(0);
     assert!(data == want, "wrong data");
+}
+
+/// A read of `len` bytes at 0 on its own thread; its outcome arrives on the receiver.
+fn read_in_background(
+    dev: &Arc<NbdBacking>,
+    len: usize,
+) -> mpsc::Receiver<std::io::Result<Vec<u8>>> {
+    let d = Arc::clone(dev);
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = vec![0u8; len];
+        let _ = done_tx.send(d.read_at(0, &mut b).map(|()| b));
+    });
+    done_rx
 }
