@@ -21,6 +21,7 @@
 pub mod backing;
 pub mod device;
 pub mod error;
+pub mod io_stats;
 pub mod mapping;
 pub mod registry;
 pub mod resolver;
@@ -32,6 +33,7 @@ pub mod targets;
 pub use backing::{parse_size, FileBacking, FileOptions, RamDisk};
 pub use device::{BlockDevice, WriteFlags, SECTOR_SIZE};
 pub use error::DmError;
+pub use io_stats::{Direction, DirectionSnapshot, IoStatsSnapshot, LatencySummary};
 pub use mapping::{Mapping, MappingInfo};
 pub use registry::Registry;
 pub use resolver::{DeviceResolver, LoadOptions};

@@ -11,9 +11,11 @@
 use cryptblk_cipher::SecretText;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::DmError;
+use crate::io_stats::{errno_name, Direction, ErrorLog, IoStats, IoStatsSnapshot};
 use crate::table::Table;
 use crate::targets::{Target, TargetStats};
 
@@ -32,6 +34,8 @@ struct MapState {
     held: usize,
     /// Set by [`Mapping::remove_suspended`]: held and new requests fail instead of waiting.
     removed: bool,
+    /// Request statistics for the mapping's whole life (see [`crate::io_stats`]).
+    io: IoStats,
 }
 
 /// `dmsetup info`-like facts about a mapping.
@@ -60,18 +64,75 @@ pub struct Mapping {
     changed: Condvar,
 }
 
-/// Keeps a request counted as in flight until dropped.
+/// Keeps a request counted as in flight until dropped; [`InFlight::finish`] records its
+/// outcome in the mapping's statistics on the way out (under the same lock acquisition).
 struct InFlight<'a> {
     mapping: &'a Mapping,
     loaded: Arc<LoadedTable>,
+    started: Instant,
+    outcome: Option<Outcome>,
+}
+
+/// What a finished request did, for the statistics and the error log.
+struct Outcome {
+    dir: Direction,
+    offset: u64,
+    len: u64,
+    error: Option<String>,
+}
+
+impl InFlight<'_> {
+    /// Notes the result of the request; recorded when the guard drops.
+    fn finish<T>(
+        mut self,
+        dir: Direction,
+        offset: u64,
+        len: u64,
+        r: io::Result<T>,
+    ) -> io::Result<T> {
+        self.outcome = Some(Outcome {
+            dir,
+            offset,
+            len,
+            error: r.as_ref().err().map(errno_name),
+        });
+        r
+    }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        let elapsed = self.started.elapsed();
         let mut s = self.mapping.lock();
         s.inflight -= 1;
         if s.inflight == 0 && s.suspended {
             self.mapping.changed.notify_all();
+        }
+        let Some(o) = self.outcome.take() else {
+            return;
+        };
+        s.io.record(o.dir, o.len, elapsed, o.error.is_none());
+        let Some(errno) = o.error else {
+            return;
+        };
+        let log = s.io.error_log(Instant::now());
+        drop(s);
+        // The kernel's "I/O error, dev dm-0, sector N op 0x0:(READ)": which mapping, which
+        // sector (512-byte units, as dmsetup and the kernel count), how long, which errno.
+        if let ErrorLog::Log { suppressed } = log {
+            if suppressed > 0 {
+                log::warn!(
+                    "{}: {suppressed} more I/O errors not logged",
+                    self.mapping.name
+                );
+            }
+            log::error!(
+                "{}: I/O error, {} at sector {} ({} bytes): {errno}",
+                self.mapping.name,
+                o.dir.as_str(),
+                o.offset / 512,
+                o.len
+            );
         }
     }
 }
@@ -99,6 +160,7 @@ impl Mapping {
                 inflight: 0,
                 held: 0,
                 removed: false,
+                io: IoStats::default(),
             }),
             changed: Condvar::new(),
         }
@@ -131,6 +193,8 @@ impl Mapping {
         Ok(InFlight {
             mapping: self,
             loaded: s.active.clone(),
+            started: Instant::now(),
+            outcome: None,
         })
     }
 
@@ -337,6 +401,12 @@ impl Mapping {
         f(&loaded.table)
     }
 
+    /// Request counts, bytes, errors and latency quantiles per direction since the mapping
+    /// was created (monotonic across reload and resume; see [`crate::io_stats`]).
+    pub fn io_stats(&self) -> IoStatsSnapshot {
+        self.lock().io.snapshot()
+    }
+
     /// `dmsetup info`.
     pub fn info(&self) -> MappingInfo {
         let s = self.lock();
@@ -382,19 +452,23 @@ impl BlockDevice for Mapping {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let g = self.enter()?;
-        g.loaded.table.read_at(offset, buf)
+        let r = g.loaded.table.read_at(offset, buf);
+        g.finish(Direction::Read, offset, buf.len() as u64, r)
     }
     fn write_at(&self, offset: u64, buf: &[u8], flags: WriteFlags) -> io::Result<()> {
         let g = self.enter()?;
-        g.loaded.table.write_at(offset, buf, flags)
+        let r = g.loaded.table.write_at(offset, buf, flags);
+        g.finish(Direction::Write, offset, buf.len() as u64, r)
     }
     fn write_at_scratch(&self, offset: u64, buf: &mut [u8], flags: WriteFlags) -> io::Result<()> {
         let g = self.enter()?;
-        g.loaded.table.write_at_scratch(offset, buf, flags)
+        let r = g.loaded.table.write_at_scratch(offset, buf, flags);
+        g.finish(Direction::Write, offset, buf.len() as u64, r)
     }
     fn flush(&self) -> io::Result<()> {
         let g = self.enter()?;
-        g.loaded.table.flush()
+        let r = g.loaded.table.flush();
+        g.finish(Direction::Flush, 0, 0, r)
     }
     fn tag_size(&self) -> u32 {
         let loaded = self.lock().active.clone();
@@ -402,9 +476,11 @@ impl BlockDevice for Mapping {
     }
     fn read_with_tags(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> io::Result<()> {
         let g = self.enter()?;
-        let (t, off) = tagged_target(&g.loaded.table, offset, buf.len() as u64)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
-        t.read_with_tags(off, buf, tags)
+        let r = match tagged_target(&g.loaded.table, offset, buf.len() as u64) {
+            Some((t, off)) => t.read_with_tags(off, buf, tags),
+            None => Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+        };
+        g.finish(Direction::Read, offset, buf.len() as u64, r)
     }
     fn write_with_tags(
         &self,
@@ -414,20 +490,24 @@ impl BlockDevice for Mapping {
         flags: WriteFlags,
     ) -> io::Result<()> {
         let g = self.enter()?;
-        let (t, off) = tagged_target(&g.loaded.table, offset, buf.len() as u64)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
-        t.write_with_tags(off, buf, tags, flags)
+        let r = match tagged_target(&g.loaded.table, offset, buf.len() as u64) {
+            Some((t, off)) => t.write_with_tags(off, buf, tags, flags),
+            None => Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+        };
+        g.finish(Direction::Write, offset, buf.len() as u64, r)
     }
     fn supports_discard(&self) -> bool {
         self.lock().active.table.supports_discard()
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let g = self.enter()?;
-        g.loaded.table.discard(offset, len)
+        let r = g.loaded.table.discard(offset, len);
+        g.finish(Direction::Discard, offset, len, r)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         let g = self.enter()?;
-        g.loaded.table.write_zeroes(offset, len)
+        let r = g.loaded.table.write_zeroes(offset, len);
+        g.finish(Direction::Discard, offset, len, r)
     }
 }
 
