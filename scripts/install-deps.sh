@@ -86,5 +86,6 @@ if ! command -v qemu-img >/dev/null 2>&1; then
 fi
 
 python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
+python3 -c 'import prometheus_client' 2>/dev/null || python3 -m pip install -q prometheus_client
 
 command -v cargo >/dev/null || { echo "install-deps: cargo (Rust toolchain) is required" >&2; exit 1; }

@@ -578,9 +578,17 @@ pub enum Action {
     /// Show a served volume's table, pipeline, export and counters.
     #[command(name = "status")]
     Status {
-        /// Mapping name.
-        name: String,
+        /// Mapping name (optional with `--format prometheus`: every served volume).
+        #[arg(required_unless_present = "format")]
+        name: Option<String>,
+        /// Print the counters in another format: `prometheus` (text exposition 0.0.4, for
+        /// node_exporter's textfile collector).
+        #[arg(long, value_enum)]
+        format: Option<StatusFormat>,
     },
+    /// List every served volume: name, export and address, users, pid, state, pipeline.
+    #[command(name = "ls")]
+    Ls,
     /// Change the crypt pipeline flags of a served volume, live.
     #[command(name = "refresh")]
     Refresh {
@@ -1262,4 +1270,11 @@ pub struct ReencryptArgs {
     /// LUKS1 only, accepted for cryptsetup's sake (buffered I/O with a sync per block).
     #[arg(long)]
     pub use_directio: bool,
+}
+
+/// `status --format`: another rendering of the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusFormat {
+    /// Prometheus' text exposition format 0.0.4.
+    Prometheus,
 }

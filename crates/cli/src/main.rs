@@ -188,7 +188,14 @@ fn run(cli: args::Cli) -> ActionResult {
             name,
             serving::CloseMode::from_flags(*deferred, *cancel_deferred)?,
         ),
-        Action::Status { name } => serving::status(name, json),
+        Action::Status {
+            name,
+            format: Some(args::StatusFormat::Prometheus),
+        } => actions::monitor::prometheus(name.as_deref()),
+        Action::Status { name, format: None } => {
+            serving::status(name.as_deref().unwrap_or_default(), json)
+        }
+        Action::Ls => actions::monitor::ls(json),
         Action::Refresh { name, perf } => luks::refresh(o, name, perf),
         Action::Token { op, device } => actions::token::token(o, *op, device),
         Action::Enroll {

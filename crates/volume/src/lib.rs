@@ -48,6 +48,7 @@ pub mod lock;
 pub mod loopaes;
 pub mod luks;
 pub mod luks2_integrity;
+pub mod metrics;
 pub mod offline;
 pub mod plan;
 pub mod probe;

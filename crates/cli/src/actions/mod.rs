@@ -9,6 +9,7 @@ pub mod lifecycle;
 pub mod loopaes;
 pub mod luks;
 pub mod luks_integrity;
+pub mod monitor;
 pub mod offline;
 pub mod reencrypt;
 pub mod reencrypt_online;

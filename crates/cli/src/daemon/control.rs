@@ -442,6 +442,8 @@ fn answer(req: &Request, stack: &Stack, closing: &Closing, target: &str) -> Resp
                 },
                 users: if is_top { stack.users() as u64 } else { 0 },
                 deferred_remove: is_top && closing.deferred.load(Ordering::SeqCst),
+                io: (&mapping.io_stats()).into(),
+                targets: mapping.stats().iter().map(Into::into).collect(),
             }))
         }
         Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),

@@ -7,7 +7,10 @@
 //! can reach a daemon; requests never carry passphrases, and key material appears only in
 //! `reload` tables, which travel over this socket and never on a command line.
 
+pub mod io_report;
 pub mod protocol;
+
+pub use io_report::{DirectionReport, IoReport, LatencyReport, TargetReport};
 
 pub use protocol::{
     BackingStatus, ExportDescription, Pipeline, Queueing, Request, Response, Status,

@@ -305,6 +305,13 @@ pub struct Status {
     /// `close --deferred` is pending: the daemon closes when the last user goes.
     #[serde(default)]
     pub deferred_remove: bool,
+    /// Request statistics of the mapping since it was created, monotonic across `refresh`
+    /// (default from daemons that predate them).
+    #[serde(default)]
+    pub io: super::io_report::IoReport,
+    /// Counters of each target of the live table that reports any, in table order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<super::io_report::TargetReport>,
 }
 
 /// serde's test for leaving a zero count out of a report.
@@ -559,6 +566,8 @@ mod tests {
             reencryption: None,
             users: 2,
             deferred_remove: true,
+            io: Default::default(),
+            targets: Vec::new(),
         }
     }
 
@@ -717,7 +726,8 @@ mod tests {
                 "lower",
                 "pid",
                 "users",
-                "deferred_remove"
+                "deferred_remove",
+                "io"
             ]
         );
         assert_eq!(

@@ -1,0 +1,114 @@
+//! `ls` and `status --format prometheus`: what a monitoring system or an operator reads
+//! about every served volume at once.
+
+use crate::actions::serving::device_path;
+use crate::exit::ActionResult;
+use cryptblk_volume::control::{self, Status};
+use serde_json::json;
+
+/// The reports of every served volume that answers (lower mappings of a stack included,
+/// as `dm ls` lists them). A daemon that goes away between the listing and its question is
+/// left out rather than failing the whole report.
+fn every_status() -> cryptblk_volume::Result<Vec<Status>> {
+    Ok(control::list()?
+        .iter()
+        .filter_map(|name| control::status(name).ok())
+        .collect())
+}
+
+/// `status --format prometheus [NAME]`: the exposition of one volume, or of all.
+pub fn prometheus(name: Option<&str>) -> ActionResult {
+    let volumes = match name {
+        Some(n) => vec![control::status(n)?],
+        None => every_status()?,
+    };
+    print!("{}", cryptblk_volume::metrics::prometheus(&volumes));
+    Ok(())
+}
+
+/// A volume's state word: `active`, `suspended`, or `closing` after `close --deferred`.
+fn state(s: &Status) -> &'static str {
+    if s.suspended {
+        "suspended"
+    } else if s.deferred_remove {
+        "closing"
+    } else {
+        "active"
+    }
+}
+
+/// The pipeline of the first crypt line (`inline/inline`), `-` without one.
+fn pipeline(s: &Status) -> String {
+    s.pipeline.first().map_or_else(
+        || "-".to_string(),
+        |p| format!("{}/{}", p.read.as_str(), p.write.as_str()),
+    )
+}
+
+/// The export's kind (`nbd`, `ublk`, ...), `-` for a lower mapping.
+fn export_kind(s: &Status) -> String {
+    serde_json::to_value(&s.export)
+        .ok()
+        .and_then(|e| e.get("kind")?.as_str().map(str::to_owned))
+        .filter(|k| k != "none")
+        .unwrap_or_else(|| "-".to_string())
+}
+
+/// `ls [--json]`: one line (or object) per served mapping.
+pub fn ls(json_out: bool) -> ActionResult {
+    let volumes = every_status()?;
+    if json_out {
+        let rows: Vec<_> = volumes
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "export": export_kind(s),
+                    "device_path": device_path(&s.name, &s.export),
+                    "users": s.users,
+                    "pid": s.pid,
+                    "state": state(s),
+                    "read_pipeline": s.pipeline.first().map(|p| p.read.as_str()),
+                    "write_pipeline": s.pipeline.first().map(|p| p.write.as_str()),
+                    "size": s.size,
+                    "stacked_under": s.info.get("stacked_under"),
+                })
+            })
+            .collect();
+        println!("{}", json!({ "volumes": rows }));
+        return Ok(());
+    }
+    let rows: Vec<[String; 7]> = volumes
+        .iter()
+        .map(|s| {
+            [
+                s.name.clone(),
+                export_kind(s),
+                device_path(&s.name, &s.export).unwrap_or_else(|| "-".into()),
+                s.users.to_string(),
+                s.pid.to_string(),
+                state(s).to_string(),
+                pipeline(s),
+            ]
+        })
+        .collect();
+    let header = [
+        "NAME", "EXPORT", "DEVICE", "USERS", "PID", "STATE", "PIPELINE",
+    ]
+    .map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    for r in std::iter::once(&header).chain(&rows) {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    Ok(())
+}
