@@ -4,6 +4,7 @@ mod actions;
 mod args;
 mod daemon;
 mod exit;
+mod logger;
 mod progress;
 
 use args::Action;
@@ -39,7 +40,9 @@ fn main() {
             std::process::exit(code);
         }
     };
-    install_logger(cli.opts.debug);
+    logger::install(logger::Process::Command {
+        debug: cli.opts.debug,
+    });
     if let Err(m) = cli.one_key_file() {
         eprintln!("{m}");
         std::process::exit(ExitCode::WrongParameters as i32);
@@ -81,25 +84,6 @@ fn die_of_sigpipe() -> ! {
         libc::raise(libc::SIGPIPE);
     }
     std::process::exit(128 + libc::SIGPIPE)
-}
-
-/// The command's logger: warnings and errors of cryptblk's own layers on standard error
-/// (`--debug` adds their debug lines; `CRYPTBLK_LOG` as env_logger reads it overrides both).
-/// Other crates' records stay off: a command reports a failure in one line of its own, as
-/// cryptsetup does (tss-esapi, for one, logs every TPM error it returns).
-fn install_logger(debug: bool) {
-    let level = if debug {
-        log::LevelFilter::Debug
-    } else {
-        log::LevelFilter::Warn
-    };
-    let _ = env_logger::Builder::new()
-        .filter_level(log::LevelFilter::Off)
-        .filter_module("cryptblk", level)
-        .parse_env("CRYPTBLK_LOG")
-        .format_timestamp(None)
-        .target(env_logger::Target::Stderr)
-        .try_init();
 }
 
 /// A reader that stops early (`cryptblk status | head -1`) closes stdout, and Rust ignores

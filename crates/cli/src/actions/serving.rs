@@ -23,6 +23,9 @@ pub(super) fn start_stack(
     json_out: bool,
 ) -> ActionResult {
     if export.foreground {
+        // From here this process is the volume's daemon: its log (the journal under
+        // systemd) gets the daemon's records.
+        crate::logger::install(crate::logger::Process::Daemon);
         return daemon::serve_stack(spec, lower, |facts| {
             eprintln!("cryptblk: serving {}", describe(facts));
         });

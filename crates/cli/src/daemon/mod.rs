@@ -181,7 +181,7 @@ pub fn daemon_main() -> i32 {
         eprintln!("cryptblk daemon: {e}");
         return ExitCode::WrongParameters as i32;
     }
-    install_logger();
+    crate::logger::install(crate::logger::Process::Daemon);
     let (spec, lower) = match spawn::read_handover() {
         Ok(s) => s,
         Err(code) => return code,
@@ -194,19 +194,6 @@ pub fn daemon_main() -> i32 {
             f.code as i32
         }
     }
-}
-
-/// The daemon's logger: what the library layers report (`log::warn!` of a failed backing
-/// request, a reconnect, a hostile frontend) goes with a timestamp to standard error, which
-/// is the volume's `<name>.log`. Warnings and errors by default; `CRYPTBLK_LOG` (env_logger's
-/// syntax, e.g. `debug` or `cryptblk_dm=info`) sets more. Nothing logged carries a key: the
-/// layers log names, offsets and errors only.
-fn install_logger() {
-    let _ = env_logger::Builder::new()
-        .filter_level(log::LevelFilter::Warn)
-        .parse_env("CRYPTBLK_LOG")
-        .target(env_logger::Target::Stderr)
-        .try_init();
 }
 
 /// Makes this process hold keys safely: no core dumps (`RLIMIT_CORE` 0) and not dumpable

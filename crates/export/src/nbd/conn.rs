@@ -265,6 +265,7 @@ impl Conn {
             }
             state.closed = true;
         }
+        log::info!("NBD connection {}: closed", self.key);
         lock(&shared.conns).remove(&self.key);
         let _ = shared.poller.delete(&self.stream);
         self.stream.shutdown_both();

@@ -704,9 +704,10 @@ fn expire(shared: &Shared) -> Duration {
 fn accept_all(listener: &Listener, shared: &Arc<Shared>, next_key: &mut usize) {
     loop {
         let accepted = match listener {
-            Listener::Unix(l) => l
-                .accept()
-                .map(|(s, _)| (Stream::new(Socket::Unix(s)), "unix socket".to_string())),
+            Listener::Unix(l) => l.accept().map(|(s, _)| {
+                let peer = unix_peer(&s);
+                (Stream::new(Socket::Unix(s)), peer)
+            }),
             Listener::Tcp(l) => l.accept().map(|(s, peer)| {
                 let _ = s.set_nodelay(true);
                 (Stream::new(Socket::Tcp(s)), peer.to_string())
@@ -751,6 +752,7 @@ fn accept_all(listener: &Listener, shared: &Arc<Shared>, next_key: &mut usize) {
         let deadline = Instant::now() + shared.config.handshake_timeout;
         let conn = Arc::new(Conn::new(key, stream, handshake, deadline));
         lock(&shared.conns).insert(key, Arc::clone(&conn));
+        log::info!("NBD connection {key}: client {peer} connected");
         // SAFETY: the socket stays open until the connection is closed, which deletes it
         // from the poller first (Conn::close), or the poller is dropped with the server.
         if let Err(e) = unsafe {
@@ -761,6 +763,32 @@ fn accept_all(listener: &Listener, shared: &Arc<Shared>, next_key: &mut usize) {
             log::warn!("NBD: cannot watch a client socket: {e}");
             conn.close(shared);
         }
+    }
+}
+
+/// Who is on the other end of a Unix socket, for the log: the peer's pid and uid
+/// (`SO_PEERCRED`; std's `peer_cred` is not stable yet).
+fn unix_peer(s: &std::os::unix::net::UnixStream) -> String {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which lives across the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        format!("unix socket (pid {}, uid {})", cred.pid, cred.uid)
+    } else {
+        "unix socket".to_string()
     }
 }
 
