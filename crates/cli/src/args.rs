@@ -589,6 +589,15 @@ pub enum Action {
     /// List every served volume: name, export and address, users, pid, state, pipeline.
     #[command(name = "ls")]
     Ls,
+    /// Serve every served volume's metrics over HTTP for Prometheus (`GET /metrics`), on a
+    /// loopback address only, until killed.
+    #[command(name = "metrics")]
+    Metrics {
+        /// Loopback address and port to listen on (`127.0.0.1:9477`, `[::1]:9477`; port 0
+        /// picks a free one, printed on standard output).
+        #[arg(long, value_name = "ADDR")]
+        listen: String,
+    },
     /// Change the crypt pipeline flags of a served volume, live.
     #[command(name = "refresh")]
     Refresh {

@@ -180,6 +180,7 @@ fn run(cli: args::Cli) -> ActionResult {
             serving::status(name.as_deref().unwrap_or_default(), json)
         }
         Action::Ls => actions::monitor::ls(json),
+        Action::Metrics { listen } => actions::monitor::serve_http(listen),
         Action::Refresh { name, perf } => luks::refresh(o, name, perf),
         Action::Token { op, device } => actions::token::token(o, *op, device),
         Action::Enroll {

@@ -186,3 +186,88 @@ fn io_errors_are_counted_and_logged_with_sector_and_errno() {
         "the log names the failed read's sector and errno:\n{log}"
     );
 }
+
+/// `metrics --listen 127.0.0.1:0` serves the exposition over HTTP (a real GET with curl,
+/// parsed by prometheus_client); other paths are 404; a non-loopback address is refused.
+#[test]
+fn metrics_endpoint_serves_prometheus_on_loopback_only() {
+    let out = run(cryptblk().args(["metrics", "--listen", "0.0.0.0:0"]), b"");
+    assert_eq!(exit_code(&out), 1, "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("not a loopback address"), "{err}");
+
+    let dir = tempdir();
+    let img = dir.path().join("lin.img");
+    sparse_file(&img, 4 << 20);
+    let table = write_file(
+        dir.path(),
+        "table",
+        format!("0 8192 linear {} 0\n", img.display()).as_bytes(),
+    );
+    let sock = dir.path().join("h.sock");
+    run_ok(
+        cryptblk()
+            .args(["dm", "create", "metrics-http", "--table-file"])
+            .arg(&table)
+            .arg("--nbd")
+            .arg(&sock),
+        b"",
+    );
+    let _served = Served::volume("metrics-http");
+    let (ok, out) = qemu_io_nbd(&sock, "read 0 64k");
+    assert!(ok, "{out}");
+
+    let mut server = cryptblk()
+        .args(["metrics", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let _server = Kill(server);
+    let url = first
+        .trim()
+        .strip_prefix("Serving metrics on ")
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_string();
+    let body = run_ok(
+        Command::new("curl").args(["-sS", "--fail", "--max-time", "20", &url]),
+        b"",
+    );
+    let parsed = parse_with_prometheus_client(&body);
+    assert!(
+        parsed
+            .lines()
+            .any(|l| l
+                .starts_with("counter cryptblk_bytes_total direction=read,volume=metrics-http ")),
+        "{parsed}"
+    );
+    let other = url.replace("/metrics", "/other");
+    let code = run_ok(
+        Command::new("curl").args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "20",
+            &other,
+        ]),
+        b"",
+    );
+    assert_eq!(code, "404");
+}

@@ -1,8 +1,8 @@
-//! `ls` and `status --format prometheus`: what a monitoring system or an operator reads
-//! about every served volume at once.
+//! `ls`, `status --format prometheus` and `metrics --listen`: what a monitoring system or
+//! an operator reads about every served volume at once.
 
 use crate::actions::serving::device_path;
-use crate::exit::ActionResult;
+use crate::exit::{ActionResult, Failure};
 use cryptblk_volume::control::{self, Status};
 use serde_json::json;
 
@@ -109,6 +109,56 @@ pub fn ls(json_out: bool) -> ActionResult {
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
         println!("{}", line.join("  ").trim_end());
+    }
+    Ok(())
+}
+
+/// `metrics --listen ADDR`: answers `GET /metrics` with the exposition of every volume this
+/// user serves (each scrape asks the daemons afresh), until the process is killed. Only a
+/// loopback address is accepted: the exposition names volumes and their devices, and the
+/// runtime directory it reads is private to its owner.
+pub fn serve_http(listen: &str) -> ActionResult {
+    let addr: std::net::SocketAddr = listen.parse().map_err(|_| {
+        Failure::usage(format!(
+            "invalid --listen address '{listen}': use 127.0.0.1:PORT or [::1]:PORT"
+        ))
+    })?;
+    if !addr.ip().is_loopback() {
+        return Err(Failure::usage(format!(
+            "--listen {listen} is not a loopback address: the metrics are served on \
+             127.0.0.0/8 or ::1 only"
+        )));
+    }
+    let server = tiny_http::Server::http(addr)
+        .map_err(|e| Failure::device(format!("cannot listen on {listen}: {e}")))?;
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .map_or_else(|| listen.to_string(), |a| a.to_string());
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "Serving metrics on http://{bound}/metrics");
+        let _ = out.flush();
+    }
+    let text_plain: tiny_http::Header = "Content-Type: text/plain; version=0.0.4; charset=utf-8"
+        .parse()
+        .expect("a valid header");
+    for request in server.incoming_requests() {
+        let path = request.url().split('?').next().unwrap_or_default();
+        let response = if *request.method() != tiny_http::Method::Get {
+            tiny_http::Response::from_string("only GET\n").with_status_code(405)
+        } else if path != "/metrics" {
+            tiny_http::Response::from_string("not found: try /metrics\n").with_status_code(404)
+        } else {
+            match every_status() {
+                Ok(v) => tiny_http::Response::from_string(cryptblk_volume::metrics::prometheus(&v))
+                    .with_header(text_plain.clone()),
+                Err(e) => tiny_http::Response::from_string(format!("{e}\n")).with_status_code(500),
+            }
+        };
+        // A scraper that hung up early is its own business.
+        let _ = request.respond(response);
     }
     Ok(())
 }
