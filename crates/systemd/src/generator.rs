@@ -3,6 +3,7 @@
 
 use crate::crypttab;
 use crate::plan;
+use crate::tang;
 use crate::unit::{self, Paths};
 use std::path::Path;
 
@@ -30,7 +31,7 @@ pub fn generate(text: &str, normal_dir: &Path, p: &Paths) -> std::io::Result<Vec
     for e in &entries {
         flush_bad(e.line, &mut warnings);
         let mut ignored = Vec::new();
-        let v = match plan::plan(e, &mut |m| ignored.push(m)) {
+        let mut v = match plan::plan(e, &mut |m| ignored.push(m)) {
             Ok(Some(v)) => v,
             Ok(None) => continue,
             Err(m) => {
@@ -38,6 +39,15 @@ pub fn generate(text: &str, normal_dir: &Path, p: &Paths) -> std::io::Result<Vec
                 continue;
             }
         };
+        // Tokens are tried only without a key file; a tang token then needs the network.
+        if !v.netdev && v.tokens && v.key_file.is_none() {
+            let header = v.header.as_deref().unwrap_or(v.device.path());
+            if matches!(v.device, plan::Device::Node(_) | plan::Device::File(_))
+                && tang::bound_to_tang(Path::new(header))
+            {
+                v.netdev = true;
+            }
+        }
         for m in ignored {
             warnings.push(format!("{}:{}: {m}", p.crypttab, e.line));
         }

@@ -12,5 +12,6 @@ pub mod escape;
 pub mod generator;
 pub mod notify;
 pub mod plan;
+pub mod tang;
 pub mod timespan;
 pub mod unit;

@@ -368,3 +368,111 @@ fn systemd_reads_the_exec_start_words_the_generator_meant() {
     };
     assert_eq!(words, cryptblk_systemd::unit::exec_start(&v, &paths));
 }
+
+/// A LUKS2 image made by cryptsetup, with `tokens` imported by `cryptsetup token import`.
+fn luks2_with_tokens(dir: &Path, name: &str, tokens: &[serde_json::Value]) -> PathBuf {
+    let img = dir.join(name);
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, b"tang test key").unwrap();
+    let out = run(Command::new("cryptsetup")
+        .args(["luksFormat", "--batch-mode", "--type", "luks2"])
+        .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+        .arg("--key-file")
+        .arg(&key)
+        .arg(&img));
+    assert!(out.status.success(), "cryptsetup luksFormat: {out:?}");
+    for t in tokens {
+        let json = dir.join("token.json");
+        std::fs::write(&json, t.to_string()).unwrap();
+        let out = run(Command::new("cryptsetup")
+            .args(["token", "import", "--json-file"])
+            .arg(&json)
+            .arg(&img));
+        assert!(out.status.success(), "cryptsetup token import: {out:?}");
+    }
+    img
+}
+
+fn b64(v: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v)
+}
+
+/// A clevis token whose JWE's protected header is `clevis` (the pin's part); the
+/// ciphertext is a placeholder: only the pin is read at generation time.
+fn clevis_token(clevis: serde_json::Value) -> serde_json::Value {
+    let protected = serde_json::json!({"alg": "ECDH-ES", "enc": "A256GCM", "clevis": clevis});
+    serde_json::json!({
+        "type": "clevis",
+        "keyslots": ["0"],
+        "jwe": {
+            "protected": b64(protected.to_string().as_bytes()),
+            "encrypted_key": "",
+            "iv": b64(&[0; 12]),
+            "ciphertext": b64(&[0; 32]),
+            "tag": b64(&[0; 16]),
+        }
+    })
+}
+
+#[test]
+fn volumes_bound_to_tang_wait_for_the_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let tang = serde_json::json!({"pin": "tang", "tang": {"url": "http://127.0.0.1:1"}});
+    let tang_img = luks2_with_tokens(dir.path(), "tang.img", &[clevis_token(tang.clone())]);
+    // sss over one tang share, the share a compact JWE as clevis writes them.
+    let share = format!(
+        "{}..{}.{}.{}",
+        b64(
+            serde_json::json!({"alg": "ECDH-ES", "enc": "A256GCM", "clevis": tang})
+                .to_string()
+                .as_bytes()
+        ),
+        b64(&[0; 12]),
+        b64(&[0; 32]),
+        b64(&[0; 16])
+    );
+    let sss = serde_json::json!({"pin": "sss", "sss": {"t": 1, "p": "AQ", "jwe": [share]}});
+    let sss_img = luks2_with_tokens(dir.path(), "sss.img", &[clevis_token(sss)]);
+    let tpm = serde_json::json!({"pin": "tpm2", "tpm2": {}});
+    let tpm_img = luks2_with_tokens(dir.path(), "tpm.img", &[clevis_token(tpm)]);
+    let tab = format!(
+        "tangvol {t} none luks,x-cryptblk.export=ublk\n\
+         sssvol {s} - x-cryptblk.export=ublk\n\
+         tpmvol {p} none x-cryptblk.export=ublk\n\
+         keyvol {t} /etc/k x-cryptblk.export=ublk\n",
+        t = tang_img.display(),
+        s = sss_img.display(),
+        p = tpm_img.display()
+    );
+    let g = generate(&tab);
+    assert!(g.stderr.is_empty(), "{}", g.stderr);
+    for (name, network) in [
+        ("tangvol", true),
+        ("sssvol", true),
+        ("tpmvol", false),
+        ("keyvol", false),
+    ] {
+        let unit = read(&g.normal.join(format!("cryptblk@{name}.service")));
+        assert_eq!(
+            unit.contains("Wants=network-online.target\n"),
+            network,
+            "{name}:\n{unit}"
+        );
+        let target = if network {
+            "remote-cryptsetup.target"
+        } else {
+            "cryptsetup.target"
+        };
+        assert!(
+            g.normal
+                .join(format!("{target}.requires/cryptblk@{name}.service"))
+                .exists(),
+            "{name} not pulled in by {target}"
+        );
+    }
+}
