@@ -5,14 +5,15 @@
 //! `x-cryptblk.export=ublk|nbd:SOCKET|vhost-user:SOCKET|fuse:DIR` -> `--ublk`, `--nbd`,
 //! `--vhost-user`, `--fuse`; `luks` `plain` `tcrypt` `bitlk` -> `--type`; `cipher=`
 //! `size=` `hash=` `offset=` `skip=` `sector-size=` -> `--cipher` `--key-size` `--hash`
-//! `--offset` `--skip` `--sector-size`; `keyfile-offset=` `keyfile-size=` `key-slot=` ->
-//! `--keyfile-offset` `--keyfile-size` `--key-slot`; `discard` -> `--allow-discards`;
+//! `--offset` `--skip` `--sector-size`; `keyfile-offset=` `keyfile-size=` (with a key file
+//! only) `key-slot=` -> `--keyfile-offset` `--keyfile-size` `--key-slot`; `discard` -> `--allow-discards`;
 //! `readonly`/`read-only` -> `--readonly`; `header=` -> `--header`; `no-read-workqueue`
 //! `no-write-workqueue` `same-cpu-crypt` `submit-from-crypt-cpus` -> the `--perf-*` flags;
 //! `token-timeout=` -> `--token-timeout` (whole seconds, rounded up; 0 no limit);
 //! `tpm2-device=` -> `--tpm2-device` (`auto`: cryptblk's default device);
-//! `tcrypt-hidden` `tcrypt-system` `tcrypt-veracrypt` `veracrypt-pim=` -> the TCRYPT
-//! options. Ordering: `_netdev`, `nofail`, `noauto`, `x-systemd.device-timeout=`;
+//! `tcrypt-hidden` `tcrypt-system` `tcrypt-veracrypt` `veracrypt-pim=` `tcrypt-keyfile=` ->
+//! the TCRYPT options (`--key-file` for each `tcrypt-keyfile=`; a TCRYPT line's own key
+//! file holds the passphrase, as for systemd). Ordering: `_netdev`, `nofail`, `noauto`, `x-systemd.device-timeout=`;
 //! key asking: `tries=`, `headless=`. Every other option is warned about once and ignored.
 
 use crate::crypttab::Entry;
@@ -108,8 +109,17 @@ pub struct Volume {
     pub tries: u32,
     /// `headless=`: never ask for a passphrase.
     pub headless: bool,
-    /// Try the header's tokens before asking (LUKS, or no type given).
+    /// LUKS (or no type given): the header's tokens are tried before asking, and an asked
+    /// passphrase is given as `--key-file -` (exact bytes). Other types read an asked
+    /// passphrase as a passphrase (to the newline), which is what `plain` hashes and what
+    /// TCRYPT takes apart from its key files.
     pub tokens: bool,
+    /// `keyfile-offset=`/`keyfile-size=` as `cryptblk open` options: they apply to the key
+    /// file only (not to an asked passphrase).
+    pub key_args: Vec<String>,
+    /// TCRYPT with a key file: systemd reads the passphrase from that file (key files proper
+    /// are `tcrypt-keyfile=`), so the unit gives it as standard input, not `--key-file`.
+    pub passphrase_file: Option<String>,
     /// `header=`: a detached header file.
     pub header: Option<String>,
 }
@@ -138,6 +148,8 @@ pub fn plan(e: &Entry, warn: &mut dyn FnMut(String)) -> Result<Option<Volume>, S
         tries: 3,
         headless: false,
         tokens: true,
+        key_args: Vec::new(),
+        passphrase_file: None,
         header: None,
     };
     if let Some(k) = &v.key_file {
@@ -161,6 +173,10 @@ pub fn plan(e: &Entry, warn: &mut dyn FnMut(String)) -> Result<Option<Volume>, S
             v.parse::<u64>()
                 .map(|n| n.to_string())
                 .map_err(|_| format!("option {}={v}: not a number", o.name))
+        };
+        let mut key_arg = |flag: &str, value: String| {
+            v.key_args.push(flag.to_string());
+            v.key_args.push(value);
         };
         let mut arg = |flag: &str, value: Option<String>| {
             v.args.push(flag.to_string());
@@ -187,8 +203,8 @@ pub fn plan(e: &Entry, warn: &mut dyn FnMut(String)) -> Result<Option<Volume>, S
             "offset" => arg("--offset", Some(number("sector count")?)),
             "skip" => arg("--skip", Some(number("sector count")?)),
             "sector-size" => arg("--sector-size", Some(number("size in bytes")?)),
-            "keyfile-offset" => arg("--keyfile-offset", Some(number("byte count")?)),
-            "keyfile-size" => arg("--keyfile-size", Some(number("byte count")?)),
+            "keyfile-offset" => key_arg("--keyfile-offset", number("byte count")?),
+            "keyfile-size" => key_arg("--keyfile-size", number("byte count")?),
             "key-slot" | "keyslot" => arg("--key-slot", Some(number("keyslot number")?)),
             "discard" => arg("--allow-discards", None),
             "readonly" | "read-only" => arg("--readonly", None),
@@ -222,6 +238,13 @@ pub fn plan(e: &Entry, warn: &mut dyn FnMut(String)) -> Result<Option<Volume>, S
             "tcrypt-system" => arg("--tcrypt-system", None),
             "tcrypt-veracrypt" => arg("--veracrypt", None),
             "veracrypt-pim" => arg("--veracrypt-pim", Some(number("PIM")?)),
+            "tcrypt-keyfile" => {
+                let k = need("path")?;
+                if !k.starts_with('/') {
+                    return Err(format!("tcrypt-keyfile '{k}' is not an absolute path"));
+                }
+                arg("--key-file", Some(k));
+            }
             "tries" => {
                 v.tries = number("count")?
                     .parse()
@@ -246,6 +269,17 @@ pub fn plan(e: &Entry, warn: &mut dyn FnMut(String)) -> Result<Option<Volume>, S
     if let Some(t) = ty {
         v.args.splice(0..0, ["--type".to_string(), t.to_string()]);
         v.tokens = t == "luks";
+        if t == "tcrypt" {
+            v.passphrase_file = v.key_file.take();
+        }
+    }
+    if v.key_file.is_none() && !v.key_args.is_empty() {
+        warn(
+            "keyfile-offset=/keyfile-size= apply to a key file, and this line has none: \
+              ignored"
+                .to_string(),
+        );
+        v.key_args.clear();
     }
     if v.device_timeout.is_some() && !matches!(v.device, Device::Node(_)) {
         warn(format!(
@@ -369,10 +403,6 @@ mod tests {
             [
                 "--type",
                 "luks",
-                "--keyfile-offset",
-                "4",
-                "--keyfile-size",
-                "32",
                 "--allow-discards",
                 "--readonly",
                 "--header",
@@ -384,6 +414,10 @@ mod tests {
                 "--tpm2-device",
                 "/dev/tpmrm0",
             ]
+        );
+        assert_eq!(
+            v.key_args,
+            ["--keyfile-offset", "4", "--keyfile-size", "32"]
         );
         assert_eq!(v.tries, 5);
         assert!(v.headless && v.nofail && v.tokens && !v.noauto && !v.netdev);
@@ -416,6 +450,34 @@ mod tests {
                 "16"
             ]
         );
+    }
+
+    #[test]
+    fn key_file_options_need_a_key_file_and_tcrypt_key_files_hold_the_passphrase() {
+        let (v, w) = one("a /dev/a none x-cryptblk.export=ublk,keyfile-size=8");
+        assert!(v.unwrap().unwrap().key_args.is_empty());
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("keyfile-offset=/keyfile-size="), "{w:?}");
+        let (v, w) = one(
+            "t /dev/t /etc/tc.pass tcrypt,tcrypt-keyfile=/etc/kf1,tcrypt-keyfile=/etc/kf2,\
+             x-cryptblk.export=ublk",
+        );
+        assert!(w.is_empty(), "{w:?}");
+        let v = v.unwrap().unwrap();
+        assert_eq!(v.key_file, None);
+        assert_eq!(v.passphrase_file.as_deref(), Some("/etc/tc.pass"));
+        assert_eq!(
+            v.args,
+            [
+                "--type",
+                "tcrypt",
+                "--key-file",
+                "/etc/kf1",
+                "--key-file",
+                "/etc/kf2"
+            ]
+        );
+        assert!(!v.tokens);
     }
 
     #[test]

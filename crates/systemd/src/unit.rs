@@ -64,8 +64,9 @@ pub fn target(v: &Volume) -> &'static str {
 /// `/run/cryptsetup-keys.d/NAME.key`; the header's tokens (checked with
 /// `--token-only --test-passphrase`, then opened for real by `exec`, so cryptblk is the main
 /// process); unless headless, `systemd-ask-password -n` piped into `--key-file -` (the
-/// passphrase never on a command line), up to TRIES times (0: without end) while cryptblk
-/// answers 2, a wrong passphrase. The shell stays the main process then, so the unit has
+/// passphrase never on a command line; TOKENS 0, a plain/TCRYPT/BitLocker volume: the line
+/// as a passphrase on standard input instead, which cryptblk reads to the newline), up to
+/// TRIES times (0: without end) while cryptblk answers 2, a wrong passphrase. The shell stays the main process then, so the unit has
 /// `NotifyAccess=all`; `WATCHDOG_PID` is dropped because it names the shell.
 pub const UNLOCK_SCRIPT: &str = concat!(
     "name=$1; tries=$2; headless=$3; tokens=$4; dev=$5; ask=$6; shift 6; ",
@@ -78,8 +79,11 @@ pub const UNLOCK_SCRIPT: &str = concat!(
     "(headless: not asking)\" >&2; exit 2; fi; ",
     "unset WATCHDOG_PID; i=0; ",
     "while [ \"$tries\" = 0 ] || [ \"$i\" -lt \"$tries\" ]; do i=$((i+1)); ",
+    "if [ \"$tokens\" = 1 ]; then ",
     "\"$ask\" -n --id=\"cryptblk:$name\" \"Please enter passphrase for disk $name:\" | ",
     "\"$@\" --key-file - --foreground -- \"$dev\" \"$name\"; rc=$?; ",
+    "else \"$ask\" --id=\"cryptblk:$name\" \"Please enter passphrase for disk $name:\" | ",
+    "\"$@\" --foreground -- \"$dev\" \"$name\"; rc=$?; fi; ",
     "if [ \"$rc\" != 2 ]; then exit \"$rc\"; fi; done; exit 2",
 );
 
@@ -128,17 +132,25 @@ pub fn exec_start(v: &Volume, p: &Paths) -> Vec<String> {
     let mut open = vec![p.cryptblk.clone(), "open".to_string()];
     open.extend(v.args.iter().cloned());
     open.extend(v.export.args());
-    match &v.key_file {
-        Some(k) => {
+    let positional = [
+        "--".to_string(),
+        v.device.path().to_string(),
+        v.name.clone(),
+    ];
+    match (&v.key_file, &v.passphrase_file) {
+        (Some(k), _) => {
+            open.extend(v.key_args.iter().cloned());
             open.extend(["--key-file".to_string(), k.clone(), "--foreground".into()]);
-            open.extend([
-                "--".to_string(),
-                v.device.path().to_string(),
-                v.name.clone(),
-            ]);
+            open.extend(positional);
             open
         }
-        None => {
+        // The passphrase arrives on standard input (`StandardInput=file:`).
+        (None, Some(_)) => {
+            open.push("--foreground".into());
+            open.extend(positional);
+            open
+        }
+        (None, None) => {
             let mut argv = vec![
                 p.sh.clone(),
                 "-c".to_string(),
@@ -199,9 +211,13 @@ pub fn service(v: &Volume, p: &Paths) -> Result<String, String> {
         }
         Device::Remote(_) => {}
     }
-    for f in [v.key_file.as_deref(), v.header.as_deref()]
-        .into_iter()
-        .flatten()
+    for f in [
+        v.key_file.as_deref(),
+        v.passphrase_file.as_deref(),
+        v.header.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
     {
         if f.starts_with("/dev/") {
             let d = escape::device_unit(f)?;
@@ -236,6 +252,9 @@ pub fn service(v: &Volume, p: &Paths) -> Result<String, String> {
     }
     let _ = writeln!(w, "\n[Service]");
     let _ = writeln!(w, "Type=notify");
+    if let Some(f) = &v.passphrase_file {
+        let _ = writeln!(w, "StandardInput=file:{}", text(f));
+    }
     let _ = writeln!(w, "NotifyAccess=all");
     let argv = exec_start(v, p);
     let _ = writeln!(
@@ -262,7 +281,7 @@ pub fn service(v: &Volume, p: &Paths) -> Result<String, String> {
     let _ = writeln!(w, "KillMode=control-group");
     // Waiting for a passphrase has no time limit, as systemd-cryptsetup@ units (TimeoutSec=0);
     // a key file or token open is a KDF run and an export start.
-    let start = if v.key_file.is_none() && !v.headless {
+    let start = if v.key_file.is_none() && v.passphrase_file.is_none() && !v.headless {
         "infinity"
     } else {
         "5min"

@@ -92,7 +92,8 @@ fn sample_crypttab() -> String {
          \"vm-1\"  LABEL=\"vm disk\"  -  x-cryptblk.export=vhost-user:/run/vm/disk.sock,noauto,headless=true,swap\n\
          sys    /dev/sda2  none  luks,discard\n\
          broken \"/dev/sdd\n\
-         odd    /dev/sde  -  x-cryptblk.export=iscsi\n"
+         odd    /dev/sde  -  x-cryptblk.export=iscsi\n\
+         tc     /dev/sdf  /etc/cryptblk/tc.pass  tcrypt,tcrypt-keyfile=/etc/cryptblk/tc.kf,x-cryptblk.export=ublk\n"
     )
 }
 
@@ -174,6 +175,7 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
             "cryptblk@data.service".to_string(),
             "cryptblk@img.service".into(),
             "cryptblk@net.service".into(),
+            "cryptblk@tc.service".into(),
             "cryptblk@vm\\x2d1.service".into(),
             "cryptsetup.target.requires".into(),
             "cryptsetup.target.wants".into(),
@@ -190,7 +192,13 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
     ] {
         let l = g.normal.join(link).join(unit);
         assert_eq!(std::fs::read_link(&l).unwrap(), Path::new("..").join(unit));
-        assert_eq!(std::fs::read_dir(g.normal.join(link)).unwrap().count(), 1);
+    }
+    for (link, n) in [
+        ("cryptsetup.target.requires", 2),
+        ("cryptsetup.target.wants", 1),
+        ("remote-cryptsetup.target.requires", 1),
+    ] {
+        assert_eq!(std::fs::read_dir(g.normal.join(link)).unwrap().count(), n);
     }
     assert!(
         read(&g.normal.join(format!("{dev}.d/50-device-timeout.conf")))
@@ -212,7 +220,7 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
         "Wants=modprobe@ublk_drv.service\n",
         "Type=notify\n",
         &format!(
-            "ExecStart={bin} open --type luks --allow-discards --keyfile-size 64 --ublk \
+            "ExecStart={bin} open --type luks --allow-discards --ublk --keyfile-size 64 \
              --key-file /etc/cryptblk/data.key --foreground -- /dev/disk/by-uuid/{UUID} data\n"
         ),
         &format!("ExecStop={bin} close data\n"),
@@ -253,6 +261,24 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
     }
     assert!(!img.contains("Before=cryptsetup.target"), "nofail: {img}");
 
+    // TCRYPT: the line's key file holds the passphrase (standard input), tcrypt-keyfile=
+    // are key files.
+    let tc = read(&g.normal.join("cryptblk@tc.service"));
+    for want in [
+        "StandardInput=file:/etc/cryptblk/tc.pass\n",
+        "RequiresMountsFor=/etc/cryptblk/tc.pass\n",
+        &format!(
+            "ExecStart={bin} open --type tcrypt --key-file /etc/cryptblk/tc.kf --ublk \
+             --foreground -- /dev/sdf tc\n"
+        ),
+        "TimeoutStartSec=5min\n",
+    ] {
+        assert!(
+            tc.contains(want),
+            "cryptblk@tc.service lacks {want:?}:\n{tc}"
+        );
+    }
+
     let vm = read(&g.normal.join("cryptblk@vm\\x2d1.service"));
     let label = systemd_escape(
         &["--path", "--suffix=device"],
@@ -274,7 +300,7 @@ fn generated_units_pass_systemd_analyze_verify() {
         .filter(|p| p.extension().is_some_and(|e| e == "service"))
         .collect();
     units.sort();
-    assert_eq!(units.len(), 4);
+    assert_eq!(units.len(), 5);
     // The generator directory first in the search path (the trailing ':' keeps the
     // system's units, which the generated ones order against), as systemd puts it.
     let out = run(Command::new("systemd-analyze")
