@@ -310,3 +310,54 @@ fn notify_unit_without_a_key_asks_systemd_ask_password_and_retries() {
     let st = wait_exit(&mut child);
     assert!(st.success(), "{st}");
 }
+
+#[test]
+fn plain_unit_without_a_key_takes_the_asked_line_as_a_passphrase() {
+    // cryptsetup hashes an asked plain passphrase and would not hash a key file: data the
+    // unit wrote must read back through `open --type plain` given the same passphrase on
+    // standard input (to the newline), as a user would type it.
+    tool("qemu-io").expect("qemu-io is needed");
+    tool("systemd-ask-password").expect("systemd-ask-password is needed");
+    require_root("systemd-ask-password answers only root's agents");
+    let dir = tempdir();
+    let img = dir.path().join("plain.img");
+    sparse_file(&img, 8 << 20);
+    let sock = dir.path().join("nbd.sock");
+    let name = "t-sdnotify-plain";
+    let opts = "plain,cipher=aes-xts-plain64,size=256,hash=sha256";
+    let argv = exec_start(&format!(
+        "{name} {} none {opts},x-cryptblk.export=nbd:{}",
+        img.display(),
+        sock.display()
+    ));
+    let m = Manager::new(dir.path());
+    let mut child = start_service(&argv, &m, None);
+    let served = Served::volume(name);
+    let mut answered = Vec::new();
+    answer_password(
+        &format!("cryptblk:{name}"),
+        b"plain words",
+        &mut answered,
+        60,
+    );
+    let msgs = m.until(&mut child, "READY=1", 60);
+    check_ready_and_serving(msgs.last().unwrap(), name, &sock);
+    drop(served);
+    m.until(&mut child, "STOPPING=1", 30);
+    assert!(wait_exit(&mut child).success());
+
+    let again = "t-sdnotify-plain2";
+    run_ok(
+        cryptblk()
+            .args(["open", "--type", "plain", "--cipher", "aes-xts-plain64"])
+            .args(["--key-size", "256", "--hash", "sha256"])
+            .arg(&img)
+            .arg(again)
+            .arg("--nbd")
+            .arg(&sock),
+        b"plain words\n",
+    );
+    let _again = Served::volume(again);
+    let (ok, out) = qemu_io_nbd(&sock, "read -P 0x5a 0 64k");
+    assert!(ok && !out.contains("Pattern verification failed"), "{out}");
+}
