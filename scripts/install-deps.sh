@@ -67,6 +67,11 @@ want tpm2_startup tpm2-tools
 [ -e /usr/include/tss2/tss2_esys.h ] || need_pkgs+=(libtss2-dev)
 [ -n "$(ls /usr/lib/*/libtss2-tcti-swtpm.so.0 2>/dev/null)" ] || need_pkgs+=(libtss2-tcti-swtpm0)
 want systemd-cryptenroll systemd
+# cryptblk-generator's units are checked by systemd-analyze verify, its names by systemd-escape,
+# and the unlock of a crypttab line without a key asks with systemd-ask-password.
+want systemd-analyze systemd
+want systemd-escape systemd
+want systemd-ask-password systemd
 # clevis's tpm2 pin (tests/token_tpm2.rs binds with it).
 want clevis-encrypt-tpm2 clevis-tpm2
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)

@@ -28,6 +28,9 @@ pub(super) fn start_stack(
         crate::logger::install(crate::logger::Process::Daemon);
         return daemon::serve_stack(spec, lower, |facts| {
             eprintln!("cryptblk: serving {}", describe(facts));
+            // Under a Type=notify unit (cryptblk-generator's): READY=1 now that the export
+            // accepts I/O, STATUS=, watchdog pings.
+            cryptblk_systemd::notify::ready(facts);
         });
     }
     let facts = daemon::spawn_stack(&spec, &lower)?;

@@ -253,6 +253,8 @@ pub fn serve_stack(
         "lower": stack.lower(),
     }));
     control::serve(&stack, &mut sockets);
+    // STOPPING=1 to a service manager (only `open --foreground` has NOTIFY_SOCKET).
+    cryptblk_systemd::notify::stopping(&stack.spec().name);
     let closed = stack.close();
     // Last: `close` waits for the socket to vanish, so it must mean "stopped and flushed"
     // (a ublk node gone, the backing written back) before a script reuses the backing.

@@ -40,7 +40,10 @@ pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<Value, Fail
     cmd.arg("__serve")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(log_file));
+        .stderr(Stdio::from(log_file))
+        // A detached daemon is no service manager's main process: only `--foreground`
+        // speaks sd_notify (cryptblk_systemd::notify).
+        .env_remove("NOTIFY_SOCKET");
     // Detach from the terminal's session so the daemon outlives the shell that opened it.
     use std::os::unix::process::CommandExt;
     // SAFETY: setsid is async-signal-safe and touches no Rust state.
