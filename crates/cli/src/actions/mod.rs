@@ -1,5 +1,6 @@
 //! One module per family of actions.
 
+pub mod activate;
 pub mod bench;
 pub mod bitlk;
 pub mod fvault2;
@@ -10,6 +11,7 @@ pub mod loopaes;
 pub mod luks;
 pub mod luks_integrity;
 pub mod offline;
+pub mod open;
 pub mod reencrypt;
 pub mod reencrypt_online;
 pub mod serving;

@@ -2,9 +2,10 @@
 //! start-a-daemon path that `open` also uses.
 
 use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
-use crate::daemon::{self, ExportSpec, LowerTable, NbdLimits, ServeSpec};
+use crate::daemon;
 use crate::exit::{ActionResult, Failure};
 use cryptblk_volume::control::{self, ExportDescription, Request};
+use cryptblk_volume::serve::{self, ExportSpec, LowerTable, NbdLimits, ServeSpec};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -23,42 +24,18 @@ pub(super) fn start_stack(
     json_out: bool,
 ) -> ActionResult {
     if export.foreground {
-        return daemon::serve_stack(spec, lower, |facts| {
-            eprintln!("cryptblk: serving {}", describe(facts));
+        return serve::serve_stack(spec, lower, |facts| {
+            eprintln!("cryptblk: serving {}", facts.describe());
         });
     }
     let facts = daemon::spawn_stack(&spec, &lower)?;
     if json_out {
-        println!("{facts}");
+        println!(
+            "{}",
+            serde_json::to_string(&facts).expect("facts serialise")
+        );
     }
     Ok(())
-}
-
-fn describe(facts: &Value) -> String {
-    let export = &facts["export"];
-    match export["kind"].as_str() {
-        Some("nbd") => format!(
-            "{} at {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["uri"].as_str().unwrap_or("")
-        ),
-        Some("fuse") => format!(
-            "{} as {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["file"].as_str().unwrap_or("")
-        ),
-        Some("vhostuser") => format!(
-            "{} on vhost-user socket {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["socket"].as_str().unwrap_or("")
-        ),
-        Some("ublk") => format!(
-            "{} as {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["dev"].as_str().unwrap_or("")
-        ),
-        _ => facts["name"].as_str().unwrap_or("").to_string(),
-    }
 }
 
 /// The export the user asked for (at most one); with none, the device `open` makes by
@@ -185,7 +162,7 @@ pub fn default_nbd_socket(name: &str) -> Result<PathBuf, Failure> {
 pub fn device_path(name: &str, export: &ExportDescription) -> Option<String> {
     match export {
         ExportDescription::Ublk(u) => {
-            let link = crate::daemon::devlink::link_path(name);
+            let link = serve::devlink::link_path(name);
             Some(if std::fs::read_link(&link).is_ok_and(|t| t == u.dev) {
                 link.display().to_string()
             } else {
