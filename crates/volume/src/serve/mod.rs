@@ -5,13 +5,14 @@
 //!
 //! A program serves a volume by building an [`ActivationPlan`](crate::plan::ActivationPlan)
 //! (e.g. [`plan::luks`](crate::plan::luks) after unlocking), turning it into a [`ServeSpec`]
-//! with an [`ExportSpec`], and calling [`serve_stack`], which returns when the volume is
+//! with an [`ExportConfig`] (the export crate's, re-exported here), and calling [`serve_stack`], which returns when the volume is
 //! closed (`cryptblk close NAME`, a control request, or SIGTERM/SIGINT/SIGHUP):
 //!
 //! ```no_run
 //! use cryptblk_format::luks2::UnlockPurpose;
 //! use cryptblk_volume::plan::{self, LuksLocation};
-//! use cryptblk_volume::serve::{serve_stack, ExportSpec, NbdLimits, ServeSpec};
+//! use cryptblk_export::nbd::NbdConfig;
+//! use cryptblk_volume::serve::{serve_stack, ExportConfig, ServeSpec};
 //! use cryptblk_volume::LuksType;
 //! use std::path::Path;
 //!
@@ -21,7 +22,7 @@
 //! let (_slot, key) = vol.unlock(b"passphrase", None, UnlockPurpose::Activate)?;
 //! let at = LuksLocation { device, header: device };
 //! let plan = plan::luks(&vol, &key, at, "data", &Default::default())?;
-//! let export = ExportSpec::NbdUnix("/run/data.sock".into(), NbdLimits::default());
+//! let export = ExportConfig::Nbd(NbdConfig::unix("/run/data.sock"));
 //! let (spec, keyed_lower) = ServeSpec::from_plan(plan, export, false);
 //! serve_stack(spec, keyed_lower, |ready| println!("serving {}", ready.describe()))?;
 //! # Ok(())
@@ -49,7 +50,8 @@ mod run;
 pub mod spec;
 mod stack;
 
-pub use export::{ExportSpec, NbdLimits};
+pub use cryptblk_export::ExportConfig;
+pub use export::start_export;
 pub use facts::ReadyFacts;
 pub use run::serve_stack;
 pub use spec::{check_stack, LowerTable, ServeSpec};

@@ -5,10 +5,10 @@
 //! line by line (see `table_lines`), and is wiped when its holder drops; `info` never holds
 //! a secret. The names of a stack are checked ([`check_stack`]) before anything is built.
 
-use super::export::ExportSpec;
 use crate::control as client;
 use crate::plan::ActivationPlan;
 use crate::{ErrorClass as ExitCode, VolumeError as Failure};
+use cryptblk_export::ExportConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::os::unix::net::UnixStream;
@@ -22,7 +22,7 @@ pub struct ServeSpec {
     #[serde(with = "table_lines")]
     pub table: String,
     /// The export.
-    pub export: ExportSpec,
+    pub export: ExportConfig,
     /// Serve read-only.
     pub readonly: bool,
     /// Facts for `status` (volume type, device, UUID, cipher...): never secrets.
@@ -88,7 +88,7 @@ impl ServeSpec {
     /// first in the same daemon.
     pub fn from_plan(
         mut plan: ActivationPlan,
-        export: ExportSpec,
+        export: ExportConfig,
         readonly: bool,
     ) -> (ServeSpec, Vec<LowerTable>) {
         let lower = std::mem::take(&mut plan.keyed_lower)
@@ -167,4 +167,42 @@ pub(super) fn lower_tables(info: &Value) -> Vec<(String, String)> {
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cryptblk_export::nbd::{NbdConfig, NbdTls};
+
+    /// The export config crosses the pipe as settings: TLS certificates by directory, the
+    /// table line by line, and it comes back as it went.
+    #[test]
+    fn a_spec_crosses_the_pipe_as_settings() {
+        let mut nbd = NbdConfig::unix("/run/x.sock");
+        nbd.tls = Some(NbdTls::new("/etc/pki/nbd", true, false));
+        nbd.description = "cryptblk x".to_string();
+        let spec = ServeSpec {
+            name: "x".to_string(),
+            table: "0 8 linear /dev/null 0\n".to_string(),
+            export: ExportConfig::Nbd(nbd),
+            readonly: true,
+            info: serde_json::json!({"type": "dm"}),
+        };
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(
+            text.contains(r#""table":["0 8 linear /dev/null 0"]"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""certificates":"/etc/pki/nbd""#), "{text}");
+        let back: ServeSpec = serde_json::from_str(&text).unwrap();
+        let ExportConfig::Nbd(n) = &back.export else {
+            panic!("{:?}", back.export)
+        };
+        let tls = n.tls.as_ref().expect("TLS kept");
+        assert_eq!(tls.certificates, std::path::Path::new("/etc/pki/nbd"));
+        assert!(tls.require && !tls.verify_peer);
+        assert_eq!(n.description, "cryptblk x");
+        assert_eq!(back.table, spec.table);
+        assert!(back.readonly);
+    }
 }
