@@ -117,7 +117,7 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::LuksFormat { device, key_file } => {
             luks::luks_format(o, device, key_file.as_deref())
         }
-        Action::Open(a) => luks::open(o, a),
+        Action::Open(a) => actions::open::open(o, a),
         Action::LoopaesOpen(a) => actions::loopaes::open(o, a),
         Action::LuksDump { device } => luks::dump(o, device),
         Action::TcryptDump { device } => actions::tcrypt::dump(o, device),

@@ -97,8 +97,10 @@ pub(crate) fn check_resize(device: &dyn BlockDevice, new_size: u64) -> Result<()
 /// the variant's lowercase name is the `kind` in the JSON.
 macro_rules! exports {
     ($( $(#[cfg($cfg:meta)])? $variant:ident($config:ty) -> $description:ty : $doc:literal, )*) => {
-        /// Which export to start, with its settings (one variant per export kind).
-        #[derive(Clone, Debug)]
+        /// Which export to start, with its settings (one variant per export kind). It
+        /// serialises (settings only: TLS certificates are named, loaded when the export
+        /// starts), so a daemon can be handed it through a pipe.
+        #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
         pub enum ExportConfig {
             $(
                 $(#[cfg($cfg)])?
@@ -121,6 +123,19 @@ macro_rules! exports {
             )*
             /// No export.
             None,
+        }
+
+        impl ExportConfig {
+            /// Makes the export read-only (or not): every kind's `read_only` setting.
+            pub fn set_read_only(&mut self, read_only: bool) {
+                match self {
+                    $(
+                        $(#[cfg($cfg)])?
+                        ExportConfig::$variant(config) => config.read_only = read_only,
+                    )*
+                    ExportConfig::None => {}
+                }
+            }
         }
 
         /// Starts the export `config` names on `device`; it is ready when this returns.

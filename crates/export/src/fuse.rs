@@ -32,7 +32,7 @@ use crate::export::{check_resize, Export, StartExport};
 use crate::ExportDescription;
 
 /// Settings of a [`FuseExport`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct FuseConfig {
     /// Existing, empty directory to mount on.
     pub mountpoint: PathBuf,

@@ -49,7 +49,7 @@ pub const DEFAULT_QUEUE_DEPTH: u16 = 64;
 pub const DEFAULT_MAX_IO_BYTES: u32 = 512 << 10;
 
 /// Settings of a [`UblkExport`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UblkConfig {
     /// Hardware queues, each served by its own thread; `None` means one per CPU.
     pub queues: Option<u16>,

@@ -56,6 +56,7 @@ pub mod progress;
 pub mod reencrypt;
 pub mod resize;
 pub mod segment;
+pub mod serve;
 pub mod suspend;
 pub mod tcrypt;
 pub mod token;

@@ -73,9 +73,9 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.test_passphrase {
         return Ok(());
     }
-    let name = super::luks::mapping_name(a)?;
+    let name = super::activate::mapping_name(a)?;
     let plan = fvault2::plan(&h, &vk, &a.device, name, &a.perf.table_flags())?;
-    super::luks::serve_plan(plan, opts, a)
+    super::activate::serve_plan(plan, opts, a)
 }
 
 /// `decrypt --type fvault2 <device> <output>`: the logical volume as `open` would show it.

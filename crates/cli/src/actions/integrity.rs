@@ -17,12 +17,12 @@
 
 use super::volume;
 use crate::args::{ExportArgs, IntegrityAction, IntegrityOpts, Opts};
-use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, ExitCode, Failure};
 use cryptblk_dm::targets::integrity::{IntegrityConfig, IntegrityMode};
 use cryptblk_dm::TableSpec;
 use cryptblk_volume::control;
 use cryptblk_volume::integrity::{self as lib, Algorithm};
+use cryptblk_volume::serve::ServeSpec;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Instant;

@@ -60,10 +60,10 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
     if opts.key_file.is_none() {
         return Err(Failure::usage("Option --key-file is required."));
     }
-    let name = super::luks::mapping_name(a)?;
+    let name = super::activate::mapping_name(a)?;
     let vol = unlock(opts, &a.device)?;
     let plan = lib::plan(&vol, &a.device, name, &a.perf.table_flags())?;
-    super::luks::serve_plan(plan, opts, a)
+    super::activate::serve_plan(plan, opts, a)
 }
 
 /// `decrypt --type loopaes <device> <output>`: the decrypted data from `--offset` on.

@@ -3,9 +3,9 @@
 
 pub(super) mod persistent;
 
+use super::activate;
 use super::volume::{self, Volume};
 use crate::args::{OpenArgs, Opts, PerfArgs, VolumeType};
-use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, ExitCode, Failure};
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::hdrio::HeaderIo;
@@ -14,6 +14,7 @@ use cryptblk_format::luks2::{FormatParams, Luks2Header, UnlockPurpose};
 use cryptblk_format::plain::{PlainParams, PlainVolume};
 use cryptblk_volume::format::{parse_bytes, FormatRequest};
 use cryptblk_volume::luks::{self as lib, BackupKind, ConfigChange};
+use cryptblk_volume::serve::ServeSpec;
 use cryptblk_volume::{luks2_integrity, plan};
 use std::path::Path;
 
@@ -261,32 +262,9 @@ pub fn unlock(
     Ok((Some(slot), key))
 }
 
-/// `open <device> [<name>]`.
-pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
-    if opts.volume_type == Some(VolumeType::Tcrypt) {
-        return super::tcrypt::open(opts, a);
-    }
-    if opts.volume_type == Some(VolumeType::Bitlk) {
-        return super::bitlk::open(opts, a);
-    }
-    if opts.volume_type == Some(VolumeType::Fvault2) {
-        return super::fvault2::open(opts, a);
-    }
-    if opts.volume_type == Some(VolumeType::Loopaes) {
-        return super::loopaes::open(opts, a);
-    }
-    if opts.volume_type == Some(VolumeType::Plain) {
-        // cryptsetup ignores --persistent for plain devices (nothing to store it in), but
-        // still refuses it with --test-passphrase.
-        persistent::check_options(opts, &PerfArgs::default())?;
-        return open_plain(opts, a);
-    }
-    persistent::check_options(opts, &a.perf)?;
-    let vol = volume::load(opts, &a.device, false)?;
-    if !opts.test_passphrase && vol.luks2().is_some_and(|h| h.reencryption_in_progress()) {
-        // As cryptsetup's activation: recover the hotzone, map both segments.
-        return super::reencrypt_online::open_mid_reencryption(opts, a, vol);
-    }
+/// `open` of a LUKS volume `vol` loaded from `a.device` (not mid-reencryption: see
+/// [`super::open`], which dispatches on the volume type).
+pub fn open_luks(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionResult {
     let purpose = if opts.unbound {
         UnlockPurpose::Unbound
     } else if opts.test_passphrase {
@@ -308,7 +286,7 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
             "an unbound keyslot cannot activate a device (use --test-passphrase)",
         ));
     }
-    let name = mapping_name(a)?;
+    let name = activate::mapping_name(a)?;
     let flags = persistent::effective(opts, &a.perf, &vol.stored_flags());
     let header = header_location(opts, &a.device);
     let at = plan::LuksLocation {
@@ -316,47 +294,8 @@ pub fn open(opts: &Opts, a: &OpenArgs) -> ActionResult {
         header: Path::new(&header),
     };
     let plan = plan::luks(&vol, &vk, at, name, &flags.library())?;
-    let spec = serve_spec(plan, opts, a)?;
+    let spec = activate::serve_spec(plan, opts, a)?;
     start_persistent(opts, a, &vol, spec, &flags)
-}
-
-/// The mapping name `open` was given, refused unless it is a valid volume name.
-pub(super) fn mapping_name(a: &OpenArgs) -> Result<&str, Failure> {
-    let name = a
-        .name
-        .as_deref()
-        .ok_or_else(|| Failure::usage("open needs a mapping name"))?;
-    cryptblk_volume::control::check_name(name)?;
-    Ok(name)
-}
-
-/// Serves `plan` through the export `open` was given, as a new daemon.
-pub(super) fn serve_plan(
-    mut plan: plan::ActivationPlan,
-    opts: &Opts,
-    a: &OpenArgs,
-) -> ActionResult {
-    // Keyed lower mappings (a TCRYPT chain's layers) go through the daemon's pipe with the
-    // top table, created first in the same daemon.
-    let lower = std::mem::take(&mut plan.keyed_lower)
-        .into_iter()
-        .map(|l| crate::daemon::LowerTable {
-            name: l.name,
-            table: l.table.to_string(),
-        })
-        .collect();
-    super::serving::start_stack(serve_spec(plan, opts, a)?, lower, &a.export, opts.json)
-}
-
-/// What the daemon serves for `plan` with the export and read-only mode asked for.
-fn serve_spec(plan: plan::ActivationPlan, opts: &Opts, a: &OpenArgs) -> Result<ServeSpec, Failure> {
-    Ok(ServeSpec {
-        name: plan.name.clone(),
-        table: plan.table.to_string(),
-        export: super::serving::export_spec(&a.export, &plan.name)?,
-        readonly: opts.readonly,
-        info: plan.info.clone(),
-    })
 }
 
 /// The header file as an absolute path, so that `refresh --persistent` finds it from any
@@ -469,14 +408,15 @@ fn plain_volume(opts: &Opts, device: &Path) -> Result<PlainVolume, Failure> {
     })
 }
 
-fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
+/// `open --type plain`.
+pub fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
     let pv = plain_volume(opts, &a.device)?;
     if opts.test_passphrase {
         return Ok(());
     }
-    let name = mapping_name(a)?;
+    let name = activate::mapping_name(a)?;
     let plan = plan::plain(&pv, &a.device, name, &a.perf.table_flags())?;
-    serve_plan(plan, opts, a)
+    activate::serve_plan(plan, opts, a)
 }
 
 /// `luksDump`.

@@ -1,5 +1,6 @@
 //! One module per family of actions.
 
+pub mod activate;
 pub mod bench;
 pub mod bitlk;
 pub mod fvault2;
@@ -11,6 +12,7 @@ pub mod luks;
 pub mod luks_integrity;
 pub mod monitor;
 pub mod offline;
+pub mod open;
 pub mod reencrypt;
 pub mod reencrypt_online;
 pub mod serving;

@@ -14,7 +14,7 @@ use cryptblk_volume::Volume;
 /// a cut step recovered first, then a table of both segments served. The header is on the
 /// device or detached (`--header`).
 pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionResult {
-    let name = super::luks::mapping_name(a)?;
+    let name = super::activate::mapping_name(a)?;
     let flags = super::luks::persistent::effective(opts, &a.perf, &vol.stored_flags());
     let at = MidReencryption {
         device: &a.device,
@@ -30,5 +30,5 @@ pub fn open_mid_reencryption(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionRe
         device: &a.device,
     };
     let plan = mid_reencryption_plan(vol, &at, &mut input)?;
-    super::luks::serve_plan(plan, opts, a)
+    super::activate::serve_plan(plan, opts, a)
 }

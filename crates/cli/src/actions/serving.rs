@@ -2,9 +2,14 @@
 //! start-a-daemon path that `open` also uses.
 
 use crate::args::{DmAction, ExportArgs, PerfArgs, TableArgs};
-use crate::daemon::{self, ExportSpec, LowerTable, NbdLimits, ServeSpec};
+use crate::daemon;
 use crate::exit::{ActionResult, Failure};
+use cryptblk_export::fuse::FuseConfig;
+use cryptblk_export::nbd::{NbdConfig, NbdListen, NbdTls};
+use cryptblk_export::ublk::UblkConfig;
+use cryptblk_export::vhost_user::VhostUserConfig;
 use cryptblk_volume::control::{self, ExportDescription, Request};
+use cryptblk_volume::serve::{self, ExportConfig, LowerTable, ServeSpec};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -26,50 +31,32 @@ pub(super) fn start_stack(
         // From here this process is the volume's daemon: its log (the journal under
         // systemd) gets the daemon's records.
         crate::logger::install(crate::logger::Process::Daemon);
-        return daemon::serve_stack(spec, lower, |facts| {
-            eprintln!("cryptblk: serving {}", describe(facts));
-            // Under a Type=notify unit (cryptblk-generator's): READY=1 now that the export
-            // accepts I/O, STATUS=, watchdog pings.
-            cryptblk_systemd::notify::ready(facts);
-        });
+        return serve::serve_stack_with(
+            spec,
+            lower,
+            |facts| {
+                eprintln!("cryptblk: serving {}", facts.describe());
+                // Under a Type=notify unit (cryptblk-generator's): READY=1 now that the
+                // export accepts I/O, STATUS=, watchdog pings.
+                cryptblk_systemd::notify::ready(&serde_json::to_value(facts).unwrap_or_default());
+            },
+            // STOPPING=1 to a service manager (only `open --foreground` has NOTIFY_SOCKET).
+            cryptblk_systemd::notify::stopping,
+        );
     }
     let facts = daemon::spawn_stack(&spec, &lower)?;
     if json_out {
-        println!("{facts}");
+        println!(
+            "{}",
+            serde_json::to_string(&facts).expect("facts serialise")
+        );
     }
     Ok(())
 }
 
-fn describe(facts: &Value) -> String {
-    let export = &facts["export"];
-    match export["kind"].as_str() {
-        Some("nbd") => format!(
-            "{} at {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["uri"].as_str().unwrap_or("")
-        ),
-        Some("fuse") => format!(
-            "{} as {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["file"].as_str().unwrap_or("")
-        ),
-        Some("vhostuser") => format!(
-            "{} on vhost-user socket {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["socket"].as_str().unwrap_or("")
-        ),
-        Some("ublk") => format!(
-            "{} as {}",
-            facts["name"].as_str().unwrap_or(""),
-            export["dev"].as_str().unwrap_or("")
-        ),
-        _ => facts["name"].as_str().unwrap_or("").to_string(),
-    }
-}
-
 /// The export the user asked for (at most one); with none, the device `open` makes by
 /// default for mapping `name` (see [`default_export`]).
-pub fn export_spec(export: &ExportArgs, name: &str) -> Result<ExportSpec, Failure> {
+pub fn export_spec(export: &ExportArgs, name: &str) -> Result<ExportConfig, Failure> {
     if let Some(socket) = &export.vhost_user {
         if export.nbd.is_some() || export.fuse.is_some() || export.ublk {
             return Err(Failure::usage(
@@ -90,10 +77,9 @@ pub fn export_spec(export: &ExportArgs, name: &str) -> Result<ExportSpec, Failur
         } else {
             std::env::current_dir()?.join(socket)
         };
-        return Ok(ExportSpec::VhostUser {
-            socket: abs,
-            queues,
-        });
+        let mut cfg = VhostUserConfig::new(abs);
+        cfg.queues = queues;
+        return Ok(ExportConfig::VhostUser(cfg));
     }
     if export.queues.is_some() && !export.ublk {
         return Err(Failure::usage("--queues needs --ublk or --vhost-user"));
@@ -102,27 +88,28 @@ pub fn export_spec(export: &ExportArgs, name: &str) -> Result<ExportSpec, Failur
         if export.nbd.is_some() || export.fuse.is_some() {
             return Err(Failure::usage("choose one export: --nbd, --fuse or --ublk"));
         }
-        return Ok(ExportSpec::Ublk {
+        return Ok(ExportConfig::Ublk(UblkConfig {
             queues: export.queues,
-            depth: export
+            queue_depth: export
                 .queue_depth
                 .unwrap_or(cryptblk_export::ublk::DEFAULT_QUEUE_DEPTH),
-        });
+            ..UblkConfig::default()
+        }));
     }
     match (&export.nbd, &export.fuse) {
         (Some(_), Some(_)) => Err(Failure::usage("choose one export: --nbd, --fuse or --ublk")),
         (Some(n), None) => match parse_nbd_address(n)? {
             NbdAddress::Tcp(addr) => {
-                let limits = nbd_limits(export)?;
-                let tls_required = limits.tls == cryptblk_export::nbd::TlsMode::Require;
-                if !addr.ip().is_loopback() && !tls_required && !limits.allow_insecure_tcp {
+                let cfg = nbd_config(NbdListen::Tcp(addr), export)?;
+                let tls_required = cfg.tls.as_ref().is_some_and(|t| t.require);
+                if !addr.ip().is_loopback() && !tls_required && !cfg.allow_insecure_tcp {
                     return Err(Failure::usage(format!(
                         "refusing plaintext NBD on {addr}, which is not a loopback address: \
                          use --tls require with --tls-certificates, or --allow-insecure-tcp \
                          on a trusted network"
                     )));
                 }
-                Ok(ExportSpec::NbdTcp(addr.to_string(), limits))
+                Ok(ExportConfig::Nbd(cfg))
             }
             NbdAddress::Unix(p) => {
                 let abs = if p.is_absolute() {
@@ -130,13 +117,13 @@ pub fn export_spec(export: &ExportArgs, name: &str) -> Result<ExportSpec, Failur
                 } else {
                     std::env::current_dir()?.join(p)
                 };
-                Ok(ExportSpec::NbdUnix(abs, nbd_limits(export)?))
+                Ok(ExportConfig::Nbd(nbd_unix(abs, name, export)?))
             }
         },
         (None, Some(dir)) => {
             let abs = std::fs::canonicalize(dir)
                 .map_err(|e| Failure::usage(format!("FUSE mount point {}: {e}", dir.display())))?;
-            Ok(ExportSpec::Fuse(abs))
+            Ok(ExportConfig::Fuse(FuseConfig::new(abs)))
         }
         (None, None) => default_export(name, export, ublk_usable()),
     }
@@ -160,19 +147,33 @@ pub fn ublk_usable() -> bool {
 /// `/dev/cryptblk/NAME` to it when root), else NBD on the Unix socket
 /// `<runtime dir>/NAME.sock` ([`default_nbd_socket`]), whose path is the stable name. The
 /// NBD options (`--tls`, `--max-clients`...) apply to that socket.
-pub fn default_export(name: &str, export: &ExportArgs, ublk: bool) -> Result<ExportSpec, Failure> {
+pub fn default_export(
+    name: &str,
+    export: &ExportArgs,
+    ublk: bool,
+) -> Result<ExportConfig, Failure> {
     if ublk {
-        return Ok(ExportSpec::Ublk {
+        return Ok(ExportConfig::Ublk(UblkConfig {
             queues: None,
-            depth: export
+            queue_depth: export
                 .queue_depth
                 .unwrap_or(cryptblk_export::ublk::DEFAULT_QUEUE_DEPTH),
-        });
+            ..UblkConfig::default()
+        }));
     }
-    Ok(ExportSpec::NbdUnix(
+    Ok(ExportConfig::Nbd(nbd_unix(
         default_nbd_socket(name)?,
-        nbd_limits(export)?,
-    ))
+        name,
+        export,
+    )?))
+}
+
+/// NBD on the Unix socket `path` for mapping `name`, described to clients as
+/// `cryptblk NAME`.
+fn nbd_unix(path: PathBuf, name: &str, export: &ExportArgs) -> Result<NbdConfig, Failure> {
+    let mut cfg = nbd_config(NbdListen::Unix(path), export)?;
+    cfg.description = format!("cryptblk {name}");
+    Ok(cfg)
 }
 
 /// The NBD socket of mapping `name` served without an export option:
@@ -191,7 +192,7 @@ pub fn default_nbd_socket(name: &str) -> Result<PathBuf, Failure> {
 pub fn device_path(name: &str, export: &ExportDescription) -> Option<String> {
     match export {
         ExportDescription::Ublk(u) => {
-            let link = crate::daemon::devlink::link_path(name);
+            let link = serve::devlink::link_path(name);
             Some(if std::fs::read_link(&link).is_ok_and(|t| t == u.dev) {
                 link.display().to_string()
             } else {
@@ -282,9 +283,11 @@ pub fn parse_nbd_address(text: &str) -> Result<NbdAddress, Failure> {
     Ok(NbdAddress::Tcp(addr))
 }
 
-/// The NBD server's bounds from the command line, defaulting to the server's own.
-fn nbd_limits(export: &ExportArgs) -> Result<NbdLimits, Failure> {
+/// The NBD server listening at `listen` with the bounds and TLS of the command line,
+/// defaulting to the server's own.
+fn nbd_config(listen: NbdListen, export: &ExportArgs) -> Result<NbdConfig, Failure> {
     use cryptblk_export::nbd::{TlsMode, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CLIENTS};
+    use std::time::Duration;
     let tls = export.tls.unwrap_or(TlsMode::Off);
     if tls == TlsMode::Off && (export.tls_certificates.is_some() || export.tls_verify_peer) {
         return Err(Failure::usage(
@@ -302,19 +305,24 @@ fn nbd_limits(export: &ExportArgs) -> Result<NbdLimits, Failure> {
         }
         None => None,
     };
-    Ok(NbdLimits {
-        max_clients: export
-            .max_clients
-            .map_or(DEFAULT_MAX_CLIENTS, |n| n as usize),
-        handshake_timeout: export
+    let mut cfg = NbdConfig::new(listen);
+    cfg.max_clients = export
+        .max_clients
+        .map_or(DEFAULT_MAX_CLIENTS, |n| n as usize);
+    cfg.handshake_timeout = Duration::from_secs(
+        export
             .handshake_timeout
             .unwrap_or(DEFAULT_HANDSHAKE_TIMEOUT.as_secs()),
-        idle_timeout: export.idle_timeout.unwrap_or(0),
-        tls,
-        tls_certificates,
-        tls_verify_peer: export.tls_verify_peer,
-        allow_insecure_tcp: export.allow_insecure_tcp,
-    })
+    );
+    cfg.idle_timeout = export
+        .idle_timeout
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
+    // The certificates are loaded by the daemon when the export starts.
+    cfg.tls = tls_certificates
+        .map(|dir| NbdTls::new(dir, tls == TlsMode::Require, export.tls_verify_peer));
+    cfg.allow_insecure_tcp = export.allow_insecure_tcp;
+    Ok(cfg)
 }
 
 /// Reads a table from `--table`, `--table-file` or standard input. Inline tables may not
@@ -790,14 +798,14 @@ mod default_export_tests {
         let run = control::runtime_dir().unwrap();
         let none = ExportArgs::default();
         match default_export("vol", &none, true).unwrap() {
-            ExportSpec::Ublk { queues, depth } => {
-                assert_eq!(queues, None);
-                assert_eq!(depth, cryptblk_export::ublk::DEFAULT_QUEUE_DEPTH);
+            ExportConfig::Ublk(u) => {
+                assert_eq!(u.queues, None);
+                assert_eq!(u.queue_depth, cryptblk_export::ublk::DEFAULT_QUEUE_DEPTH);
             }
             other => panic!("with ublk: {other:?}"),
         }
         match default_export("vol", &none, false).unwrap() {
-            ExportSpec::NbdUnix(path, _) => assert_eq!(path, run.join("vol.sock")),
+            ExportConfig::Nbd(n) => assert_eq!(n.listen, NbdListen::Unix(run.join("vol.sock"))),
             other => panic!("without ublk: {other:?}"),
         }
         // The choice is only made when no export is asked for.
@@ -807,7 +815,7 @@ mod default_export_tests {
         };
         assert!(matches!(
             export_spec(&asked, "vol").unwrap(),
-            ExportSpec::Fuse(_)
+            ExportConfig::Fuse(_)
         ));
         // A bad name is refused before any path is made of it.
         assert!(default_export("../x", &none, false).is_err());

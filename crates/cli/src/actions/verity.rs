@@ -2,10 +2,10 @@
 
 use super::volume::open_file;
 use crate::args::{Opts, VerityAction, VerityTreeArgs};
-use crate::daemon::ServeSpec;
 use crate::exit::{ActionResult, Failure};
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::verity::{self, VerityParams, VeritySuperblock};
+use cryptblk_volume::serve::ServeSpec;
 use cryptblk_volume::verity as lib;
 use std::path::Path;
 

@@ -3,11 +3,10 @@
 //! that pipe are here: the parent's [`spawn_stack`] and the daemon's [`read_handover`],
 //! [`report_ready`] and [`report_error`].
 
-use super::{check_stack_names, lower_names, LowerTable, ServeSpec};
 use crate::exit::{ExitCode, Failure};
 use cryptblk_volume::control as client;
+use cryptblk_volume::serve::{check_stack, LowerTable, ReadyFacts, ServeSpec};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use zeroize::Zeroizing;
@@ -31,8 +30,8 @@ struct DaemonSpec {
 /// READY facts (pid, export address, lower mappings). `lower` (`dm create --lower`, else
 /// empty) are created first, in order, in the same registry, each answering on its own
 /// control socket.
-pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<Value, Failure> {
-    check_stack_names(&spec.name, &lower_names(spec, lower))?;
+pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<ReadyFacts, Failure> {
+    check_stack(spec, lower)?;
     let log = client::runtime_dir()?.join(format!("{}.log", spec.name));
     let log_file = create_log(&log)?;
     let exe = std::env::current_exe()?;
@@ -66,7 +65,8 @@ pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<Value, Fail
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout is piped")).read_line(&mut line)?;
     if let Some(rest) = line.strip_prefix("READY ") {
-        return Ok(serde_json::from_str(rest).unwrap_or(Value::Null));
+        return serde_json::from_str(rest)
+            .map_err(|e| Failure::device(format!("malformed READY line from the daemon: {e}")));
     }
     let _ = child.wait();
     let detail = line
@@ -144,8 +144,9 @@ fn read_wiped(mut r: impl Read) -> std::io::Result<Zeroizing<Vec<u8>>> {
 }
 
 /// Tells the parent the daemon serves, with `facts` for it to print.
-pub(super) fn report_ready(facts: &Value) {
+pub(super) fn report_ready(facts: &ReadyFacts) {
     let mut ready = std::io::stdout();
+    let facts = serde_json::to_string(facts).expect("facts serialise");
     let _ = writeln!(ready, "READY {facts}");
     let _ = ready.flush();
     // Closing stdout tells the parent we are up even if it stops reading.

@@ -278,9 +278,10 @@ impl Conn {
             .config
             .tls
             .as_ref()
+            .and_then(|t| t.server_config())
             .ok_or_else(|| io::Error::other("TLS is not configured"))?;
         let mut server =
-            rustls::ServerConnection::new(Arc::clone(&tls.config)).map_err(io::Error::other)?;
+            rustls::ServerConnection::new(Arc::clone(tls)).map_err(io::Error::other)?;
         let mut timed = Timed {
             stream: &self.stream,
             deadline,

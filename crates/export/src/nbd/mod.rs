@@ -117,7 +117,7 @@ const EXPIRE_EVERY: Duration = Duration::from_millis(50);
 const LISTENER_KEY: usize = usize::MAX - 1;
 
 /// Where an [`NbdServer`] listens.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum NbdListen {
     /// A Unix stream socket at this path (created with mode 0600; a stale socket file left
     /// by a dead server is replaced, a live one is refused).
@@ -145,7 +145,7 @@ impl NbdListen {
 }
 
 /// Settings of an [`NbdServer`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct NbdConfig {
     /// Where to listen.
     pub listen: NbdListen,
@@ -336,8 +336,11 @@ impl NbdServer {
     /// as soon as this returns (the server is "ready" then).
     pub fn start(
         device: Arc<dyn BlockDevice>,
-        config: NbdConfig,
+        mut config: NbdConfig,
     ) -> Result<NbdServer, ExportError> {
+        if let Some(tls) = config.tls.as_mut() {
+            tls.load()?;
+        }
         let io = AlignedIo::new(device);
         let block_sizes = validate_block_sizes(&config, io.block_size(), io.size())?;
         if config.max_clients == 0 || config.workers == 0 || config.max_in_flight == 0 {

@@ -9,7 +9,7 @@
 //! After STARTTLS a connection's bytes go through `cryptblk_dm`'s `TlsSession`, which the
 //! NBD client backing shares: one worker reads while reply jobs write.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -48,57 +48,89 @@ impl std::str::FromStr for TlsMode {
     }
 }
 
-/// The TLS an NBD server offers ([`super::NbdConfig::tls`]).
-#[derive(Clone, Debug)]
+/// The TLS an NBD server offers ([`super::NbdConfig::tls`]): settings, which serialise
+/// (the certificates are named, not carried), and the server configuration loaded from them
+/// ([`NbdTls::load`], done by the server when it starts if not before).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct NbdTls {
+    /// The directory of `server-cert.pem`, `server-key.pem` and (with `verify_peer`)
+    /// `ca-cert.pem`.
+    pub certificates: PathBuf,
     /// Plaintext clients are refused ([`TlsMode::Require`]) or served too ([`TlsMode::On`]).
     pub require: bool,
     /// Client certificates are verified against the CA (nbdkit's `--tls-verify-peer`).
     pub verify_peer: bool,
-    /// The rustls server configuration every STARTTLS uses.
-    pub config: Arc<ServerConfig>,
+    /// The rustls server configuration every STARTTLS uses, once loaded.
+    #[serde(skip)]
+    loaded: Option<Arc<ServerConfig>>,
 }
 
 impl NbdTls {
+    /// TLS from the certificates in `dir`, not loaded yet.
+    pub fn new(dir: impl Into<PathBuf>, require: bool, verify_peer: bool) -> NbdTls {
+        NbdTls {
+            certificates: dir.into(),
+            require,
+            verify_peer,
+            loaded: None,
+        }
+    }
+
     /// Loads `dir/server-cert.pem` and `dir/server-key.pem` (and `dir/ca-cert.pem` when
     /// `verify_peer`: then a client without a certificate that CA signed fails the TLS
     /// handshake, before any option is read).
     pub fn from_dir(dir: &Path, require: bool, verify_peer: bool) -> Result<NbdTls, ExportError> {
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        check_tls_dir(dir).map_err(ExportError::Config)?;
-        let certs = load_certs(&dir.join("server-cert.pem"))?;
-        let key_path = dir.join("server-key.pem");
-        let key_pem = read_tls_file(&key_path, TlsFile::PrivateKey).map_err(ExportError::Config)?;
-        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-            ExportError::Config(format!("reading TLS key {}: {e}", key_path.display()))
-        })?;
-        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ExportError::Config(format!("TLS setup: {e}")))?;
-        let builder = if verify_peer {
-            let ca_path = dir.join("ca-cert.pem");
-            let mut roots = RootCertStore::empty();
-            for cert in load_certs(&ca_path)? {
-                roots.add(cert).map_err(|e| {
-                    ExportError::Config(format!("TLS CA {}: {e}", ca_path.display()))
-                })?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| ExportError::Config(format!("TLS client verifier: {e}")))?;
-            builder.with_client_cert_verifier(verifier)
-        } else {
-            builder.with_no_client_auth()
-        };
-        let config = builder.with_single_cert(certs, key).map_err(|e| {
-            ExportError::Config(format!("TLS certificate and key in {}: {e}", dir.display()))
-        })?;
-        Ok(NbdTls {
-            require,
-            verify_peer,
-            config: Arc::new(config),
-        })
+        let mut tls = NbdTls::new(dir, require, verify_peer);
+        tls.load()?;
+        Ok(tls)
     }
+
+    /// Loads the certificates (see [`NbdTls::from_dir`]) unless already loaded.
+    pub fn load(&mut self) -> Result<(), ExportError> {
+        if self.loaded.is_none() {
+            let config = load_server_config(&self.certificates, self.verify_peer)?;
+            self.loaded = Some(Arc::new(config));
+        }
+        Ok(())
+    }
+
+    /// The loaded server configuration; `None` before [`NbdTls::load`].
+    pub(crate) fn server_config(&self) -> Option<&Arc<ServerConfig>> {
+        self.loaded.as_ref()
+    }
+}
+
+/// The rustls server configuration of the certificates in `dir`.
+fn load_server_config(dir: &Path, verify_peer: bool) -> Result<ServerConfig, ExportError> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    check_tls_dir(dir).map_err(ExportError::Config)?;
+    let certs = load_certs(&dir.join("server-cert.pem"))?;
+    let key_path = dir.join("server-key.pem");
+    let key_pem = read_tls_file(&key_path, TlsFile::PrivateKey).map_err(ExportError::Config)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| ExportError::Config(format!("reading TLS key {}: {e}", key_path.display())))?;
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ExportError::Config(format!("TLS setup: {e}")))?;
+    let builder = if verify_peer {
+        let ca_path = dir.join("ca-cert.pem");
+        let mut roots = RootCertStore::empty();
+        for cert in load_certs(&ca_path)? {
+            roots
+                .add(cert)
+                .map_err(|e| ExportError::Config(format!("TLS CA {}: {e}", ca_path.display())))?;
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| ExportError::Config(format!("TLS client verifier: {e}")))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let config = builder.with_single_cert(certs, key).map_err(|e| {
+        ExportError::Config(format!("TLS certificate and key in {}: {e}", dir.display()))
+    })?;
+    Ok(config)
 }
 
 /// Every certificate in a PEM file (at least one).

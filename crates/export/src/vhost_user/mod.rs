@@ -61,7 +61,7 @@ pub const DEFAULT_QUEUE_SIZE: u16 = 256;
 pub const MAX_QUEUES: u16 = 64;
 
 /// Settings of a [`VhostUserExport`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VhostUserConfig {
     /// The Unix socket the frontend connects to (created 0600; a stale one is replaced).
     pub socket: PathBuf,

@@ -1,15 +1,18 @@
 //! The daemon's control sockets: one for the top mapping and one per lower mapping, each
 //! answering one [`Request`] per connection with one [`Response`]; and termination signals,
 //! which take the same path as a `close` request.
+//!
+//! Invariants: a control socket is created mode 0600 from its first instant (only its owner
+//! connects) and is never bound over one that answers; one request per connection, its line
+//! bounded by `MAX_REQUEST_LINE`; `close` refuses while the export has users unless the
+//! process is terminating (a signal arrived).
 
 use super::stack::Stack;
-use crate::exit::{ExitCode, Failure};
+use crate::control::{self as client, BackingStatus, Pipeline, Request, Response, Status};
+use crate::reencrypt::{ReencryptKeys, RunOptions};
+use crate::{ErrorClass as ExitCode, VolumeError as Failure};
 use cryptblk_cipher::{SecretBytes, SecretText};
 use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
-use cryptblk_volume::control::{
-    self as client, BackingStatus, Pipeline, Request, Response, Status,
-};
-use cryptblk_volume::reencrypt::{ReencryptKeys, RunOptions};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -627,7 +630,7 @@ fn decrypt_export(
     hash: &str,
     opts: RunOptions,
 ) -> Response {
-    use cryptblk_volume::reencrypt::{DecryptResilience, ResilienceChoice};
+    use crate::reencrypt::{DecryptResilience, ResilienceChoice};
     let bad = |m: &str| Response::error(ExitCode::WrongParameters, m);
     let k = match hex_key(key) {
         Ok(Some(k)) => k,

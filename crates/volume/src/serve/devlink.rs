@@ -18,7 +18,7 @@ pub fn link_path(name: &str) -> PathBuf {
 /// no live daemon owns it); anything else at that path is left alone. Failing to link
 /// does not fail the open (the device works under its kernel name): it is logged.
 pub(super) fn create(name: &str, dev: &Path) -> Option<PathBuf> {
-    if cryptblk_volume::control::euid() != 0 {
+    if crate::control::euid() != 0 {
         return None;
     }
     let link = link_path(name);

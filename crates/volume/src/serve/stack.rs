@@ -1,83 +1,22 @@
 //! The stack one daemon serves: the registry with its lower mappings and the top mapping,
 //! the export of the top one, and their teardown in order on close.
+//!
+//! Invariants: every file any table of the stack names is locked before the first table
+//! loads, and unlocked only after every mapping was flushed and removed; the handed-over
+//! copy of the top table (it holds the key) is wiped as soon as the live table holds it;
+//! close tears down top first (devlink, flush, export stop), then each lower mapping from
+//! the top down.
 
-use super::{lower_tables, ExportSpec, LowerTable, ServeSpec};
-use crate::exit::{ExitCode, Failure};
+use super::export::start_export;
+use super::spec::{lower_names, lower_tables, LowerTable, ServeSpec};
+use crate::control::Response;
+use crate::lock::DataLocks;
+use crate::reencrypt::{OnlineJob, OnlineRequest, ReencryptKeys, ReencryptProgress, RunOptions};
+use crate::{ErrorClass as ExitCode, VolumeError as Failure};
 use cryptblk_dm::backing::FileOptions;
 use cryptblk_dm::{BlockDevice, Mapping, Registry, TableSpec};
-use cryptblk_export::fuse::FuseConfig;
-use cryptblk_export::nbd::{NbdConfig, NbdListen};
-use cryptblk_export::ublk::UblkConfig;
-use cryptblk_export::vhost_user::VhostUserConfig;
-use cryptblk_export::{Export, ExportConfig, ExportDescription};
-use cryptblk_volume::control::Response;
-use cryptblk_volume::lock::DataLocks;
-use cryptblk_volume::reencrypt::{
-    OnlineJob, OnlineRequest, ReencryptKeys, ReencryptProgress, RunOptions,
-};
+use cryptblk_export::{Export, ExportDescription};
 use std::sync::{Arc, Mutex};
-
-/// Starts the export `spec` asks for on `device`, through the export registry.
-fn start_export(
-    spec: &ServeSpec,
-    device: Arc<dyn BlockDevice>,
-) -> Result<Box<dyn Export>, Failure> {
-    let (config, what) = match &spec.export {
-        ExportSpec::NbdUnix(path, limits) => {
-            let mut cfg = NbdConfig::unix(path);
-            limits
-                .apply(&mut cfg)
-                .map_err(|e| Failure::usage(format!("cannot start NBD server: {e}")))?;
-            cfg.read_only = spec.readonly;
-            cfg.description = format!("cryptblk {}", spec.name);
-            (
-                ExportConfig::Nbd(cfg),
-                "cannot start NBD server".to_string(),
-            )
-        }
-        ExportSpec::NbdTcp(addr, limits) => {
-            let sock = addr.parse().map_err(|_| {
-                Failure::usage(format!("invalid NBD address '{addr}' (want host:port)"))
-            })?;
-            let mut cfg = NbdConfig::new(NbdListen::Tcp(sock));
-            limits
-                .apply(&mut cfg)
-                .map_err(|e| Failure::usage(format!("cannot start NBD server: {e}")))?;
-            cfg.read_only = spec.readonly;
-            (
-                ExportConfig::Nbd(cfg),
-                "cannot start NBD server".to_string(),
-            )
-        }
-        ExportSpec::Fuse(dir) => {
-            let mut cfg = FuseConfig::new(dir);
-            cfg.read_only = spec.readonly;
-            let what = format!("cannot mount FUSE export at {}", dir.display());
-            (ExportConfig::Fuse(cfg), what)
-        }
-        ExportSpec::Ublk { queues, depth } => {
-            let cfg = UblkConfig {
-                queues: *queues,
-                queue_depth: *depth,
-                read_only: spec.readonly,
-                ..UblkConfig::default()
-            };
-            (
-                ExportConfig::Ublk(cfg),
-                "cannot start ublk export".to_string(),
-            )
-        }
-        ExportSpec::VhostUser { socket, queues } => {
-            let mut cfg = VhostUserConfig::new(socket);
-            cfg.queues = *queues;
-            cfg.read_only = spec.readonly;
-            let what = format!("cannot start vhost-user export on {}", socket.display());
-            (ExportConfig::VhostUser(cfg), what)
-        }
-        ExportSpec::None => (ExportConfig::None, String::new()),
-    };
-    cryptblk_export::start(config, device).map_err(|e| Failure::device(format!("{what}: {e}")))
-}
 
 /// True when paths `a` and `b` name the same file.
 fn same_file(a: &str, b: &str) -> bool {
@@ -111,12 +50,12 @@ pub(super) struct Stack {
 
 impl Stack {
     /// Creates the lower mappings (the keyless ones of `spec.info.lower`, then
-    /// `secret_lower`), the top one, and its export. `lower` names them all, in that order.
+    /// `secret_lower`), the top one, and its export.
     pub(super) fn build(
         mut spec: ServeSpec,
         secret_lower: Vec<LowerTable>,
-        lower: Vec<String>,
     ) -> Result<Stack, Failure> {
+        let lower = lower_names(&spec, &secret_lower);
         // A read-only volume opens every backing O_RDONLY, and its targets load read-only (an
         // integrity target then never writes: no journal replay to disk, no bitmap).
         let registry = Arc::new(Registry::with_file_options(FileOptions {
@@ -203,7 +142,7 @@ impl Stack {
     }
 
     /// Starts an online reencryption of the top mapping (see
-    /// [`cryptblk_volume::reencrypt::online`]); refused while one runs.
+    /// [`crate::reencrypt::online`]); refused while one runs.
     pub(super) fn start_reencryption(
         &self,
         keys: ReencryptKeys,
@@ -244,13 +183,13 @@ impl Stack {
 
     /// Starts an online decryption of the top mapping whose header is on its data device,
     /// the header exported to `export` (see
-    /// [`cryptblk_volume::reencrypt::online::start_decrypt_export`]); from then on the
+    /// [`crate::reencrypt::online::start_decrypt_export`]); from then on the
     /// volume is served from `export`.
     pub(super) fn start_decrypt_export(
         &self,
         key: cryptblk_cipher::SecretBytes,
         export: &str,
-        resilience: cryptblk_volume::reencrypt::DecryptResilience,
+        resilience: crate::reencrypt::DecryptResilience,
         opts: RunOptions,
     ) -> Result<(), Failure> {
         let mut job = self.idle_reencryption()?;
@@ -263,9 +202,9 @@ impl Stack {
                 self.spec.name
             )));
         }
-        let started = cryptblk_volume::reencrypt::start_decrypt_export(
+        let started = crate::reencrypt::start_decrypt_export(
             self.registry.clone(),
-            cryptblk_volume::reencrypt::ExportRequest {
+            crate::reencrypt::ExportRequest {
                 name: self.spec.name.clone(),
                 device: device.into(),
                 export: export.into(),
@@ -490,9 +429,9 @@ fn names_device(table: &str, name: &str) -> bool {
 }
 
 /// The activation flags `open` recorded for a volume served mid-reencryption (see
-/// [`cryptblk_volume::reencrypt::online::ACTIVATION_FLAGS`]), `None` when it recorded none.
+/// [`crate::reencrypt::online::ACTIVATION_FLAGS`]), `None` when it recorded none.
 fn activation_flags(info: &serde_json::Value) -> Option<cryptblk_dm::CryptFlags> {
-    let words: Vec<String> = info[cryptblk_volume::reencrypt::online::ACTIVATION_FLAGS]
+    let words: Vec<String> = info[crate::reencrypt::online::ACTIVATION_FLAGS]
         .as_array()?
         .iter()
         .filter_map(|w| w.as_str().map(str::to_string))

@@ -1,0 +1,70 @@
+//! The daemon's entry point: [`serve_stack`] builds a stack, binds its control sockets,
+//! reports [`ReadyFacts`] and answers control requests until the stack is closed.
+//!
+//! Invariants: `on_ready` runs only once the export accepts I/O and every control socket
+//! answers; the top control socket is removed last, after the stack is stopped and
+//! flushed, so a client waiting for it to vanish knows the backing is written back.
+//! SIGTERM, SIGINT and SIGHUP are blocked in the calling thread (and the threads it starts)
+//! and turned into `close`.
+
+use super::control;
+use super::facts::ReadyFacts;
+use super::spec::{check_stack, LowerTable, ServeSpec};
+use super::stack;
+use crate::VolumeError as Failure;
+
+/// Serves `spec` in this process until `close` or SIGTERM/SIGINT. `on_ready` is called once
+/// the export accepts I/O and the control sockets answer. Lower mappings are created first:
+/// the keyless ones of `spec.info.lower`, then `secret_lower` (`dm create --lower`). The top
+/// mapping is exported; every lower one answers on its own control socket; closing the top
+/// ends them all.
+pub fn serve_stack(
+    spec: ServeSpec,
+    secret_lower: Vec<LowerTable>,
+    on_ready: impl FnOnce(&ReadyFacts),
+) -> Result<(), Failure> {
+    serve_stack_with(spec, secret_lower, on_ready, |_| {})
+}
+
+/// [`serve_stack`], with `on_stopping` called (with the mapping's name) when the close
+/// begins, before the export stops: a service manager is told `STOPPING=1` there.
+pub fn serve_stack_with(
+    spec: ServeSpec,
+    secret_lower: Vec<LowerTable>,
+    on_ready: impl FnOnce(&ReadyFacts),
+    on_stopping: impl FnOnce(&str),
+) -> Result<(), Failure> {
+    control::block_termination_signals();
+    check_stack(&spec, &secret_lower)?;
+    log::info!("{}: starting (pid {})", spec.name, std::process::id());
+    let stack = stack::Stack::build(spec, secret_lower)?;
+    let mut sockets = match control::Sockets::bind(&stack.spec().name, stack.lower()) {
+        Ok(s) => s,
+        Err(f) => {
+            stack.abandon();
+            return Err(f);
+        }
+    };
+    control::spawn_signal_watcher(sockets.top_path().to_path_buf());
+    let facts = ReadyFacts {
+        name: stack.spec().name.clone(),
+        pid: std::process::id(),
+        export: stack.export_info(),
+        lower: stack.lower().to_vec(),
+    };
+    log::info!("{}: ready, serving {}", facts.name, facts.describe());
+    on_ready(&facts);
+    control::serve(&stack, &mut sockets);
+    let name = stack.spec().name.clone();
+    log::info!("{name}: closing");
+    on_stopping(&name);
+    let closed = stack.close();
+    // Last: `close` waits for the socket to vanish, so it must mean "stopped and flushed"
+    // (a ublk node gone, the backing written back) before a script reuses the backing.
+    sockets.remove();
+    match &closed {
+        Ok(()) => log::info!("{name}: closed"),
+        Err(e) => log::error!("{name}: close failed: {e}"),
+    }
+    closed
+}
