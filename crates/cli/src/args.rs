@@ -286,8 +286,9 @@ pub struct CompatOpts {
     /// runs; --key-slot chooses it).
     #[arg(long, global = true)]
     pub new_key_slot: Option<u32>,
-    /// open/reencrypt: use only this many bytes of the device (not supported yet: refused
-    /// when the action runs).
+    /// resize: the new size in bytes (a multiple of 512, units as cryptsetup's: 32m,
+    /// 1024S, ...; not with --size). open/reencrypt: use only this many bytes of the device
+    /// (not supported yet: refused when the action runs).
     #[arg(long, global = true, value_name = "BYTES")]
     pub device_size: Option<String>,
 }
@@ -304,7 +305,6 @@ impl CompatOpts {
             (self.new_keyfile_size.is_some(), "--new-keyfile-size"),
             (self.new_keyfile_offset.is_some(), "--new-keyfile-offset"),
             (self.new_key_slot.is_some(), "--new-key-slot"),
-            (self.device_size.is_some(), "--device-size"),
         ]
         .into_iter()
         .find_map(|(given, name)| given.then_some(name))
@@ -570,9 +570,6 @@ pub enum Action {
     Resize {
         /// Mapping name.
         name: String,
-        /// The new size in bytes (a multiple of 512); not with --size.
-        #[arg(long, value_name = "BYTES")]
-        device_size: Option<u64>,
     },
     /// Wipe a keyslot by number.
     #[command(name = "luksKillSlot")]
@@ -918,11 +915,14 @@ pub enum VerityAction {
         /// Hash device or image.
         #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
         hash_device: PathBuf,
-        /// Root hash (hex).
-        root_hash: String,
+        /// Root hash (hex); not with --root-hash-file.
+        root_hash: Option<String>,
         /// Where the superblock and tree start on the hash device, in bytes.
         #[arg(long, default_value_t = 0)]
         hash_offset: u64,
+        /// Read the root hash (hex) from this file, as veritysetup's option.
+        #[arg(long, value_name = "FILE")]
+        root_hash_file: Option<PathBuf>,
     },
     /// Print the superblock of a hash device.
     Dump {
@@ -952,11 +952,14 @@ pub enum VerityAction {
         /// Hash device or image.
         #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
         hash_device: PathBuf,
-        /// Root hash (hex).
-        root_hash: String,
+        /// Root hash (hex); not with --root-hash-file.
+        root_hash: Option<String>,
         /// Where the superblock and tree start on the hash device, in bytes.
         #[arg(long, default_value_t = 0)]
         hash_offset: u64,
+        /// Read the root hash (hex) from this file, as veritysetup's option.
+        #[arg(long, value_name = "FILE")]
+        root_hash_file: Option<PathBuf>,
         /// Where to serve it.
         #[command(flatten)]
         export: ExportArgs,
@@ -987,6 +990,9 @@ pub struct VerityTreeArgs {
     /// Do not write a superblock.
     #[arg(long)]
     pub no_superblock: bool,
+    /// Also write the root hash (hex, no newline) to this file, as veritysetup does.
+    #[arg(long, value_name = "FILE")]
+    pub root_hash_file: Option<PathBuf>,
 }
 
 /// `integrity`: dm-integrity devices, as integritysetup.

@@ -326,12 +326,18 @@ fn clap_option(
     long: Option<&str>,
     short: Option<char>,
 ) -> Option<(String, bool)> {
-    let arg = cmd.get_arguments().find(|a| {
+    let matches = |a: &&clap::Arg| {
         if let Some(l) = long {
             a.get_long() == Some(l) || a.get_all_aliases().is_some_and(|v| v.contains(&l))
         } else {
             short.is_some() && a.get_short() == short
         }
+    };
+    // An option before a group's inner action (`verity --hash-offset N format ...`) is one
+    // of the inner actions' options.
+    let arg = cmd.get_arguments().find(matches).or_else(|| {
+        cmd.get_subcommands()
+            .find_map(|s| s.get_arguments().find(matches))
     })?;
     let name = arg.get_long().unwrap_or(arg.get_id().as_str()).to_string();
     Some((name, arg.get_action().takes_values()))
@@ -353,20 +359,25 @@ fn cs_option(long: Option<&str>, short: Option<char>) -> Option<&'static CsOpt> 
 /// Reads the command line as popt would: options anywhere, `--name=value`, `--name value`,
 /// `-xVALUE`, `-x VALUE`, clusters of short flags, `--` ending the options. Returns the
 /// options given and the indices (into `args`) of the positional words.
-fn scan(root: &clap::Command, args: &[String]) -> (Vec<Given>, Vec<usize>) {
+fn scan<'c>(root: &'c clap::Command, args: &[String]) -> (Vec<Given>, Vec<usize>) {
     let mut given = Vec::new();
     let mut positional = Vec::new();
-    let mut sub: Option<&clap::Command> = None;
+    let mut sub: Option<&'c clap::Command> = None;
     let mut i = 1;
     let mut options_end = false;
     while i < args.len() {
         let a = &args[i];
         let cmd = sub.unwrap_or(root);
         if options_end || a == "-" || !a.starts_with('-') {
-            if positional.is_empty() {
-                sub = root
-                    .get_subcommands()
-                    .find(|s| s.get_name() == a || s.get_all_aliases().any(|x| x == a));
+            let find = |c: &'c clap::Command| {
+                c.get_subcommands()
+                    .find(|s| s.get_name() == a || s.get_all_aliases().any(|x| x == a))
+            };
+            match positional.len() {
+                0 => sub = find(root),
+                // The inner action of a group (`verity format`, `integrity open`).
+                1 => sub = sub.and_then(|g| find(g).or(Some(g))),
+                _ => {}
             }
             positional.push(i);
             i += 1;
@@ -598,7 +609,9 @@ pub fn check(args: Vec<OsString>) -> Result<Checked, String> {
     };
     let Some(&(_, required, desc)) = CS_ACTIONS.iter().find(|(a, _, _)| *a == action) else {
         // Not one of cryptsetup's actions: cryptblk's own grammar decides alone.
-        return Ok(Checked { argv: args });
+        return Ok(Checked {
+            argv: group_options_after_action(&root, args, &positional),
+        });
     };
     for g in &given {
         if let Some(c) = cs_option(Some(&g.long), None) {
@@ -907,6 +920,31 @@ pub fn check(args: Vec<OsString>) -> Result<Checked, String> {
     })
 }
 
+/// veritysetup and integritysetup take options before their action
+/// (`veritysetup --hash-offset N format ...`), which cryptblk runs as `cryptblk verity
+/// --hash-offset N format ...`: the options between a group (`verity`, `integrity`, `dm`)
+/// and its inner action move after the inner action, where clap looks for them.
+fn group_options_after_action(
+    root: &clap::Command,
+    args: Vec<OsString>,
+    positional: &[usize],
+) -> Vec<OsString> {
+    let (Some(&group), Some(&inner)) = (positional.first(), positional.get(1)) else {
+        return args;
+    };
+    let is_group = root
+        .find_subcommand(args[group].to_string_lossy().as_ref())
+        .is_some_and(|g| g.has_subcommands());
+    if !is_group || inner == group + 1 {
+        return args;
+    }
+    let mut out: Vec<OsString> = args[..=group].to_vec();
+    out.push(args[inner].clone());
+    out.extend(args[group + 1..inner].iter().cloned());
+    out.extend(args[inner + 1..].iter().cloned());
+    out
+}
+
 /// Brings cryptsetup's spellings to cryptblk's grammar: action aliases become the action
 /// they stand for (with their `--type`), and positionals beyond what cryptblk's action takes
 /// are dropped as cryptsetup ignores them.
@@ -1032,7 +1070,18 @@ mod tests {
         );
         assert!(run("luksFormat DEV -S-2").is_err());
         assert!(run("luksFormat DEV -S 2").is_ok());
-        // cryptblk's own actions are left to clap.
-        assert!(run("verity format --data-blocks 3 a b").is_ok());
+        // cryptblk's own actions are left to clap, options before a group's action moved.
+        assert_eq!(
+            run("verity --data-blocks 3 --hash-offset=8 format a b").unwrap(),
+            [
+                "verity",
+                "format",
+                "--data-blocks",
+                "3",
+                "--hash-offset=8",
+                "a",
+                "b"
+            ]
+        );
     }
 }

@@ -145,6 +145,15 @@ fn run(cli: args::Cli) -> ActionResult {
             "Option {option} is not supported by cryptblk."
         )));
     }
+    let sized = matches!(
+        cli.action,
+        Action::Open(_) | Action::LoopaesOpen(_) | Action::Reencrypt { .. }
+    );
+    if sized && o.compat.device_size.is_some() {
+        return Err(Failure::usage(
+            "Option --device-size is not supported by cryptblk.",
+        ));
+    }
     match &cli.action {
         Action::Open(a) if o.compat.refresh => {
             // cryptsetup's `open --refresh DEVICE NAME` (or `open --refresh NAME`).
@@ -179,7 +188,15 @@ fn run(cli: args::Cli) -> ActionResult {
         }
         Action::LuksSuspend { name } => actions::lifecycle::suspend(name),
         Action::LuksResume { name } => actions::lifecycle::resume(o, name),
-        Action::Resize { name, device_size } => actions::lifecycle::resize(o, name, *device_size),
+        Action::Resize { name } => {
+            // args_check has refused a size it cannot read.
+            let size = o
+                .compat
+                .device_size
+                .as_deref()
+                .and_then(args_check::parse_size);
+            actions::lifecycle::resize(o, name, size)
+        }
         Action::LuksKillSlot {
             device,
             slot,
