@@ -815,18 +815,13 @@ pub fn check(args: Vec<OsString>) -> Result<Checked, String> {
             tcrypt_checks()?;
         }
         "tcryptDump" => tcrypt_checks()?,
-        "close" => {
-            if set.has("cancel-deferred") && set.has("deferred") {
-                return Err(
-                    "Options --cancel-deferred and --deferred cannot be used at the same time."
-                        .into(),
-                );
-            }
+        "close" if set.has("cancel-deferred") && set.has("deferred") => {
+            return Err(
+                "Options --cancel-deferred and --deferred cannot be used at the same time.".into(),
+            );
         }
-        "resize" => {
-            if set.has("device-size") && set.has("size") {
-                return Err("Options --device-size and --size cannot be combined.".into());
-            }
+        "resize" if set.has("device-size") && set.has("size") => {
+            return Err("Options --device-size and --size cannot be combined.".into());
         }
         "reencrypt" => {
             if is("luks1") && set.has("active-name") {
