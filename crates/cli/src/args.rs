@@ -12,7 +12,8 @@ use std::path::PathBuf;
     about,
     long_about = None,
     disable_help_subcommand = true,
-    disable_help_flag = true
+    disable_help_flag = true,
+    args_override_self = true
 )]
 pub struct Cli {
     /// Print help (`-h` is `--hash`, as in cryptsetup).
@@ -145,7 +146,7 @@ pub struct Opts {
     #[arg(long, global = true)]
     pub luks2_keyslots_size: Option<String>,
     /// Use the volume key in this file instead of a keyslot (or as the new key for luksFormat).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
     /// Header backup file for luksHeaderBackup / luksHeaderRestore.
     #[arg(long, global = true)]
@@ -211,6 +212,103 @@ pub struct Opts {
     /// LUKS2 token options (the `token` action and unlock by token).
     #[command(flatten)]
     pub token: TokenOpts,
+    /// cryptsetup options kept for its command lines (`--test-args`, `--shared`, ...).
+    #[command(flatten)]
+    pub compat: CompatOpts,
+}
+
+/// cryptsetup options that cryptblk takes so cryptsetup's command lines parse; which action
+/// takes which is checked up front as cryptsetup checks it (`args_check`). Some change
+/// nothing in cryptblk (said below); the rest are refused when the action runs
+/// ([`CompatOpts::unsupported`]).
+#[derive(Args, Debug, Default, Clone)]
+pub struct CompatOpts {
+    /// Only check the command line (as cryptsetup does), then exit 0 without doing anything.
+    #[arg(long, global = true)]
+    pub test_args: bool,
+    /// open --type plain: share the device with another mapping (cryptblk never opens a
+    /// device exclusively, so this changes nothing).
+    #[arg(long, global = true)]
+    pub shared: bool,
+    /// open: accepted, no effect (cryptblk takes no global lock around memory-hard PBKDFs).
+    #[arg(long, global = true)]
+    pub serialize_memory_hard_pbkdf: bool,
+    /// luksFormat/reencrypt: accepted; new volume keys always come from getrandom(2), which
+    /// gives what /dev/random gives once the kernel's pool is ready.
+    #[arg(long, global = true)]
+    pub use_random: bool,
+    /// luksFormat/reencrypt: accepted, as --use-random.
+    #[arg(long, global = true)]
+    pub use_urandom: bool,
+    /// open: change the flags of a served volume, as the `refresh` action.
+    #[arg(long, global = true)]
+    pub refresh: bool,
+    /// Accepted; cryptblk's own header and data locks (OFD locks on the device itself, not
+    /// cryptsetup's lock files) stay on.
+    #[arg(long, global = true)]
+    pub disable_locks: bool,
+    /// Accepted; cryptblk does not load volume keys into the kernel keyring.
+    #[arg(long, global = true)]
+    pub disable_keyring: bool,
+    /// Accepted; cryptblk loads no external token plugins.
+    #[arg(long, global = true)]
+    pub disable_external_tokens: bool,
+    /// Accepted; cryptblk has no password quality check to disable.
+    #[arg(long, global = true)]
+    pub force_password: bool,
+    /// open --type plain with --sector-size over 512: IVs counted in sectors of that size
+    /// (not supported yet: refused when the action runs).
+    #[arg(long, global = true)]
+    pub iv_large_sectors: bool,
+    /// luksFormat: align the data at a multiple of SECTORS (not supported yet: refused when
+    /// the action runs; --offset places the data).
+    #[arg(long, global = true, value_name = "SECTORS")]
+    pub align_payload: Option<u32>,
+    /// LUKS2 keyslot area cipher (not supported yet: refused when the action runs).
+    #[arg(long, global = true)]
+    pub keyslot_cipher: Option<String>,
+    /// LUKS2 keyslot area key size in bits (not supported yet: refused when the action runs).
+    #[arg(long, global = true, value_name = "BITS")]
+    pub keyslot_key_size: Option<u32>,
+    /// luksAddKey: read the new key from this file (not supported yet: refused when the
+    /// action runs; give it as the positional argument).
+    #[arg(long, global = true)]
+    pub new_keyfile: Option<PathBuf>,
+    /// luksAddKey: bytes to read from the new key file (not supported yet: refused when the
+    /// action runs).
+    #[arg(long, global = true)]
+    pub new_keyfile_size: Option<u32>,
+    /// luksAddKey: bytes to skip in the new key file (not supported yet: refused when the
+    /// action runs).
+    #[arg(long, global = true)]
+    pub new_keyfile_offset: Option<u64>,
+    /// luksAddKey: the slot for the new key (not supported yet: refused when the action
+    /// runs; --key-slot chooses it).
+    #[arg(long, global = true)]
+    pub new_key_slot: Option<u32>,
+    /// resize: the new size in bytes (a multiple of 512, units as cryptsetup's: 32m,
+    /// 1024S, ...; not with --size). open/reencrypt: use only this many bytes of the device
+    /// (not supported yet: refused when the action runs).
+    #[arg(long, global = true, value_name = "BYTES")]
+    pub device_size: Option<String>,
+}
+
+impl CompatOpts {
+    /// The first option given that cryptblk takes but does not implement yet.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        [
+            (self.iv_large_sectors, "--iv-large-sectors"),
+            (self.align_payload.is_some(), "--align-payload"),
+            (self.keyslot_cipher.is_some(), "--keyslot-cipher"),
+            (self.keyslot_key_size.is_some(), "--keyslot-key-size"),
+            (self.new_keyfile.is_some(), "--new-keyfile"),
+            (self.new_keyfile_size.is_some(), "--new-keyfile-size"),
+            (self.new_keyfile_offset.is_some(), "--new-keyfile-offset"),
+            (self.new_key_slot.is_some(), "--new-key-slot"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
 }
 
 /// cryptsetup's TCRYPT options; global like cryptsetup's.
@@ -472,9 +570,6 @@ pub enum Action {
     Resize {
         /// Mapping name.
         name: String,
-        /// The new size in bytes (a multiple of 512); not with --size.
-        #[arg(long, value_name = "BYTES")]
-        device_size: Option<u64>,
     },
     /// Wipe a keyslot by number.
     #[command(name = "luksKillSlot")]
@@ -837,11 +932,14 @@ pub enum VerityAction {
         /// Hash device or image.
         #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
         hash_device: PathBuf,
-        /// Root hash (hex).
-        root_hash: String,
+        /// Root hash (hex); not with --root-hash-file.
+        root_hash: Option<String>,
         /// Where the superblock and tree start on the hash device, in bytes.
         #[arg(long, default_value_t = 0)]
         hash_offset: u64,
+        /// Read the root hash (hex) from this file, as veritysetup's option.
+        #[arg(long, value_name = "FILE")]
+        root_hash_file: Option<PathBuf>,
     },
     /// Print the superblock of a hash device.
     Dump {
@@ -871,11 +969,14 @@ pub enum VerityAction {
         /// Hash device or image.
         #[arg(id = "hash_device", value_name = "HASH_DEVICE")]
         hash_device: PathBuf,
-        /// Root hash (hex).
-        root_hash: String,
+        /// Root hash (hex); not with --root-hash-file.
+        root_hash: Option<String>,
         /// Where the superblock and tree start on the hash device, in bytes.
         #[arg(long, default_value_t = 0)]
         hash_offset: u64,
+        /// Read the root hash (hex) from this file, as veritysetup's option.
+        #[arg(long, value_name = "FILE")]
+        root_hash_file: Option<PathBuf>,
         /// Where to serve it.
         #[command(flatten)]
         export: ExportArgs,
@@ -906,6 +1007,9 @@ pub struct VerityTreeArgs {
     /// Do not write a superblock.
     #[arg(long)]
     pub no_superblock: bool,
+    /// Also write the root hash (hex, no newline) to this file, as veritysetup does.
+    #[arg(long, value_name = "FILE")]
+    pub root_hash_file: Option<PathBuf>,
 }
 
 /// `integrity`: dm-integrity devices, as integritysetup.

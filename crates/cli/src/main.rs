@@ -2,6 +2,7 @@
 
 mod actions;
 mod args;
+mod args_check;
 mod daemon;
 mod exit;
 mod logger;
@@ -26,7 +27,13 @@ fn main() {
     let parsed = if std::env::args().nth(1).as_deref() == Some("bench") {
         args::BenchCli::try_parse_from(std::env::args().skip(1)).map(args::BenchCli::into_cli)
     } else {
-        args::Cli::try_parse()
+        match args_check::check(std::env::args_os().collect()) {
+            Ok(checked) => args::Cli::try_parse_from(checked.argv),
+            Err(message) => {
+                eprintln!("{message}");
+                std::process::exit(ExitCode::WrongParameters as i32);
+            }
+        }
     };
     let mut cli = match parsed {
         Ok(cli) => cli,
@@ -46,6 +53,10 @@ fn main() {
     if let Err(m) = cli.one_key_file() {
         eprintln!("{m}");
         std::process::exit(ExitCode::WrongParameters as i32);
+    }
+    if cli.opts.compat.test_args {
+        println!("No action taken. Invoked with --test-args option.");
+        return;
     }
     if let Err(f) = run(cli) {
         if stdout_reader_gone() {
@@ -113,7 +124,29 @@ fn run(cli: args::Cli) -> ActionResult {
     if let Some(secs) = o.token.token_timeout {
         cryptblk_volume::token::clevis::tang::set_timeout(std::time::Duration::from_secs(secs));
     }
+    if let Some(option) = o.compat.unsupported() {
+        return Err(Failure::usage(format!(
+            "Option {option} is not supported by cryptblk."
+        )));
+    }
+    let sized = matches!(
+        cli.action,
+        Action::Open(_) | Action::LoopaesOpen(_) | Action::Reencrypt { .. }
+    );
+    if sized && o.compat.device_size.is_some() {
+        return Err(Failure::usage(
+            "Option --device-size is not supported by cryptblk.",
+        ));
+    }
     match &cli.action {
+        Action::Open(a) if o.compat.refresh => {
+            // cryptsetup's `open --refresh DEVICE NAME` (or `open --refresh NAME`).
+            let name = a
+                .name
+                .clone()
+                .unwrap_or_else(|| a.device.to_string_lossy().into_owned());
+            luks::refresh(o, &name, &a.perf)
+        }
         Action::LuksFormat { device, key_file } => {
             luks::luks_format(o, device, key_file.as_deref())
         }
@@ -139,7 +172,15 @@ fn run(cli: args::Cli) -> ActionResult {
         }
         Action::LuksSuspend { name } => actions::lifecycle::suspend(name),
         Action::LuksResume { name } => actions::lifecycle::resume(o, name),
-        Action::Resize { name, device_size } => actions::lifecycle::resize(o, name, *device_size),
+        Action::Resize { name } => {
+            // args_check has refused a size it cannot read.
+            let size = o
+                .compat
+                .device_size
+                .as_deref()
+                .and_then(args_check::parse_size);
+            actions::lifecycle::resize(o, name, size)
+        }
         Action::LuksKillSlot {
             device,
             slot,

@@ -22,8 +22,10 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             hash_device,
             root_hash,
             hash_offset,
+            root_hash_file,
         } => {
-            let (params, root) = lib::load(hash_device, *hash_offset, root_hash)?;
+            let root_hash = root_hash_hex(root_hash, root_hash_file, "verify")?;
+            let (params, root) = lib::load(hash_device, *hash_offset, &root_hash)?;
             lib::verify(data, hash_device, &params, &root)?;
             if opts.verbose {
                 eprintln!("Verification of data area succeeded.");
@@ -50,10 +52,12 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             hash_device,
             root_hash,
             hash_offset,
+            root_hash_file,
             export,
         } => {
             cryptblk_volume::control::check_name(name)?;
-            let (params, root) = lib::load(hash_device, *hash_offset, root_hash)?;
+            let root_hash = root_hash_hex(root_hash, root_hash_file, "open")?;
+            let (params, root) = lib::load(hash_device, *hash_offset, &root_hash)?;
             let plan = lib::plan(data, hash_device, name, &params, &root)?;
             let spec = ServeSpec {
                 name: plan.name.clone(),
@@ -65,6 +69,32 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             super::serving::start(spec, export, opts.json)
         }
     }
+}
+
+/// The root hash: from --root-hash-file when given (veritysetup then ignores the
+/// positional one), else the positional argument.
+fn root_hash_hex(
+    positional: &Option<String>,
+    file: &Option<std::path::PathBuf>,
+    action: &str,
+) -> Result<String, Failure> {
+    let Some(file) = file else {
+        return positional.clone().ok_or_else(|| {
+            let args = if action == "open" {
+                "<data_device> <name> <hash_device> <root_hash>"
+            } else {
+                "<data_device> <hash_device> <root_hash>"
+            };
+            Failure::usage(format!("{action}: requires {args} as arguments"))
+        });
+    };
+    let invalid = || Failure::usage(format!("Invalid root hash file {}.", file.display()));
+    if !std::fs::metadata(file).map_err(|_| invalid())?.is_file() {
+        return Err(invalid());
+    }
+    let text = std::fs::read_to_string(file)
+        .map_err(|_| Failure::usage(format!("Cannot read root hash file {}.", file.display())))?;
+    Ok(text.trim_end().to_string())
 }
 
 /// `verity format`: prints what veritysetup prints, the root hash last.
@@ -103,5 +133,22 @@ fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> A
         )?
     );
     println!("Root hash:      \t{}", hex::encode(&done.root_hash));
+    if let Some(file) = &t.root_hash_file {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(file)
+            .and_then(|mut f| f.write_all(hex::encode(&done.root_hash).as_bytes()))
+            .map_err(|_| {
+                Failure::usage(format!(
+                    "Cannot create root hash file {} for writing.",
+                    file.display()
+                ))
+            })?;
+    }
     Ok(())
 }
