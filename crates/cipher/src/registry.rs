@@ -98,7 +98,9 @@ static REGISTRY: &[Implementation] = &[
         name: "vaes-avx512-xts",
         description: "hand-written AES-XTS: VAES + AVX-512, zmm (4 blocks per instruction)",
         algorithms: XTS_X86_ALGS,
-        priority: || 410,
+        // Below AWS-LC (400): for 512-bit keys AWS-LC's AVX-512 XTS is as fast
+        // (docs/bench/xts-paths.md) and maintained; for 256-bit keys AWS-LC has no XTS.
+        priority: || 390,
         available: || XtsPath::VaesAvx512.available(),
         supports: xts_x86::supports,
         build: |spec, key| xts_x86::engine(XtsPath::VaesAvx512, spec, key),

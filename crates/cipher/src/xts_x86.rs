@@ -189,8 +189,49 @@ macro_rules! mulx_body {
     }};
 }
 
+/// `enc8`/`dec8`: one AES round on 8 vectors in one `asm!` block. Why asm: with intrinsics,
+/// LLVM's scheduler on 16 vector registers (xmm, ymm) reorders the rounds into two blocks
+/// at a time to save registers, which leaves the AES units waiting on latency; one asm
+/// statement per round needs all 8 blocks in registers at once, so they stay interleaved.
+macro_rules! asm8 {
+    ($feat:literal, $V:ty, $cls:ident, "aes") => {
+        // Legacy SSE encoding, two operands: `aesenc x, k`.
+        asm8!(@one enc8, $feat, $V, $cls,
+            "aesenc {0}, {8}\n aesenc {1}, {8}\n aesenc {2}, {8}\n aesenc {3}, {8}\n",
+            "aesenc {4}, {8}\n aesenc {5}, {8}\n aesenc {6}, {8}\n aesenc {7}, {8}");
+        asm8!(@one dec8, $feat, $V, $cls,
+            "aesdec {0}, {8}\n aesdec {1}, {8}\n aesdec {2}, {8}\n aesdec {3}, {8}\n",
+            "aesdec {4}, {8}\n aesdec {5}, {8}\n aesdec {6}, {8}\n aesdec {7}, {8}");
+    };
+    ($feat:literal, $V:ty, $cls:ident, "vaes") => {
+        // VEX/EVEX encoding, three operands: `vaesenc x, x, k`.
+        asm8!(@one enc8, $feat, $V, $cls,
+            "vaesenc {0}, {0}, {8}\n vaesenc {1}, {1}, {8}\n vaesenc {2}, {2}, {8}\n vaesenc {3}, {3}, {8}\n",
+            "vaesenc {4}, {4}, {8}\n vaesenc {5}, {5}, {8}\n vaesenc {6}, {6}, {8}\n vaesenc {7}, {7}, {8}");
+        asm8!(@one dec8, $feat, $V, $cls,
+            "vaesdec {0}, {0}, {8}\n vaesdec {1}, {1}, {8}\n vaesdec {2}, {2}, {8}\n vaesdec {3}, {3}, {8}\n",
+            "vaesdec {4}, {4}, {8}\n vaesdec {5}, {5}, {8}\n vaesdec {6}, {6}, {8}\n vaesdec {7}, {7}, {8}");
+    };
+    (@one $name:ident, $feat:literal, $V:ty, $cls:ident, $a:literal, $b:literal) => {
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn $name(x: &mut [$V; 8], k: $V) {
+            // SAFETY: register-only AES rounds; the features are enabled on this function.
+            unsafe {
+                std::arch::asm!(
+                    $a, $b,
+                    inout($cls) x[0], inout($cls) x[1], inout($cls) x[2], inout($cls) x[3],
+                    inout($cls) x[4], inout($cls) x[5], inout($cls) x[6], inout($cls) x[7],
+                    in($cls) k,
+                    options(pure, nomem, nostack, preserves_flags)
+                );
+            }
+        }
+    };
+}
+
 /// The shared per-width XTS loop; the module it expands in defines `V`, `LANES` and the
-/// vector helpers (`ld`, `st`, `xor`, `bc`, `enc`, `enclast`, `dec`, `declast`, `step`,
+/// vector helpers (`ld`, `st`, `xor`, `bc`, `enc8`, `enclast`, `dec8`, `declast`, `step`,
 /// `first`, `lane0`).
 macro_rules! xts_core {
     ($feat:literal) => {
@@ -263,12 +304,10 @@ macro_rules! xts_core {
                         x[j] = xor(ld(inp.add(off + 16 * LANES * j)), xor(tw[j], rk[0]));
                     }
                     for r in 1..R {
-                        for j in 0..8 {
-                            x[j] = if DEC {
-                                dec(x[j], rk[r])
-                            } else {
-                                enc(x[j], rk[r])
-                            };
+                        if DEC {
+                            dec8(&mut x, rk[r]);
+                        } else {
+                            enc8(&mut x, rk[r]);
                         }
                     }
                     for j in 0..8 {
@@ -336,18 +375,8 @@ mod aesni {
     }
     #[target_feature(enable = "aes,sse4.1,pclmulqdq")]
     #[inline]
-    fn enc(a: V, k: V) -> V {
-        _mm_aesenc_si128(a, k)
-    }
-    #[target_feature(enable = "aes,sse4.1,pclmulqdq")]
-    #[inline]
     fn enclast(a: V, k: V) -> V {
         _mm_aesenclast_si128(a, k)
-    }
-    #[target_feature(enable = "aes,sse4.1,pclmulqdq")]
-    #[inline]
-    fn dec(a: V, k: V) -> V {
-        _mm_aesdec_si128(a, k)
     }
     #[target_feature(enable = "aes,sse4.1,pclmulqdq")]
     #[inline]
@@ -371,6 +400,7 @@ mod aesni {
         v
     }
 
+    asm8!("aes,sse4.1,pclmulqdq", V, xmm_reg, "aes");
     xts_core!("aes,sse4.1,pclmulqdq");
 }
 
@@ -405,18 +435,8 @@ mod avx2 {
     }
     #[target_feature(enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq")]
     #[inline]
-    fn enc(a: V, k: V) -> V {
-        _mm256_aesenc_epi128(a, k)
-    }
-    #[target_feature(enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq")]
-    #[inline]
     fn enclast(a: V, k: V) -> V {
         _mm256_aesenclast_epi128(a, k)
-    }
-    #[target_feature(enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq")]
-    #[inline]
-    fn dec(a: V, k: V) -> V {
-        _mm256_aesdec_epi128(a, k)
     }
     #[target_feature(enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq")]
     #[inline]
@@ -451,6 +471,12 @@ mod avx2 {
         _mm256_castsi256_si128(v)
     }
 
+    asm8!(
+        "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq",
+        V,
+        ymm_reg,
+        "vaes"
+    );
     xts_core!("aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq");
 }
 
@@ -495,22 +521,8 @@ mod avx512 {
         enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl"
     )]
     #[inline]
-    fn enc(a: V, k: V) -> V {
-        _mm512_aesenc_epi128(a, k)
-    }
-    #[target_feature(
-        enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl"
-    )]
-    #[inline]
     fn enclast(a: V, k: V) -> V {
         _mm512_aesenclast_epi128(a, k)
-    }
-    #[target_feature(
-        enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl"
-    )]
-    #[inline]
-    fn dec(a: V, k: V) -> V {
-        _mm512_aesdec_epi128(a, k)
     }
     #[target_feature(
         enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl"
@@ -572,6 +584,12 @@ mod avx512 {
         _mm512_castsi512_si128(v)
     }
 
+    asm8!(
+        "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl",
+        V,
+        zmm_reg,
+        "vaes"
+    );
     xts_core!("aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl");
 }
 
