@@ -13,6 +13,7 @@
 pub mod aead;
 mod awslc;
 mod block;
+mod cpu;
 mod dmcipher;
 mod elephant;
 pub mod hash;
@@ -30,8 +31,10 @@ mod serpent_fast;
 pub mod spec;
 pub mod tcrypt_cbc;
 mod twofish_fast;
+pub mod xts_x86;
 
 pub use awslc::RawBulkXts;
+pub use cpu::{cpu_features, cpu_features_summary, CpuFeatures, CPU_MASK_ENV};
 pub use locked::lock_backend_memory;
 pub use measure::{measure, Throughput};
 pub use registry::{

@@ -5,6 +5,7 @@
 use crate::dmcipher::{DmCipher, ModeEngine, NullEngine, SectorLayer};
 use crate::iv::IvGenerator;
 use crate::spec::{CipherSpec, SectorOptions};
+use crate::xts_x86::{self, XtsPath};
 use crate::{awslc, rustcrypto, CipherError, SectorCipher};
 
 /// One entry of [`implementations`], for `cryptblk ciphers`.
@@ -39,15 +40,17 @@ struct Implementation {
     build: EngineBuilder,
 }
 
-#[cfg(target_arch = "x86_64")]
+/// AES-NI with PCLMULQDQ, as `CRYPTBLK_CPU_MASK` leaves it.
 fn has_aes_ni() -> bool {
-    std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq")
+    let f = crate::cpu::cpu_features();
+    f.aesni && f.pclmul
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-fn has_aes_ni() -> bool {
-    false
-}
+/// The key sizes the hand-written XTS paths cover (both AES-XTS sizes).
+const XTS_X86_ALGS: &[(&str, &str, usize)] = &[
+    ("xts(aes) (256-bit keys)", "aes-xts-plain64", 32),
+    ("xts(aes) (512-bit keys)", "aes-xts-plain64", 64),
+];
 
 const RUSTCRYPTO_ALGS: &[(&str, &str, usize)] = &[
     ("xts(aes)", "aes-xts-plain64", 32),
@@ -77,11 +80,48 @@ static REGISTRY: &[Implementation] = &[
             ("cbc(aes)", "aes-cbc-plain64", 32),
         ],
         // Without AES-NI AWS-LC still runs (constant-time vector code), but then it has no
-        // edge over the portable implementation.
-        priority: || if has_aes_ni() { 400 } else { 150 },
+        // edge over the portable implementation. Without AVX-512 its XTS is AES-NI code:
+        // below the VAES-AVX2 path, above our AES-NI path (a maintained library at parity).
+        priority: || {
+            let f = crate::cpu::cpu_features();
+            match (has_aes_ni(), f.avx512 && f.vaes) {
+                (false, _) => 150,
+                (true, false) => 320,
+                (true, true) => 400,
+            }
+        },
         available: || true,
         supports: awslc::supports,
         build: awslc::engine,
+    },
+    Implementation {
+        name: "vaes-avx512-xts",
+        description: "hand-written AES-XTS: VAES + AVX-512, zmm (4 blocks per instruction)",
+        algorithms: XTS_X86_ALGS,
+        // Below AWS-LC (400): for 512-bit keys AWS-LC's AVX-512 XTS is as fast
+        // (docs/bench/xts-paths.md) and maintained; for 256-bit keys AWS-LC has no XTS.
+        priority: || 390,
+        available: || XtsPath::VaesAvx512.available(),
+        supports: xts_x86::supports,
+        build: |spec, key| xts_x86::engine(XtsPath::VaesAvx512, spec, key),
+    },
+    Implementation {
+        name: "vaes-avx2-xts",
+        description: "hand-written AES-XTS: VAES + AVX2, ymm (2 blocks per instruction)",
+        algorithms: XTS_X86_ALGS,
+        priority: || 350,
+        available: || XtsPath::VaesAvx2.available(),
+        supports: xts_x86::supports,
+        build: |spec, key| xts_x86::engine(XtsPath::VaesAvx2, spec, key),
+    },
+    Implementation {
+        name: "aesni-xts",
+        description: "hand-written AES-XTS: AES-NI, xmm (8 blocks in flight)",
+        algorithms: XTS_X86_ALGS,
+        priority: || 300,
+        available: || XtsPath::AesNi.available(),
+        supports: xts_x86::supports,
+        build: |spec, key| xts_x86::engine(XtsPath::AesNi, spec, key),
     },
     Implementation {
         name: "rustcrypto",

@@ -75,7 +75,12 @@ pub fn benchmark(opts: &Opts) -> ActionResult {
     if !opts.json {
         println!("# Tests are approximate using memory only (no storage IO).");
         println!("# Ciphers: {sector}-byte encryption sectors, 4 KiB per call.");
+        println!(
+            "# CPU features: {}",
+            cryptblk_cipher::cpu_features_summary()
+        );
     }
+    rows.push(json!({ "kind": "cpu", "features": cryptblk_cipher::cpu_features_summary() }));
     if opts.cipher.is_none() {
         for h in ["sha1", "sha256", "sha512", "ripemd160", "whirlpool"] {
             let alg = HashAlgorithm::from_name(h)?;
@@ -86,6 +91,7 @@ pub fn benchmark(opts: &Opts) -> ActionResult {
             }
             rows.push(json!({ "kind": "pbkdf2", "hash": h, "iterations_per_second": per_s }));
         }
+        argon2_rows(opts, &mut rows)?;
     }
     let wanted: Vec<(String, usize)> = match &opts.cipher {
         Some(c) => vec![(
@@ -103,6 +109,8 @@ pub fn benchmark(opts: &Opts) -> ActionResult {
     let impls = cryptblk_cipher::implementations();
     for (spec, bits) in wanted {
         let mut any = false;
+        // The registry's own choice for this spec and key size, marked `*`.
+        let picked = cryptblk_cipher::default_implementation(&spec, bits / 8).ok();
         for imp in impls.iter().filter(|i| i.available) {
             let Ok(t) =
                 cryptblk_cipher::measure(&spec, bits / 8, sector, Some(&imp.name), duration)
@@ -111,14 +119,21 @@ pub fn benchmark(opts: &Opts) -> ActionResult {
             };
             any = true;
             let algo = spec.rsplit_once('-').map(|x| x.0).unwrap_or(&spec);
+            let is_picked = picked.as_deref() == Some(imp.name.as_str());
             if !opts.json {
+                let name = if is_picked {
+                    format!("*{}", imp.name)
+                } else {
+                    imp.name.clone()
+                };
                 println!(
-                    "{algo:>15} {bits:>8}b {:>17} {:>11.1} MiB/s {:>11.1} MiB/s",
-                    imp.name, t.encrypt_mb_s, t.decrypt_mb_s
+                    "{algo:>15} {bits:>8}b {name:>17} {:>11.1} MiB/s {:>11.1} MiB/s",
+                    t.encrypt_mb_s, t.decrypt_mb_s
                 );
             }
             rows.push(json!({
                 "kind": "cipher", "cipher": spec, "key_bits": bits, "implementation": imp.name,
+                "default": is_picked,
                 "sector_size": sector,
                 "encrypt_mb_s": t.encrypt_mb_s, "decrypt_mb_s": t.decrypt_mb_s,
             }));
@@ -149,6 +164,57 @@ pub fn benchmark(opts: &Opts) -> ActionResult {
     }
     if opts.json {
         println!("{}", json!(rows));
+    } else {
+        println!("# * = the implementation cryptblk picks for that cipher and key size.");
+    }
+    Ok(())
+}
+
+/// The Argon2 rows as `cryptsetup benchmark` prints them: the cost a LUKS2 keyslot would
+/// get (`--iter-time`, `--pbkdf-memory`, `--pbkdf-parallel` or cryptsetup's defaults: 2 s,
+/// 1 GiB, 4 threads) for a 256-bit key:
+/// `argon2id      4 iterations, 1048576 memory, 4 parallel threads (CPUs) for 256-bit key (requested 2000 ms time)`.
+fn argon2_rows(opts: &Opts, rows: &mut Vec<serde_json::Value>) -> Result<(), Failure> {
+    use cryptblk_format::kdf::{calibrate, Pbkdf, PbkdfKind, PbkdfRequest};
+    for kind in [PbkdfKind::Argon2i, PbkdfKind::Argon2id] {
+        let mut r = PbkdfRequest {
+            kind,
+            ..PbkdfRequest::argon2id()
+        };
+        if let Some(t) = opts.iter_time {
+            r = r.with_iter_time(t);
+        }
+        if let Some(m) = opts.pbkdf_memory {
+            r.max_memory_kib = m;
+        }
+        // cryptsetup's benchmark asks for 4 threads without capping them by the CPUs
+        // (cryptsetup 2.6.1 prints "4 parallel threads" on a 2-CPU machine).
+        r.parallel = opts.pbkdf_parallel.unwrap_or(4);
+        let kdf = calibrate(&r, 32)?;
+        let (Pbkdf::Argon2i {
+            time,
+            memory_kib,
+            parallel,
+        }
+        | Pbkdf::Argon2id {
+            time,
+            memory_kib,
+            parallel,
+        }) = kdf
+        else {
+            continue;
+        };
+        if !opts.json {
+            println!(
+                "{:<10} {time:>4} iterations, {memory_kib:>5} memory, {parallel:>1} parallel threads (CPUs) for 256-bit key (requested {} ms time)",
+                kind.name(),
+                r.iter_time_ms
+            );
+        }
+        rows.push(json!({
+            "kind": kind.name(), "iterations": time, "memory_kib": memory_kib,
+            "parallel": parallel, "key_bits": 256, "requested_ms": r.iter_time_ms,
+        }));
     }
     Ok(())
 }
