@@ -3,7 +3,9 @@
 mod actions;
 mod args;
 mod daemon;
+mod docs;
 mod exit;
+mod features;
 mod progress;
 
 use args::Action;
@@ -14,6 +16,11 @@ fn main() {
     // The daemon reads its spec from stdin and must not parse user options.
     if std::env::args().nth(1).as_deref() == Some("__serve") {
         std::process::exit(daemon::daemon_main());
+    }
+    // Hidden, for scripts/install.sh and the Debian package: man pages and completions.
+    if std::env::args().nth(1).as_deref() == Some("__generate-docs") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        std::process::exit(docs::main(&args));
     }
     quiet_on_closed_stdout();
     // tpm2-tss prints its own warnings and errors to stderr; cryptblk reports a TPM failure in
