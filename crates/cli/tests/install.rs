@@ -66,10 +66,7 @@ fn install_puts_binary_man_pages_and_completions_in_place() {
         !listing.contains("__serve"),
         "internal action documented: {listing}"
     );
-    let installed = run_ok(
-        &mut Command::new(usr.join("bin/cryptblk")).arg("--version"),
-        b"",
-    );
+    let installed = run_ok(Command::new(usr.join("bin/cryptblk")).arg("--version"), b"");
     assert!(installed.starts_with("cryptblk 0."), "{installed}");
 }
 
@@ -116,26 +113,24 @@ fn installed_luks_format_page_renders_with_man() {
     );
 }
 
-/// Runs the installed bash completion for the words of `line` (the last is being completed)
+/// Runs the installed bash completion on `words` (the last is the one being completed)
 /// and returns the candidates.
 fn bash_complete(completion: &Path, words: &[&str]) -> Vec<String> {
-    let script = format!(
-        r#"set -e
+    let script = r#"set -e
 source "$1"
 complete -p cryptblk
 shift
 COMP_WORDS=("$@")
-COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))
-COMP_LINE="${{COMP_WORDS[*]}}"
-COMP_POINT=${{#COMP_LINE}}
+COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+COMP_LINE="${COMP_WORDS[*]}"
+COMP_POINT=${#COMP_LINE}
 func=$(complete -p cryptblk | sed -n 's/.*-F \([^ ]*\) .*/\1/p')
-"$func" cryptblk "${{COMP_WORDS[$COMP_CWORD]}}" "${{COMP_WORDS[$COMP_CWORD-1]}}"
-printf '%s\n' "${{COMPREPLY[@]}}"
-"#
-    );
+"$func" cryptblk "${COMP_WORDS[$COMP_CWORD]}" "${COMP_WORDS[$COMP_CWORD-1]}"
+printf '%s\n' "${COMPREPLY[@]}"
+"#;
     let out = run_ok(
         timed("bash")
-            .args(["--norc", "--noprofile", "-c", &script, "complete-test"])
+            .args(["--norc", "--noprofile", "-c", script, "complete-test"])
             .arg(completion)
             .args(words),
         b"",
