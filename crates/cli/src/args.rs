@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(
     name = "cryptblk",
-    version,
+    version = crate::features::VERSION,
     about,
     long_about = None,
     disable_help_subcommand = true,

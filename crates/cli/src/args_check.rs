@@ -625,6 +625,12 @@ pub fn check(args: Vec<OsString>) -> Result<Checked, String> {
         return Err("At most 2 volume key specifications can be supplied.".into());
     }
     let action_argc = positional.len() - 1;
+    // cryptblk's `status --format prometheus` without a name reports every served volume.
+    let required = if action == "status" && set.has("format") {
+        0
+    } else {
+        required
+    };
     if action_argc < required {
         return Err(format!("{action}: requires {desc} as arguments"));
     }

@@ -4,7 +4,9 @@ mod actions;
 mod args;
 mod args_check;
 mod daemon;
+mod docs;
 mod exit;
+mod features;
 mod logger;
 mod progress;
 
@@ -16,6 +18,11 @@ fn main() {
     // The daemon reads its spec from stdin and must not parse user options.
     if std::env::args().nth(1).as_deref() == Some("__serve") {
         std::process::exit(daemon::daemon_main());
+    }
+    // Hidden, for scripts/install.sh and the Debian package: man pages and completions.
+    if std::env::args().nth(1).as_deref() == Some("__generate-docs") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        std::process::exit(docs::main(&args));
     }
     quiet_on_closed_stdout();
     // tpm2-tss prints its own warnings and errors to stderr; cryptblk reports a TPM failure in

@@ -37,6 +37,14 @@ pub fn is_remote(p: &Path) -> bool {
 /// device on failure as cryptsetup does.
 pub fn open_remote(p: &Path, write: bool) -> Result<std::sync::Arc<dyn cryptblk_dm::BlockDevice>> {
     let spec = p.to_string_lossy();
+    // Not a device problem: this build cannot open such a store at all (exit 1, as
+    // cryptsetup answers a request for something it was built without).
+    if spec.starts_with(cryptblk_dm::backing::RBD_PREFIX) && !cryptblk_dm::backing::RBD_SUPPORTED {
+        return Err(VolumeError::usage(format!(
+            "{}.",
+            cryptblk_dm::backing::RBD_UNSUPPORTED
+        )));
+    }
     match cryptblk_dm::backing::open_remote(&spec, !write) {
         Some(Ok(dev)) => Ok(dev),
         Some(Err(e)) => Err(VolumeError::new(

@@ -343,7 +343,5 @@ pub fn enroll_tpm2(
     _with_pin: bool,
     _device: &Path,
 ) -> ActionResult {
-    Err(Failure::usage(
-        "this cryptblk was built without TPM2 support (feature tpm2).",
-    ))
+    Err(Failure::usage("cryptblk was built without tpm2 support."))
 }

@@ -21,6 +21,12 @@ use crate::SECTOR_SIZE;
 /// Prefix of a Ceph RBD image spec: `rbd:pool[/namespace]/image[@snap]`.
 pub const RBD_PREFIX: &str = "rbd:";
 
+/// Whether this build opens RBD images (the `rbd` feature, which links librbd).
+pub const RBD_SUPPORTED: bool = cfg!(feature = "rbd");
+
+/// The one line a build without the `rbd` feature answers an `rbd:` spec with.
+pub const RBD_UNSUPPORTED: &str = "cryptblk was built without rbd support";
+
 /// True if `spec` names a remote backing store, which [`open_remote`] opens (never a file
 /// path, and never a mapping).
 pub fn is_remote(spec: &str) -> bool {
@@ -47,10 +53,7 @@ fn open_rbd(image: &str, read_only: bool) -> io::Result<Arc<dyn BlockDevice>> {
 
 #[cfg(not(feature = "rbd"))]
 fn open_rbd(_image: &str, _read_only: bool) -> io::Result<Arc<dyn BlockDevice>> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "this cryptblk was built without Ceph RBD support (the `rbd` feature, which needs librbd)",
-    ))
+    Err(io::Error::new(io::ErrorKind::Unsupported, RBD_UNSUPPORTED))
 }
 
 /// Parses a size such as `4G`, `512M`, `64K`, `1048576s` (sectors) or `4096` (bytes).

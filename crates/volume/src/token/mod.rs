@@ -356,7 +356,9 @@ pub fn unlock_with<T>(
             continue;
         }
         let Some(handler) = handler_for(ty, choice) else {
-            let why = if RECOGNISED_WITHOUT_HANDLER.contains(&ty) {
+            let why = if cfg!(not(feature = "tpm2")) && ty == "systemd-tpm2" {
+                format!("Token {id} ({ty}): cryptblk was built without tpm2 support.")
+            } else if RECOGNISED_WITHOUT_HANDLER.contains(&ty) {
                 format!("Token {id} ({ty}): cryptblk has no handler for this token type yet.")
             } else {
                 format!("Token {id} ({ty}): no handler for this token type.")

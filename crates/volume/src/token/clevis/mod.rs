@@ -134,6 +134,10 @@ pub fn decrypt(jwe: &Jwe, tpm2_device: Option<&str>) -> Result<SecretBytes> {
             let cek = tpm2::recover_cek(jwe, tpm2_device)?;
             open_content(jwe, &cek)
         }
+        #[cfg(not(feature = "tpm2"))]
+        "tpm2" => Err(VolumeError::usage(
+            "clevis pin 'tpm2': cryptblk was built without tpm2 support",
+        )),
         "" => Err(bad("the JWE names no clevis pin")),
         other => Err(VolumeError::usage(format!(
             "clevis pin '{other}': cryptblk has no handler for this pin (it opens tang, sss and tpm2)"
