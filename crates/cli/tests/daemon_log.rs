@@ -107,6 +107,8 @@ fn under_systemd_the_log_carries_syslog_priorities() {
     assert!(ok, "{out}");
     let (ok, out) = qemu_io_nbd(&sock, "read 4M 4k");
     assert!(!ok, "a read of the error target fails: {out}");
+    run_ok(cryptblk().args(["dm", "suspend", "log-journal"]), b"");
+    run_ok(cryptblk().args(["dm", "resume", "log-journal"]), b"");
     run_ok(cryptblk().args(["close", "log-journal"]), b"");
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() {
@@ -127,6 +129,21 @@ fn under_systemd_the_log_carries_syslog_priorities() {
             .any(|l| l.starts_with("<3>") && l.contains("I/O error, read at sector 8192")),
         "the I/O error at priority 3 (err):\n{text}"
     );
+    // The close itself fails: the error target fails the final flush, as the kernel's does.
+    for event in [
+        "starting",
+        "ready, serving",
+        "suspend",
+        "resume",
+        "Close",
+        "closing",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("<6>") && l.contains(&format!("log-journal: {event}"))),
+            "'{event}' logged at priority 6:\n{text}"
+        );
+    }
     // journald adds its own timestamps; lines carry none.
     assert!(!text.contains("[20"), "no timestamps:\n{text}");
 }

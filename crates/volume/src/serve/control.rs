@@ -337,6 +337,39 @@ fn holds_suspended_io(info: &cryptblk_dm::MappingInfo) -> bool {
 }
 
 fn answer(req: &Request, stack: &Stack, closing: &Closing, target: &str) -> Response {
+    let response = answer_unlogged(req, stack, closing, target);
+    // Operations that change what clients see go to the daemon's log with their outcome;
+    // never a table or a message's arguments (`key set` carries the key).
+    let what = match req {
+        Request::Suspend => Some("suspend".to_string()),
+        Request::Resume => Some("resume".to_string()),
+        Request::Reload { .. } => Some("reload (table not logged)".to_string()),
+        Request::Refresh { flags } => Some(format!("refresh ({})", flags.join(" "))),
+        Request::Message { message, .. } => Some(format!(
+            "message '{}'",
+            message
+                .iter()
+                .take_while(|w| w.as_str() == "key" || w.as_str() == "wipe" || w.as_str() == "set")
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" ")
+        )),
+        Request::Close | Request::CloseDeferred | Request::CancelDeferredClose => {
+            Some(format!("{req:?}"))
+        }
+        _ => None,
+    };
+    if let Some(what) = what {
+        match &response {
+            Response::Error { message, .. } => log::warn!("{target}: {what} refused: {message}"),
+            _ => log::info!("{target}: {what}"),
+        }
+    }
+    response
+}
+
+/// [`answer`] without its log line.
+fn answer_unlogged(req: &Request, stack: &Stack, closing: &Closing, target: &str) -> Response {
     let spec = stack.spec();
     let registry = stack.registry();
     let is_top = target == spec.name;
