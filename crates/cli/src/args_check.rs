@@ -223,11 +223,13 @@ const CS_OPTS: &[CsOpt] = &[
     o("resilience", None, Kind::Str, ALL),
     o("resilience-hash", None, Kind::Str, ALL),
     o("resume-only", None, Kind::Flag, ALL),
+    // `benchmark --sector-size` is cryptblk's own (rows for 512..4096-byte sectors, as the
+    // kernel's dm-crypt uses them); cryptsetup refuses it there.
     o(
         "sector-size",
         None,
         Kind::U32,
-        &["open", "reencrypt", "luksFormat"],
+        &["open", "reencrypt", "luksFormat", "benchmark"],
     ),
     o("serialize-memory-hard-pbkdf", None, Kind::Flag, OPEN),
     o("shared", None, Kind::Flag, OPEN),
