@@ -129,7 +129,7 @@ fn check_ready_and_serving(ready: &str, name: &str, sock: &Path) {
     assert!(
         ready.lines().any(|l| l
             == format!(
-                "STATUS=Serving {name} over NBD nbd+unix:///?socket={}",
+                "STATUS=Serving {name} at nbd+unix:///?socket={}",
                 sock.display()
             )),
         "{ready:?}"

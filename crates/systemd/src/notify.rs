@@ -5,8 +5,8 @@
 //! Kept here, apart from the daemon, so that the serving code needs one call line at each
 //! point: [`ready`] once the export accepts I/O, [`stopping`] when a close begins.
 
+use cryptblk_volume::serve::ReadyFacts;
 use sd_notify::NotifyState;
-use serde_json::Value;
 use std::time::Duration;
 
 /// Whether a service manager listens (`NOTIFY_SOCKET` set).
@@ -14,22 +14,10 @@ pub fn enabled() -> bool {
     std::env::var_os("NOTIFY_SOCKET").is_some()
 }
 
-/// The `STATUS=` text for the facts the daemon reports when ready
-/// (`{"name", "export": {"kind", ...}}`): e.g. `Serving data over ublk /dev/ublkb0`.
-pub fn status_line(facts: &Value) -> String {
-    let name = facts["name"].as_str().unwrap_or("");
-    let e = &facts["export"];
-    let (kind, at) = match e["kind"].as_str() {
-        Some("nbd") => ("NBD", e["uri"].as_str()),
-        Some("fuse") => ("FUSE", e["file"].as_str()),
-        Some("vhostuser") => ("vhost-user", e["socket"].as_str()),
-        Some("ublk") => ("ublk", e["dev"].as_str()),
-        _ => return format!("Serving {name}"),
-    };
-    match at {
-        Some(at) => format!("Serving {name} over {kind} {at}"),
-        None => format!("Serving {name} over {kind}"),
-    }
+/// The `STATUS=` text once serving: `Serving ` and the daemon's own one-line description
+/// ([`ReadyFacts::describe`]), e.g. `Serving data at nbd+unix:///?socket=/run/data.sock`.
+pub fn status_line(facts: &ReadyFacts) -> String {
+    format!("Serving {}", facts.describe())
 }
 
 /// `READY=1` and `STATUS=`, and the watchdog pings when the manager asked for them
@@ -40,7 +28,7 @@ pub fn status_line(facts: &Value) -> String {
 /// already) or keep the unlock shell as the main process, whose exit status is cryptblk's;
 /// naming cryptblk instead would make systemd supervise a process that is not its child,
 /// whose exit status it cannot collect for `Restart=on-failure`.
-pub fn ready(facts: &Value) {
+pub fn ready(facts: &ReadyFacts) {
     if !enabled() {
         return;
     }
@@ -99,21 +87,22 @@ fn watchdog_usec() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::status_line;
-    use serde_json::json;
+    use super::*;
+    use cryptblk_export::ublk::UblkDescription;
+    use cryptblk_export::ExportDescription;
 
     #[test]
     fn status_lines_name_the_export() {
-        assert_eq!(
-            status_line(&json!({"name": "d", "export": {"kind": "ublk", "dev": "/dev/ublkb0"}})),
-            "Serving d over ublk /dev/ublkb0"
-        );
-        assert_eq!(
-            status_line(
-                &json!({"name": "d", "export": {"kind": "nbd", "uri": "nbd+unix:///?socket=/s"}})
-            ),
-            "Serving d over NBD nbd+unix:///?socket=/s"
-        );
-        assert_eq!(status_line(&json!({"name": "d"})), "Serving d");
+        let facts = ReadyFacts {
+            name: "d".into(),
+            pid: 1,
+            export: ExportDescription::Ublk(UblkDescription {
+                dev: "/dev/ublkb0".into(),
+                queues: 1,
+                depth: 64,
+            }),
+            lower: Vec::new(),
+        };
+        assert_eq!(status_line(&facts), "Serving d as /dev/ublkb0");
     }
 }

@@ -124,11 +124,7 @@ pub fn prometheus(volumes: &[Status]) -> String {
     for v in volumes {
         let name = v.name.as_str();
         let kind = v.info.get("type").and_then(|t| t.as_str()).unwrap_or("");
-        // The description's serde tag is the export's kind (`nbd`, `ublk`, ...).
-        let export = serde_json::to_value(&v.export)
-            .ok()
-            .and_then(|e| e.get("kind")?.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let export = v.export_kind();
         let read = v.pipeline.first().map_or("", |p| p.read.as_str());
         let write = v.pipeline.first().map_or("", |p| p.write.as_str());
         info.push(

@@ -47,11 +47,10 @@ fn pipeline(s: &Status) -> String {
 
 /// The export's kind (`nbd`, `ublk`, ...), `-` for a lower mapping.
 fn export_kind(s: &Status) -> String {
-    serde_json::to_value(&s.export)
-        .ok()
-        .and_then(|e| e.get("kind")?.as_str().map(str::to_owned))
-        .filter(|k| k != "none")
-        .unwrap_or_else(|| "-".to_string())
+    match s.export_kind() {
+        k if k.is_empty() || k == "none" => "-".to_string(),
+        k => k,
+    }
 }
 
 /// `ls [--json]`: one line (or object) per served mapping.

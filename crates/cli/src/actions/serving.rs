@@ -38,7 +38,7 @@ pub(super) fn start_stack(
                 eprintln!("cryptblk: serving {}", facts.describe());
                 // Under a Type=notify unit (cryptblk-generator's): READY=1 now that the
                 // export accepts I/O, STATUS=, watchdog pings.
-                cryptblk_systemd::notify::ready(&serde_json::to_value(facts).unwrap_or_default());
+                cryptblk_systemd::notify::ready(facts);
             },
             // STOPPING=1 to a service manager (only `open --foreground` has NOTIFY_SOCKET).
             cryptblk_systemd::notify::stopping,

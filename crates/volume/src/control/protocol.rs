@@ -329,6 +329,15 @@ pub struct BackingStatus {
 }
 
 impl Status {
+    /// The export's kind as its description is tagged (`nbd`, `ublk`, `fuse`, `vhostuser`,
+    /// `none`).
+    pub fn export_kind(&self) -> String {
+        serde_json::to_value(&self.export)
+            .ok()
+            .and_then(|e| e.get("kind")?.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
     /// The report as `cryptblk status --json` prints it: `"ok": true`, then the fields in
     /// declaration order (the shape scripts read before the protocol had versions).
     pub fn to_json(&self) -> Value {
