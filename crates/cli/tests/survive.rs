@@ -152,7 +152,11 @@ fn wait_gone(pid: i32) {
 
 /// The command writing 64 KiB block `i` filled with byte `seed + i`.
 fn write_cmd(i: u32, seed: u8) -> String {
-    format!("write -P {} {} 64k", seed.wrapping_add(i as u8), u64::from(i) << 16)
+    format!(
+        "write -P {} {} 64k",
+        seed.wrapping_add(i as u8),
+        u64::from(i) << 16
+    )
 }
 
 /// Writes `count` 64 KiB blocks from block `first` ([`write_cmd`]).
@@ -166,7 +170,10 @@ fn writes(io: &mut QemuIo, first: u32, count: u32, seed: u8, context: &str) {
 fn reads(io: &mut QemuIo, first: u32, count: u32, seed: u8, context: &str) {
     for i in first..first + count {
         let pattern = seed.wrapping_add(i as u8);
-        io.run(&format!("read -P {pattern} {} 64k", u64::from(i) << 16), context);
+        io.run(
+            &format!("read -P {pattern} {} 64k", u64::from(i) << 16),
+            context,
+        );
     }
 }
 
@@ -199,7 +206,11 @@ fn writing_during(
     let wait_for = |n: u32| {
         let deadline = Instant::now() + STEP;
         while written.load(Ordering::SeqCst) < n && !writer.is_finished() {
-            assert!(Instant::now() < deadline, "writes stalled at {}", written.load(Ordering::SeqCst));
+            assert!(
+                Instant::now() < deadline,
+                "writes stalled at {}",
+                written.load(Ordering::SeqCst)
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     };
@@ -210,7 +221,10 @@ fn writing_during(
     stop.store(true, Ordering::SeqCst);
     let io = writer.join().expect("the writer thread failed");
     let n = written.load(Ordering::SeqCst);
-    assert!(n >= at_end + after, "only {n} writes, {at_end} when the upgrade returned");
+    assert!(
+        n >= at_end + after,
+        "only {n} writes, {at_end} when the upgrade returned"
+    );
     (io, n)
 }
 
@@ -271,7 +285,10 @@ fn upgrade_replaces_the_daemon_without_failing_a_request() {
     let after = status(name);
     assert_ne!(after["pid"], before["pid"]);
     for field in ["name", "size", "export", "info", "readonly"] {
-        assert_eq!(after[field], before[field], "{field} changed across the upgrade");
+        assert_eq!(
+            after[field], before[field],
+            "{field} changed across the upgrade"
+        );
     }
     reads(&mut io, 0, 16 + n, 7, "reading back after the upgrade");
     // A new client connects to the new daemon.
@@ -299,7 +316,10 @@ fn upgrade_to_a_binary_that_fails_keeps_the_old_daemon_serving() {
             b"",
         );
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "upgrade to a broken binary succeeded");
+        assert!(
+            !out.status.success(),
+            "upgrade to a broken binary succeeded"
+        );
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
         assert!(err.contains("serves on"), "{err}");
     });

@@ -110,9 +110,15 @@ fn wait_rounds(share: &Path, lab: &mut std::process::Child, after: u32) -> u32 {
             return done;
         }
         if let Some(status) = lab.try_wait().unwrap() {
-            panic!("the lab ended ({status}) after {done} rounds, waiting for round {}", after + 1);
+            panic!(
+                "the lab ended ({status}) after {done} rounds, waiting for round {}",
+                after + 1
+            );
         }
-        assert!(std::time::Instant::now() < deadline, "no fio round past {after} in 5 minutes");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no fio round past {after} in 5 minutes"
+        );
         // The guest reports through a file in the share: polled.
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
@@ -121,7 +127,7 @@ fn wait_rounds(share: &Path, lab: &mut std::process::Child, after: u32) -> u32 {
 /// issue 28 item 3: QEMU's vhost-user-blk frontend reconnects (`reconnect=1`) to the
 /// daemon opened again after a `kill -9`, and to the daemon that replaced it through
 /// `cryptblk upgrade`, while the guest runs fio --verify=crc32c on /dev/vda: fio ends with
-/// 0 errors. Takes about 2 minutes under TCG.
+/// 0 errors. About 50 s here (TCG, kernel 6.12): ignored to keep CI short.
 #[test]
 #[ignore = "kernel lab, minutes: cargo test --test vhost_user_lab -- --ignored"]
 fn a_vm_survives_a_killed_and_an_upgraded_vhost_user_daemon() {
@@ -151,8 +157,7 @@ fn a_vm_survives_a_killed_and_an_upgraded_vhost_user_daemon() {
     };
     open();
     let served = Served::volume(&name);
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vhost-user/survive.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vhost-user/survive.sh");
     let qemu_args = format!(
         "-chardev socket,id=vu0,path={},reconnect=1 -device vhost-user-blk-pci,chardev=vu0,num-queues=1",
         socket.display()
@@ -176,7 +181,10 @@ fn a_vm_survives_a_killed_and_an_upgraded_vhost_user_daemon() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     // SAFETY: signal 0 only checks that the process exists.
     while unsafe { libc::kill(pid, 0) } == 0 {
-        assert!(std::time::Instant::now() < deadline, "daemon {pid} survived SIGKILL");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon {pid} survived SIGKILL"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     open();

@@ -609,9 +609,9 @@ pub fn upgrade(name: &str, binary: Option<&Path>) -> ActionResult {
             .map_err(|e| Failure::usage(format!("--binary {}: {e}", b.display())))?,
         None => std::env::current_exe()?,
     };
-    let text = binary.to_str().ok_or_else(|| {
-        Failure::usage(format!("{} is not a UTF-8 path", binary.display()))
-    })?;
+    let text = binary
+        .to_str()
+        .ok_or_else(|| Failure::usage(format!("{} is not a UTF-8 path", binary.display())))?;
     control::request(
         name,
         &Request::Upgrade {

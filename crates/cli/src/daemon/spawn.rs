@@ -8,9 +8,9 @@ use cryptblk_volume::control as client;
 use cryptblk_volume::serve::{
     check_stack, HandedFd, Handover, Inherited, LowerTable, ReadyFacts, ServeSpec,
 };
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{Command, Stdio};
 use zeroize::Zeroizing;
 
@@ -204,9 +204,9 @@ pub fn spawn_successor(h: Handover) -> Result<ReadyFacts, Failure> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| {
-        Failure::device(format!("cannot start {}: {e}", binary.display()))
-    })?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Failure::device(format!("cannot start {}: {e}", binary.display())))?;
     drop(fds);
     {
         let mut stdin = child.stdin.take().expect("stdin is piped");

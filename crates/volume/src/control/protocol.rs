@@ -158,7 +158,9 @@ impl fmt::Debug for Request {
             Request::DecryptExport { export, .. } => {
                 write!(f, "DecryptExport {{ export: {export:?}, .. }}")
             }
-            Request::Upgrade { binary } => f.debug_struct("Upgrade").field("binary", binary).finish(),
+            Request::Upgrade { binary } => {
+                f.debug_struct("Upgrade").field("binary", binary).finish()
+            }
         }
     }
 }

@@ -9,7 +9,6 @@
 
 use super::stack::Stack;
 use super::upgrade::{self, HandedFd, Handover, Inherited, Successor};
-use std::os::fd::{AsFd, OwnedFd};
 use crate::control::{self as client, BackingStatus, Pipeline, Request, Response, Status};
 use crate::reencrypt::{ReencryptKeys, RunOptions};
 use crate::{ErrorClass as ExitCode, VolumeError as Failure};
@@ -17,6 +16,7 @@ use cryptblk_cipher::{SecretBytes, SecretText};
 use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -786,7 +786,9 @@ fn upgrade_to(
         )));
     };
     if !Path::new(binary).is_absolute() {
-        return refuse(Failure::usage("the successor's program path must be absolute"));
+        return refuse(Failure::usage(
+            "the successor's program path must be absolute",
+        ));
     }
     if let Some(f) = upgrade::refusal(
         name,
@@ -807,7 +809,11 @@ fn upgrade_to(
         (Ok(l), Ok(control)) => {
             let export = match l.as_ref().map(|l| l.try_clone()).transpose() {
                 Ok(e) => e,
-                Err(e) => return refuse(Failure::device(format!("cannot pass the export's socket on: {e}"))),
+                Err(e) => {
+                    return refuse(Failure::device(format!(
+                        "cannot pass the export's socket on: {e}"
+                    )))
+                }
             };
             let fds: Vec<(HandedFd, OwnedFd)> = export
                 .map(|e| (HandedFd::Export, e))

@@ -56,5 +56,5 @@ pub use cryptblk_export::ExportConfig;
 pub use export::start_export;
 pub use facts::ReadyFacts;
 pub use run::{serve_stack, serve_stack_upgradable, serve_stack_with};
-pub use upgrade::{HandedFd, Handover, Inherited, Successor};
 pub use spec::{check_stack, LowerTable, ServeSpec};
+pub use upgrade::{HandedFd, Handover, Inherited, Successor};

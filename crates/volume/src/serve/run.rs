@@ -10,8 +10,8 @@
 use super::control;
 use super::facts::ReadyFacts;
 use super::spec::{check_stack_taken_over, LowerTable, ServeSpec};
-use super::upgrade::{Inherited, Successor};
 use super::stack;
+use super::upgrade::{Inherited, Successor};
 use crate::VolumeError as Failure;
 
 /// Serves `spec` in this process until `close` or SIGTERM/SIGINT. `on_ready` is called once
@@ -67,14 +67,14 @@ pub fn serve_stack_upgradable(
     // An inherited listener the export did not adopt is not ours to keep.
     cryptblk_export::handover::discard();
     let stack = built?;
-    let mut sockets = match control::Sockets::bind(&stack.spec().name, stack.lower(), &mut inherited)
-    {
-        Ok(s) => s,
-        Err(f) => {
-            stack.abandon();
-            return Err(f);
-        }
-    };
+    let mut sockets =
+        match control::Sockets::bind(&stack.spec().name, stack.lower(), &mut inherited) {
+            Ok(s) => s,
+            Err(f) => {
+                stack.abandon();
+                return Err(f);
+            }
+        };
     control::spawn_signal_watcher(sockets.top_path().to_path_buf());
     let facts = ReadyFacts {
         name: stack.spec().name.clone(),

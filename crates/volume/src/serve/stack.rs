@@ -320,7 +320,12 @@ impl Stack {
             let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
             for name in self.registry.list() {
                 if let Some(m) = self.registry.lookup(&name) {
-                    lock_table_files(&mut locks, m.table(false).as_str(), self.spec.readonly, &self.lower)?;
+                    lock_table_files(
+                        &mut locks,
+                        m.table(false).as_str(),
+                        self.spec.readonly,
+                        &self.lower,
+                    )?;
                 }
             }
         }
@@ -469,7 +474,11 @@ impl Stack {
         if let Some((link, dev)) = &self.dev_link {
             super::devlink::remove(link, dev);
         }
-        let _ = self.export.into_inner().unwrap_or_else(|e| e.into_inner()).stop();
+        let _ = self
+            .export
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop();
     }
 
     /// Ends the stack in order: flush the top mapping, stop the export, remove the top
@@ -500,7 +509,10 @@ impl Stack {
         } else {
             mapping.flush()
         };
-        let stopped = export.into_inner().unwrap_or_else(|e| e.into_inner()).stop();
+        let stopped = export
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop();
         drop(mapping);
         let _ = registry.remove(&spec.name);
         for name in lower.iter().rev() {

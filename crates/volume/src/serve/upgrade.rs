@@ -75,7 +75,8 @@ impl Inherited {
         for (what, fd) in fds {
             let domain = sockopt(&fd, libc::SO_DOMAIN);
             let listening = sockopt(&fd, libc::SO_ACCEPTCONN) == Some(1);
-            if !listening || (matches!(what, HandedFd::Control(_)) && domain != Some(libc::AF_UNIX)) {
+            if !listening || (matches!(what, HandedFd::Control(_)) && domain != Some(libc::AF_UNIX))
+            {
                 return Err(Failure::usage(format!(
                     "inherited descriptor {} for {what:?} is not a listening socket",
                     fd.as_raw_fd()
