@@ -264,7 +264,7 @@ fn an_nbd_client_with_reconnect_carries_on_after_kill_9_and_the_same_open() {
 fn upgrade_replaces_the_daemon_without_failing_a_request() {
     let dir = tempdir();
     let name = "t-survive-upg";
-    let (_img, _key, _served) = served_volume(dir.path(), name);
+    let (img, key, _served) = served_volume(dir.path(), name);
     let sock = dir.path().join("nbd.sock");
     let before = status(name);
     let pid = daemon_pid(name);
@@ -295,6 +295,40 @@ fn upgrade_replaces_the_daemon_without_failing_a_request() {
     let (ok, text) = qemu_io_nbd(&sock, "read -P 7 0 64k");
     assert!(ok && !text.contains("fail"), "{text}");
     io.quit();
+    // The key went through a pipe: not on the new daemon's command line or environment,
+    // not in the log.
+    let vk = cryptsetup_volume_key(&img, &key, &[]).expect("cryptsetup dumps the key");
+    let new_pid = after["pid"].as_u64().unwrap();
+    let log = runtime_dir().join(format!("{name}.log"));
+    for file in [
+        format!("/proc/{new_pid}/cmdline"),
+        format!("/proc/{new_pid}/environ"),
+        log.display().to_string(),
+    ] {
+        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).to_lowercase();
+        assert!(
+            !text.contains(&vk.to_lowercase()),
+            "the volume key is in {file}"
+        );
+    }
+}
+
+#[test]
+fn upgrade_refuses_a_suspended_volume_and_it_serves_on() {
+    let dir = tempdir();
+    let name = "t-survive-susp";
+    let (_img, _key, _served) = served_volume(dir.path(), name);
+    let pid = daemon_pid(name);
+    run_ok(cryptblk().args(["dm", "suspend", name]), b"");
+    let out = run(cryptblk().args(["upgrade", name]), b"");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(exit_code(&out), 5, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("suspended"), "{err}");
+    run_ok(cryptblk().args(["dm", "resume", name]), b"");
+    assert_eq!(daemon_pid(name), pid);
+    let (ok, text) = qemu_io_nbd(&dir.path().join("nbd.sock"), "write -P 9 0 64k");
+    assert!(ok && !text.contains("fail"), "{text}");
 }
 
 #[test]
