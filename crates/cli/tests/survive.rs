@@ -395,3 +395,48 @@ fn upgrade_refuses_a_fuse_export_and_an_unknown_volume() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert_eq!(daemon_pid(name), pid);
 }
+
+/// A stack (LUKS2 `--integrity`: dm-crypt over its `NAME_dif` integrity mapping) is handed
+/// over whole: both mappings answer from the new daemon, and what was written reads back
+/// (every read checked against its tag).
+#[test]
+fn upgrade_hands_over_a_stack_with_its_lower_mapping() {
+    let dir = tempdir();
+    let key = write_file(dir.path(), "key", b"survive the daemon");
+    let img = dir.path().join("vol.img");
+    std::fs::write(&img, vec![0u8; 32 << 20]).unwrap();
+    run_ok(
+        luks_format_integrity("aes-xts-plain64", "hmac-sha256")
+            .arg("--integrity-no-wipe")
+            .args(FAST)
+            .arg("-d")
+            .arg(&key)
+            .arg(&img),
+        b"",
+    );
+    let name = "t-survive-stack";
+    let sock = dir.path().join("nbd.sock");
+    let _served = open_nbd(&img, &key, name, &sock, &[]);
+    let lower = format!("{name}_dif");
+    let pid = daemon_pid(name);
+    assert_eq!(status(&lower)["pid"].as_i64(), Some(i64::from(pid)));
+    let (ok, text) = qemu_io_nbd(&sock, "write -P 5 0 256k");
+    assert!(ok && !text.contains("fail"), "{text}");
+    let out = run(cryptblk().args(["upgrade", name]), b"");
+    assert!(
+        out.status.success(),
+        "upgrade failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_gone(pid);
+    let new_pid = daemon_pid(name);
+    assert_ne!(new_pid, pid);
+    assert_eq!(status(&lower)["pid"].as_i64(), Some(i64::from(new_pid)));
+    let ls = run_ok(cryptblk().args(["dm", "ls"]), b"");
+    assert!(
+        ls.lines().any(|l| l == name) && ls.lines().any(|l| l == lower),
+        "{ls}"
+    );
+    let (ok, text) = qemu_io_nbd(&sock, "read -P 5 0 256k");
+    assert!(ok && !text.contains("fail"), "{text}");
+}
