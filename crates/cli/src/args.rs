@@ -670,8 +670,10 @@ pub enum Action {
         #[arg(long)]
         cancel_deferred: bool,
     },
-    /// Replace the daemon serving a volume by a new process running the installed binary,
-    /// without the device going away: NBD clients reconnect (new ones wait, never refused),
+    /// Replace a served volume's daemon by a new process (the installed binary) without the
+    /// device going away; not for FUSE exports.
+    ///
+    /// NBD clients reconnect (new ones wait, never refused),
     /// a vhost-user frontend reconnects, a ublk device stays (user recovery). The old daemon
     /// hands the key over through a pipe only the two share; if the new one fails to start,
     /// the old one serves on and this exits non-zero. FUSE cannot outlive its daemon:

@@ -440,3 +440,44 @@ fn upgrade_hands_over_a_stack_with_its_lower_mapping() {
     let (ok, text) = qemu_io_nbd(&sock, "read -P 5 0 256k");
     assert!(ok && !text.contains("fail"), "{text}");
 }
+
+/// NBD on TCP port 0: the successor inherits the listener, so the port the kernel chose is
+/// the port it serves on (its config still says 0).
+#[test]
+fn upgrade_keeps_an_nbd_tcp_port() {
+    let dir = tempdir();
+    let key = write_file(dir.path(), "key", b"survive the daemon");
+    let img = dir.path().join("vol.img");
+    cryptsetup_luks2(&img, &key, 40 << 20).expect("cryptsetup formats");
+    let name = "t-survive-tcp";
+    run_ok(
+        cryptblk()
+            .args(["open", "--key-file"])
+            .arg(&key)
+            .arg(&img)
+            .arg(name)
+            .args(["--nbd", "127.0.0.1:0"]),
+        b"",
+    );
+    let _served = Served::volume(name);
+    let before = status(name);
+    let uri = before["export"]["uri"].as_str().unwrap().to_string();
+    assert!(!uri.contains(":0/"), "{uri}");
+    let io = |cmd: &str| {
+        let out = run(
+            Command::new("qemu-io").args(["-f", "raw", "-c", cmd, &uri]),
+            b"",
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success() && !text.contains("fail"),
+            "{cmd}: {text}"
+        );
+    };
+    io("write -P 11 0 64k");
+    run_ok(cryptblk().args(["upgrade", name]), b"");
+    let after = status(name);
+    assert_ne!(after["pid"], before["pid"]);
+    assert_eq!(after["export"], before["export"]);
+    io("read -P 11 0 64k");
+}
