@@ -612,13 +612,17 @@ pub fn upgrade(name: &str, binary: Option<&Path>) -> ActionResult {
     let text = binary
         .to_str()
         .ok_or_else(|| Failure::usage(format!("{} is not a UTF-8 path", binary.display())))?;
-    control::request(
-        name,
-        &Request::Upgrade {
-            binary: text.to_string(),
-        },
-    )?;
-    Ok(())
+    let request = Request::Upgrade {
+        binary: text.to_string(),
+    };
+    match control::request(name, &request) {
+        Ok(_) => Ok(()),
+        // A daemon started by a cryptblk from before `upgrade` cannot decode the request.
+        Err(e) if e.message.contains("unknown variant") => Err(Failure::usage(format!(
+            "the daemon of {name} predates upgrade; close and reopen the volume once"
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// `status <name>`, like `cryptsetup status` (or JSON).
