@@ -670,6 +670,22 @@ pub enum Action {
         #[arg(long)]
         cancel_deferred: bool,
     },
+    /// Replace a served volume's daemon by a new process (the installed binary) without the
+    /// device going away; not for FUSE exports.
+    ///
+    /// NBD clients reconnect (new ones wait, never refused),
+    /// a vhost-user frontend reconnects, a ublk device stays (user recovery). The old daemon
+    /// hands the key over through a pipe only the two share; if the new one fails to start,
+    /// the old one serves on and this exits non-zero. FUSE cannot outlive its daemon:
+    /// refused (close and reopen instead).
+    #[command(name = "upgrade")]
+    Upgrade {
+        /// Mapping name.
+        name: String,
+        /// The program to run (default: this cryptblk's own path).
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+    },
     /// Show a served volume's table, pipeline, export and counters.
     #[command(name = "status")]
     Status {

@@ -220,6 +220,7 @@ fn run(cli: args::Cli) -> ActionResult {
             name,
             serving::CloseMode::from_flags(*deferred, *cancel_deferred)?,
         ),
+        Action::Upgrade { name, binary } => serving::upgrade(name, binary.as_deref()),
         Action::Status {
             name,
             format: Some(args::StatusFormat::Prometheus),

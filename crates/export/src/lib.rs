@@ -51,6 +51,7 @@ pub mod aligned;
 pub mod block_users;
 pub mod error;
 pub mod fuse;
+pub mod handover;
 pub mod nbd;
 #[cfg(feature = "ublk")]
 pub mod ublk;

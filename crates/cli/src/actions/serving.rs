@@ -31,9 +31,10 @@ pub(super) fn start_stack(
         // From here this process is the volume's daemon: its log (the journal under
         // systemd) gets the daemon's records.
         crate::logger::install(crate::logger::Process::Daemon);
-        return serve::serve_stack_with(
+        return serve::serve_stack_upgradable(
             spec,
             lower,
+            serve::Inherited::none(),
             |facts| {
                 eprintln!("cryptblk: serving {}", facts.describe());
                 // Under a Type=notify unit (cryptblk-generator's): READY=1 now that the
@@ -42,6 +43,10 @@ pub(super) fn start_stack(
             },
             // STOPPING=1 to a service manager (only `open --foreground` has NOTIFY_SOCKET).
             cryptblk_systemd::notify::stopping,
+            // A service manager's main process cannot hand itself over: its exit would stop
+            // the unit (and `ExecStop=` close the volume under the successor).
+            (!cryptblk_systemd::notify::enabled())
+                .then_some(&daemon::spawn_successor as serve::Successor),
         );
     }
     let facts = daemon::spawn_stack(&spec, &lower)?;
@@ -593,6 +598,31 @@ pub fn close_with(name: &str, mode: CloseMode) -> ActionResult {
         crate::exit::ExitCode::Busy,
         format!("Device {name} did not close within 30 s"),
     ))
+}
+
+/// `upgrade <name> [--binary PATH]`: the daemon serving `name` hands the volume (key,
+/// listening sockets, tables) over to a new process running `binary` (default: this
+/// program, as installed now), which serves on; see `cryptblk_volume::serve::upgrade`.
+pub fn upgrade(name: &str, binary: Option<&Path>) -> ActionResult {
+    let binary = match binary {
+        Some(b) => std::fs::canonicalize(b)
+            .map_err(|e| Failure::usage(format!("--binary {}: {e}", b.display())))?,
+        None => std::env::current_exe()?,
+    };
+    let text = binary
+        .to_str()
+        .ok_or_else(|| Failure::usage(format!("{} is not a UTF-8 path", binary.display())))?;
+    let request = Request::Upgrade {
+        binary: text.to_string(),
+    };
+    match control::request(name, &request) {
+        Ok(_) => Ok(()),
+        // A daemon started by a cryptblk from before `upgrade` cannot decode the request.
+        Err(e) if e.message.contains("unknown variant") => Err(Failure::usage(format!(
+            "the daemon of {name} predates upgrade; close and reopen the volume once"
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// `status <name>`, like `cryptsetup status` (or JSON).

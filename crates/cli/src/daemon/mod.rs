@@ -5,7 +5,7 @@
 
 mod spawn;
 
-pub use spawn::spawn_stack;
+pub use spawn::{spawn_stack, spawn_successor};
 
 use crate::exit::ExitCode;
 use cryptblk_volume::serve;
@@ -19,11 +19,18 @@ pub fn daemon_main() -> i32 {
         return ExitCode::WrongParameters as i32;
     }
     crate::logger::install(crate::logger::Process::Daemon);
-    let (spec, lower) = match spawn::read_handover() {
+    let (spec, lower, inherited) = match spawn::read_handover() {
         Ok(s) => s,
         Err(code) => return code,
     };
-    match serve::serve_stack(spec, lower, spawn::report_ready) {
+    match serve::serve_stack_upgradable(
+        spec,
+        lower,
+        inherited,
+        spawn::report_ready,
+        |_| {},
+        Some(&spawn::spawn_successor),
+    ) {
         Ok(()) => 0,
         Err(f) => {
             spawn::report_error(&f);

@@ -5,9 +5,12 @@
 
 use crate::exit::{ExitCode, Failure};
 use cryptblk_volume::control as client;
-use cryptblk_volume::serve::{check_stack, LowerTable, ReadyFacts, ServeSpec};
+use cryptblk_volume::serve::{
+    check_stack, HandedFd, Handover, Inherited, LowerTable, ReadyFacts, ServeSpec,
+};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{Command, Stdio};
 use zeroize::Zeroizing;
 
@@ -16,7 +19,18 @@ use zeroize::Zeroizing;
 struct DaemonSpecRef<'a> {
     spec: &'a ServeSpec,
     lower: &'a [LowerTable],
+    /// Listening sockets inherited from a predecessor (`upgrade`): the i-th is descriptor
+    /// `FIRST_INHERITED_FD + i`.
+    #[serde(skip_serializing_if = "<[HandedFd]>::is_empty")]
+    fds: &'a [HandedFd],
 }
+
+/// The first descriptor a successor inherits (after stdin, stdout, stderr).
+const FIRST_INHERITED_FD: RawFd = 3;
+
+/// How long a successor may take to serve before `upgrade` gives up on it (it unlocks
+/// nothing: this is building the stack and starting the export).
+const SUCCESSOR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The daemon's side of [`DaemonSpecRef`].
 #[derive(Deserialize)]
@@ -24,6 +38,8 @@ struct DaemonSpec {
     spec: ServeSpec,
     #[serde(default)]
     lower: Vec<LowerTable>,
+    #[serde(default)]
+    fds: Vec<HandedFd>,
 }
 
 /// Starts a daemon for `spec` and waits until it serves (or failed). Returns the daemon's
@@ -58,7 +74,12 @@ pub fn spawn_stack(spec: &ServeSpec, lower: &[LowerTable]) -> Result<ReadyFacts,
     {
         let mut stdin = child.stdin.take().expect("stdin is piped");
         let text = Zeroizing::new(
-            serde_json::to_string(&DaemonSpecRef { spec, lower }).expect("spec serialises"),
+            serde_json::to_string(&DaemonSpecRef {
+                spec,
+                lower,
+                fds: &[],
+            })
+            .expect("spec serialises"),
         );
         stdin.write_all(text.as_bytes())?;
     }
@@ -108,17 +129,138 @@ fn create_log(log: &std::path::Path) -> Result<std::fs::File, Failure> {
 
 /// The daemon's side: the spec and the secret lower tables from stdin, or the exit status
 /// to end with (after telling the parent why, when it can be told).
-pub(super) fn read_handover() -> Result<(ServeSpec, Vec<LowerTable>), i32> {
+pub(super) fn read_handover() -> Result<(ServeSpec, Vec<LowerTable>, Inherited), i32> {
     let Ok(text) = read_wiped(std::io::stdin()) else {
         return Err(1);
     };
     match serde_json::from_slice::<DaemonSpec>(&text) {
-        Ok(DaemonSpec { spec, lower }) => Ok((spec, lower)),
+        Ok(DaemonSpec { spec, lower, fds }) => {
+            let mut owned = Vec::new();
+            for (i, what) in fds.into_iter().enumerate() {
+                let fd = FIRST_INHERITED_FD + i as RawFd;
+                // SAFETY: F_SETFD on a descriptor number; fails harmlessly if it is closed.
+                if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+                    println!("ERROR 1 inherited descriptor {fd} is not open");
+                    return Err(1);
+                }
+                // SAFETY: the predecessor placed this socket at `fd` for us alone; it is
+                // open (checked above) and nothing else in this process owns it.
+                owned.push((what, unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+            match Inherited::new(owned) {
+                Ok(inherited) => Ok((spec, lower, inherited)),
+                Err(f) => {
+                    println!("ERROR {} {}", f.code as i32, f.message);
+                    Err(f.code as i32)
+                }
+            }
+        }
         Err(e) => {
             println!("ERROR 1 malformed serve spec: {e}");
             Err(1)
         }
     }
+}
+
+/// Starts the successor of this daemon (`upgrade`): `BINARY __serve`, handed the spec
+/// (keys included) through its stdin pipe, which only the two processes share, and the
+/// listening sockets as descriptors 3, 4, ...; waits (at most [`SUCCESSOR_TIMEOUT`]) for
+/// its READY line. Its log is ours: it inherits stderr.
+pub fn spawn_successor(h: Handover) -> Result<ReadyFacts, Failure> {
+    let Handover {
+        spec,
+        lower,
+        binary,
+        fds,
+    } = h;
+    let kinds: Vec<HandedFd> = fds.iter().map(|(k, _)| k.clone()).collect();
+    let raw: Vec<RawFd> = fds.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
+    let mut cmd = Command::new(&binary);
+    cmd.arg("__serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls (fcntl, dup2, close) on descriptors the parent
+    // keeps open across the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let n = raw.len() as RawFd;
+            // Out of the way first, so placing one never overwrites another's source.
+            let mut moved = Vec::with_capacity(raw.len());
+            for fd in &raw {
+                let m = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, FIRST_INHERITED_FD + n);
+                if m < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                moved.push(m);
+            }
+            for (i, m) in moved.iter().enumerate() {
+                // dup2 leaves the new descriptor without close-on-exec: it is inherited.
+                if libc::dup2(*m, FIRST_INHERITED_FD + i as RawFd) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Failure::device(format!("cannot start {}: {e}", binary.display())))?;
+    drop(fds);
+    {
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let text = Zeroizing::new(
+            serde_json::to_string(&DaemonSpecRef {
+                spec: &spec,
+                lower: &lower,
+                fds: &kinds,
+            })
+            .expect("spec serialises"),
+        );
+        drop((spec, lower));
+        // A successor that died at once closed its end: its verdict (or silence) says why.
+        let _ = stdin.write_all(text.as_bytes());
+    }
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = match rx.recv_timeout(SUCCESSOR_TIMEOUT) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Failure::device(format!(
+                "{} did not serve within {} s",
+                binary.display(),
+                SUCCESSOR_TIMEOUT.as_secs()
+            )));
+        }
+    };
+    if let Some(rest) = line.strip_prefix("READY ") {
+        return serde_json::from_str(rest).map_err(|e| {
+            let _ = child.kill();
+            Failure::device(format!("malformed READY line from the successor: {e}"))
+        });
+    }
+    let status = child.wait();
+    let why = match line.strip_prefix("ERROR ") {
+        Some(detail) => detail
+            .split_once(' ')
+            .map_or(detail, |(_, m)| m)
+            .trim()
+            .to_string(),
+        None => format!(
+            "{} exited ({}) before serving",
+            binary.display(),
+            status.map_or_else(|e| e.to_string(), |s| s.to_string())
+        ),
+    };
+    Err(Failure::device(why))
 }
 
 /// Everything `r` gives, in a buffer that never leaves an unwiped copy behind: the spec holds

@@ -313,7 +313,11 @@ impl Listener {
 pub struct NbdServer {
     shared: Arc<Shared>,
     address: NbdListen,
+    /// Shared with the event loop; a successor process inherits it on upgrade.
+    listener: Arc<Listener>,
     loop_thread: Option<JoinHandle<()>>,
+    /// Handed over to a successor: its Unix socket file stays for it.
+    keep_socket_file: bool,
 }
 
 /// A cloneable, thread-safe trigger that asks an [`NbdServer`] to stop (e.g. from a
@@ -350,6 +354,7 @@ impl NbdServer {
         }
         check_insecure_tcp(&config)?;
         let (listener, address) = bind(&config.listen)?;
+        let listener = Arc::new(listener);
         let poller =
             Poller::new().map_err(|e| ExportError::io("creating the NBD event loop", e))?;
         let pool = Pool::new(config.workers)
@@ -365,14 +370,15 @@ impl NbdServer {
             readers: Readers::default(),
         });
         let loop_shared = Arc::clone(&shared);
+        let loop_listener = Arc::clone(&listener);
         let loop_thread = std::thread::Builder::new()
             .name("nbd-events".to_string())
             .spawn(move || {
-                if let Err(e) = event_loop(&listener, &loop_shared) {
+                if let Err(e) = event_loop(&loop_listener, &loop_shared) {
                     log::error!("NBD event loop failed: {e}");
                     loop_shared.stopping.store(true, Ordering::SeqCst);
                 }
-                let _ = loop_shared.poller.delete(listener.fd());
+                let _ = loop_shared.poller.delete(loop_listener.fd());
             });
         let loop_thread = match loop_thread {
             Ok(thread) => thread,
@@ -384,7 +390,9 @@ impl NbdServer {
         Ok(NbdServer {
             shared,
             address,
+            listener,
             loop_thread: Some(loop_thread),
+            keep_socket_file: false,
         })
     }
 
@@ -459,7 +467,7 @@ impl NbdServer {
             .io
             .flush()
             .map_err(|e| ExportError::io("flushing the device on NBD server stop", e));
-        if let NbdListen::Unix(path) = &self.address {
+        if let (NbdListen::Unix(path), false) = (&self.address, self.keep_socket_file) {
             let _ = fs::remove_file(path);
         }
         flushed
@@ -492,6 +500,18 @@ impl Export for NbdServer {
 
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         NbdServer::stop(*self)
+    }
+
+    /// Stops accepting (new clients wait in the listener's backlog for the successor that
+    /// inherits it, see [`Export::listener`]), lets requests in flight finish and reply,
+    /// closes the connections (their clients reconnect) and flushes; the socket file stays.
+    fn hand_over(mut self: Box<Self>) -> Result<(), ExportError> {
+        self.keep_socket_file = true;
+        self.shutdown()
+    }
+
+    fn listener(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.listener.fd())
     }
 }
 
@@ -558,6 +578,24 @@ fn check_insecure_tcp(config: &NbdConfig) -> Result<(), ExportError> {
 }
 
 fn bind(listen: &NbdListen) -> Result<(Listener, NbdListen), ExportError> {
+    // Upgraded from a predecessor: its listener, whose backlog holds the clients that
+    // connected meanwhile (a Unix socket file is the predecessor's, still in place).
+    match listen {
+        NbdListen::Unix(_) => {
+            if let Some(fd) = crate::handover::adopt(&[libc::AF_UNIX]) {
+                return Ok((Listener::Unix(UnixListener::from(fd)), listen.clone()));
+            }
+        }
+        NbdListen::Tcp(_) => {
+            if let Some(fd) = crate::handover::adopt(&[libc::AF_INET, libc::AF_INET6]) {
+                let listener = TcpListener::from(fd);
+                let actual = listener
+                    .local_addr()
+                    .map_err(|e| ExportError::io("reading the inherited NBD address", e))?;
+                return Ok((Listener::Tcp(listener), NbdListen::Tcp(actual)));
+            }
+        }
+    }
     match listen {
         NbdListen::Unix(path) => {
             remove_stale_socket(path)?;

@@ -102,6 +102,14 @@ pub enum Request {
         #[serde(default)]
         device_block: u32,
     },
+    /// `upgrade`: replace the serving daemon by a new process running `binary` (absolute
+    /// path), which takes over the volume, its key (through a pipe only the two share) and
+    /// its listening sockets. Answered once the successor serves (the answering daemon then
+    /// exits), or refused with the old daemon still serving.
+    Upgrade {
+        /// The program the successor runs (`cryptblk`, as installed now).
+        binary: String,
+    },
 }
 
 impl Drop for Request {
@@ -149,6 +157,9 @@ impl fmt::Debug for Request {
             // The key is the volume key.
             Request::DecryptExport { export, .. } => {
                 write!(f, "DecryptExport {{ export: {export:?}, .. }}")
+            }
+            Request::Upgrade { binary } => {
+                f.debug_struct("Upgrade").field("binary", binary).finish()
             }
         }
     }
@@ -517,7 +528,8 @@ impl Response {
             | Request::Resume
             | Request::Reload { .. }
             | Request::Reencrypt { .. }
-            | Request::DecryptExport { .. } => Response::Done,
+            | Request::DecryptExport { .. }
+            | Request::Upgrade { .. } => Response::Done,
         })
     }
 
@@ -596,6 +608,9 @@ mod tests {
             },
             Request::Refresh {
                 flags: vec!["allow_discards".into()],
+            },
+            Request::Upgrade {
+                binary: "/usr/sbin/cryptblk".into(),
             },
         ];
         for r in all {

@@ -8,6 +8,7 @@
 //! process is terminating (a signal arrived).
 
 use super::stack::Stack;
+use super::upgrade::{self, HandedFd, Handover, Inherited, Successor};
 use crate::control::{self as client, BackingStatus, Pipeline, Request, Response, Status};
 use crate::reencrypt::{ReencryptKeys, RunOptions};
 use crate::{ErrorClass as ExitCode, VolumeError as Failure};
@@ -15,6 +16,7 @@ use cryptblk_cipher::{SecretBytes, SecretText};
 use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +41,16 @@ pub(super) struct Sockets {
 impl Sockets {
     /// Binds the sockets of every lower mapping, then the top one's; on failure, removes
     /// those already bound.
-    pub(super) fn bind(top: &str, lower: &[String]) -> Result<Sockets, Failure> {
+    /// A socket in `inherited` (an upgrade's predecessor's) is taken as it is.
+    pub(super) fn bind(
+        top: &str,
+        lower: &[String],
+        inherited: &mut Inherited,
+    ) -> Result<Sockets, Failure> {
+        let mut bind_control = |name: &str| match inherited.control.remove(name) {
+            Some(listener) => Ok((client::socket_path(name)?, listener)),
+            None => bind_control(name),
+        };
         let mut lower_sockets: Vec<LowerSocket> = Vec::new();
         let mut bound = Ok(());
         for name in lower {
@@ -73,6 +84,17 @@ impl Sockets {
     /// The top mapping's socket.
     pub(super) fn top_path(&self) -> &Path {
         &self.top_path
+    }
+
+    /// Copies of every listening control socket, for a successor to inherit.
+    fn handed_fds(&self, top: &str) -> std::io::Result<Vec<(HandedFd, OwnedFd)>> {
+        let lower = self.lower.iter().map(|s| (s.name.as_str(), &s.listener));
+        let mut fds = Vec::new();
+        for (name, listener) in std::iter::once((top, &self.top)).chain(lower) {
+            let fd = listener.as_fd().try_clone_to_owned()?;
+            fds.push((HandedFd::Control(name.to_string()), fd));
+        }
+        Ok(fds)
     }
 
     /// Removes every socket file, the top mapping's last (`close` waits for that one).
@@ -122,12 +144,18 @@ struct Closing {
     stopping: AtomicBool,
     /// `close --deferred` is pending: closed once the volume is no longer in use.
     deferred: AtomicBool,
+    /// A successor process serves the stack now: the loop ends, this process leaves the
+    /// volume alone.
+    handed_over: AtomicBool,
 }
 
 /// Answers requests on `sockets` until the top mapping is closed (at once, or after a
 /// deferred close once its last user has gone). A lower mapping removed with `dm remove`
 /// (possible once a reload of the top no longer uses it) stops answering under its name.
-pub(super) fn serve(stack: &Stack, sockets: &mut Sockets) {
+///
+/// Returns true when the stack was handed over to a successor (`upgrade`): the caller then
+/// leaves the stack and its sockets as they are.
+pub(super) fn serve(stack: &Stack, sockets: &mut Sockets, successor: Option<Successor>) -> bool {
     let closing = Closing::default();
     loop {
         let wait = closing
@@ -139,7 +167,7 @@ pub(super) fn serve(stack: &Stack, sockets: &mut Sockets) {
             let target = which.map_or(stack.spec().name.as_str(), |i| {
                 sockets.lower[i].name.as_str()
             });
-            handle_client(stream, stack, &closing, target);
+            handle_client(stream, stack, &closing, target, sockets, successor);
             sockets.lower.retain(|s| {
                 let live = stack.registry().lookup(&s.name).is_some();
                 if !live {
@@ -156,6 +184,7 @@ pub(super) fn serve(stack: &Stack, sockets: &mut Sockets) {
             break;
         }
     }
+    closing.handed_over.load(Ordering::SeqCst)
 }
 
 /// True while closing the top mapping would pull it from under someone: its export has
@@ -286,7 +315,14 @@ fn read_request_line(mut stream: &UnixStream) -> Result<SecretText, LineError> {
 
 /// One request per connection, for mapping `target` (the top or a lower one): read a line,
 /// answer a line.
-fn handle_client(stream: UnixStream, stack: &Stack, closing: &Closing, target: &str) {
+fn handle_client(
+    stream: UnixStream,
+    stack: &Stack,
+    closing: &Closing,
+    target: &str,
+    sockets: &Sockets,
+    successor: Option<Successor>,
+) {
     // Requests are answered one at a time, so a client that connects and then sends or reads
     // nothing must not hold every other client off: it gets this long for each.
     let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
@@ -312,6 +348,12 @@ fn handle_client(stream: UnixStream, stack: &Stack, closing: &Closing, target: &
     }
     let answer = match read_request_line(&stream) {
         Ok(line) => match Request::decode(&line) {
+            Ok(Request::Upgrade { ref binary }) => {
+                // Past the hand-over the successor owns the control socket's backlog; this
+                // answer is the old daemon's last word.
+                let _ = stream.set_read_timeout(None);
+                upgrade_to(binary, stack, closing, target, sockets, successor)
+            }
             Ok(req) => answer(&req, stack, closing, target),
             Err(refusal) => refusal,
         },
@@ -483,6 +525,11 @@ fn answer_unlogged(req: &Request, stack: &Stack, closing: &Closing, target: &str
             }))
         }
         Request::Table { showkeys } => Response::Table(mapping.table(*showkeys)),
+        // Needs the control sockets: the control loop answers it (`upgrade_to`).
+        Request::Upgrade { .. } => Response::error(
+            ExitCode::WrongParameters,
+            "upgrade is answered by the control loop",
+        ),
         // The kernel refuses to remove a device someone holds open (cryptsetup: "Device
         // NAME is still in use.", exit 5): here a client of the export, or a request held by
         // the suspend (resume lets it finish). Termination signals close regardless.
@@ -710,5 +757,118 @@ fn run_options(max_hotzone: Option<u64>, device_block: u32) -> RunOptions {
         max_hotzone,
         device_block: device_block.max(512),
         chunk: None,
+    }
+}
+
+/// `upgrade`: hands the stack over to a successor running `binary` (see
+/// [`super::upgrade`]); on any failure this daemon serves on and the answer says why.
+fn upgrade_to(
+    binary: &str,
+    stack: &Stack,
+    closing: &Closing,
+    target: &str,
+    sockets: &Sockets,
+    successor: Option<Successor>,
+) -> Response {
+    let name = &stack.spec().name;
+    let refuse = |f: Failure| {
+        log::warn!("{target}: upgrade refused: {}", f.message);
+        Response::error(f.code, f.message)
+    };
+    if target != name.as_str() {
+        return refuse(Failure::usage(format!(
+            "{target} is a lower mapping of {name}; upgrade the volume"
+        )));
+    }
+    let Some(successor) = successor else {
+        return refuse(Failure::usage(format!(
+            "the daemon of {name} cannot be upgraded in place (under a service manager, restart its unit)"
+        )));
+    };
+    if !Path::new(binary).is_absolute() {
+        return refuse(Failure::usage(
+            "the successor's program path must be absolute",
+        ));
+    }
+    if let Some(f) = upgrade::refusal(
+        name,
+        &stack.export_info(),
+        stack.any_suspended(),
+        stack.reencrypting(),
+    ) {
+        return refuse(f);
+    }
+    if closing.deferred.load(Ordering::SeqCst) {
+        return refuse(Failure::new(
+            ExitCode::Busy,
+            format!("{name} is scheduled for deferred removal; cancel it before upgrading"),
+        ));
+    }
+    // Ours, kept to serve on should the successor fail; and the successor's copies.
+    let (listener, fds) = match (stack.export_listener(), sockets.handed_fds(name)) {
+        (Ok(l), Ok(control)) => {
+            let export = match l.as_ref().map(|l| l.try_clone()).transpose() {
+                Ok(e) => e,
+                Err(e) => {
+                    return refuse(Failure::device(format!(
+                        "cannot pass the export's socket on: {e}"
+                    )))
+                }
+            };
+            let fds: Vec<(HandedFd, OwnedFd)> = export
+                .map(|e| (HandedFd::Export, e))
+                .into_iter()
+                .chain(control)
+                .collect();
+            (l, fds)
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            return refuse(Failure::device(format!("cannot pass the sockets on: {e}")))
+        }
+    };
+    log::info!("{name}: upgrading to {binary}: handing the export over");
+    let (spec, lower) = stack.successor_spec();
+    let handed = stack.hand_over_export().and_then(|()| stack.flush_all());
+    if let Err(f) = handed {
+        return serve_on(stack, listener, f);
+    }
+    stack.release_locks();
+    match successor(Handover {
+        spec,
+        lower,
+        binary: binary.into(),
+        fds,
+    }) {
+        Ok(facts) => {
+            log::info!("{name}: upgraded: pid {} serves it now", facts.pid);
+            closing.handed_over.store(true, Ordering::SeqCst);
+            closing.stopping.store(true, Ordering::SeqCst);
+            Response::Done
+        }
+        Err(f) => serve_on(stack, listener, f),
+    }
+}
+
+/// After a failed hand-over: serve again, and refuse the upgrade with the reason.
+fn serve_on(stack: &Stack, listener: Option<OwnedFd>, why: Failure) -> Response {
+    let name = &stack.spec().name;
+    match stack.resume_after_failed_upgrade(listener) {
+        Ok(()) => {
+            let message = format!(
+                "upgrade of {name} failed, pid {} serves on: {}",
+                std::process::id(),
+                why.message
+            );
+            log::error!("{message}");
+            Response::error(why.code, message)
+        }
+        Err(f) => {
+            let message = format!(
+                "upgrade of {name} failed ({}) and its export could not restart: {}",
+                why.message, f.message
+            );
+            log::error!("{message}");
+            Response::error(f.code, message)
+        }
     }
 }

@@ -38,7 +38,8 @@
 //! [`export`] which export and how it starts, `stack` builds and tears down the mappings and
 //! the export, `control` answers control requests and turns termination signals into
 //! `close`, [`devlink`] names a ublk device `/dev/cryptblk/NAME`, [`facts`] is what a daemon
-//! reports once it serves, and `run` is the entry point, [`serve_stack`].
+//! reports once it serves, [`upgrade`] hands a stack over to a successor process, and
+//! `run` is the entry point, [`serve_stack`].
 //!
 //! No module here imports its parent: each takes what it needs from its siblings.
 
@@ -49,9 +50,11 @@ pub mod facts;
 mod run;
 pub mod spec;
 mod stack;
+pub mod upgrade;
 
 pub use cryptblk_export::ExportConfig;
 pub use export::start_export;
 pub use facts::ReadyFacts;
-pub use run::{serve_stack, serve_stack_with};
+pub use run::{serve_stack, serve_stack_upgradable, serve_stack_with};
 pub use spec::{check_stack, LowerTable, ServeSpec};
+pub use upgrade::{HandedFd, Handover, Inherited, Successor};

@@ -9,8 +9,9 @@
 
 use super::control;
 use super::facts::ReadyFacts;
-use super::spec::{check_stack, LowerTable, ServeSpec};
+use super::spec::{check_stack_taken_over, LowerTable, ServeSpec};
 use super::stack;
+use super::upgrade::{Inherited, Successor};
 use crate::VolumeError as Failure;
 
 /// Serves `spec` in this process until `close` or SIGTERM/SIGINT. `on_ready` is called once
@@ -34,17 +35,46 @@ pub fn serve_stack_with(
     on_ready: impl FnOnce(&ReadyFacts),
     on_stopping: impl FnOnce(&str),
 ) -> Result<(), Failure> {
+    serve_stack_upgradable(
+        spec,
+        secret_lower,
+        Inherited::none(),
+        on_ready,
+        on_stopping,
+        None,
+    )
+}
+
+/// [`serve_stack_with`] for a daemon that can be upgraded (`successor` starts the new
+/// process, see [`super::upgrade`]) and may itself be a successor: `inherited` holds the
+/// listening sockets its predecessor passed on (the export's and the control sockets).
+/// After a hand-over it returns `Ok` without touching the volume again.
+pub fn serve_stack_upgradable(
+    spec: ServeSpec,
+    secret_lower: Vec<LowerTable>,
+    mut inherited: Inherited,
+    on_ready: impl FnOnce(&ReadyFacts),
+    on_stopping: impl FnOnce(&str),
+    successor: Option<Successor>,
+) -> Result<(), Failure> {
     control::block_termination_signals();
-    check_stack(&spec, &secret_lower)?;
+    check_stack_taken_over(&spec, &secret_lower, &|n| inherited.has_control(n))?;
     log::info!("{}: starting (pid {})", spec.name, std::process::id());
-    let stack = stack::Stack::build(spec, secret_lower)?;
-    let mut sockets = match control::Sockets::bind(&stack.spec().name, stack.lower()) {
-        Ok(s) => s,
-        Err(f) => {
-            stack.abandon();
-            return Err(f);
-        }
-    };
+    if let Some(fd) = inherited.export.take() {
+        cryptblk_export::handover::offer(fd);
+    }
+    let built = stack::Stack::build(spec, secret_lower);
+    // An inherited listener the export did not adopt is not ours to keep.
+    cryptblk_export::handover::discard();
+    let stack = built?;
+    let mut sockets =
+        match control::Sockets::bind(&stack.spec().name, stack.lower(), &mut inherited) {
+            Ok(s) => s,
+            Err(f) => {
+                stack.abandon();
+                return Err(f);
+            }
+        };
     control::spawn_signal_watcher(sockets.top_path().to_path_buf());
     let facts = ReadyFacts {
         name: stack.spec().name.clone(),
@@ -54,7 +84,15 @@ pub fn serve_stack_with(
     };
     log::info!("{}: ready, serving {}", facts.name, facts.describe());
     on_ready(&facts);
-    control::serve(&stack, &mut sockets);
+    if control::serve(&stack, &mut sockets, successor) {
+        log::info!("{}: handed over; this process exits", facts.name);
+        // The successor owns the volume, its sockets and their files now: nothing of this
+        // stack may flush, write or unlink again (a target's teardown could write behind
+        // the successor's back), so none of it is dropped; the process exits next.
+        std::mem::forget(stack);
+        std::mem::forget(sockets);
+        return Ok(());
+    }
     let name = stack.spec().name.clone();
     log::info!("{name}: closing");
     on_stopping(&name);

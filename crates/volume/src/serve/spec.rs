@@ -112,7 +112,17 @@ impl ServeSpec {
 /// Refuses a stack whose names are invalid or clash (see `check_stack_names`) before a
 /// daemon is started or a stack built.
 pub fn check_stack(spec: &ServeSpec, secret_lower: &[LowerTable]) -> Result<(), Failure> {
-    check_stack_names(&spec.name, &lower_names(spec, secret_lower))
+    check_stack_names(&spec.name, &lower_names(spec, secret_lower), &|_| false)
+}
+
+/// [`check_stack`] for a successor (`upgrade`): the mappings whose control sockets it
+/// inherits (`taken_over`) answer already, from its predecessor.
+pub(super) fn check_stack_taken_over(
+    spec: &ServeSpec,
+    secret_lower: &[LowerTable],
+    taken_over: &dyn Fn(&str) -> bool,
+) -> Result<(), Failure> {
+    check_stack_names(&spec.name, &lower_names(spec, secret_lower), taken_over)
 }
 
 /// Names of every lower mapping of `spec`'s stack, in creation order.
@@ -126,7 +136,11 @@ pub(super) fn lower_names(spec: &ServeSpec, secret_lower: &[LowerTable]) -> Vec<
 
 /// Refuses a stack whose names clash among themselves (usage) or with a mapping another
 /// daemon serves (busy, as cryptsetup's "Device ... already exists.").
-fn check_stack_names(top: &str, lower: &[String]) -> Result<(), Failure> {
+fn check_stack_names(
+    top: &str,
+    lower: &[String],
+    taken_over: &dyn Fn(&str) -> bool,
+) -> Result<(), Failure> {
     for (i, name) in lower.iter().enumerate() {
         client::check_name(name)?;
         if name == top {
@@ -141,7 +155,7 @@ fn check_stack_names(top: &str, lower: &[String]) -> Result<(), Failure> {
         }
     }
     for name in std::iter::once(top).chain(lower.iter().map(String::as_str)) {
-        if UnixStream::connect(client::socket_path(name)?).is_ok() {
+        if !taken_over(name) && UnixStream::connect(client::socket_path(name)?).is_ok() {
             return Err(Failure::new(
                 ExitCode::Busy,
                 format!("Device {name} already exists."),

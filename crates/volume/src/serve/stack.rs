@@ -34,7 +34,8 @@ pub(super) struct Stack {
     registry: Arc<Registry>,
     /// The top (exported) mapping.
     mapping: Arc<Mapping>,
-    export: Box<dyn Export>,
+    /// Replaced by [`cryptblk_export::NoExport`] while an upgrade hands it over.
+    export: Mutex<Box<dyn Export>>,
     /// `/dev/cryptblk/NAME` and the ublk device it links to, removed on close.
     dev_link: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// The lower mappings, in creation order.
@@ -113,7 +114,7 @@ impl Stack {
             spec,
             registry,
             mapping,
-            export,
+            export: Mutex::new(export),
             dev_link,
             lower,
             locks: Mutex::new(locks),
@@ -284,18 +285,136 @@ impl Stack {
 
     /// The export, as `status` and READY describe it.
     pub(super) fn export_info(&self) -> ExportDescription {
-        self.export.describe()
+        self.export().describe()
+    }
+
+    fn export(&self) -> std::sync::MutexGuard<'_, Box<dyn Export>> {
+        self.export.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the export's listening socket, for a successor to inherit (see
+    /// [`Export::listener`]); `None` when the export has none.
+    pub(super) fn export_listener(&self) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+        self.export()
+            .listener()
+            .map(|fd| fd.try_clone_to_owned())
+            .transpose()
+    }
+
+    /// Hands the export over for an upgrade ([`Export::hand_over`]): from here no client
+    /// reaches the volume through this process.
+    pub(super) fn hand_over_export(&self) -> Result<(), Failure> {
+        let export = std::mem::replace(&mut *self.export(), Box::new(cryptblk_export::NoExport));
+        export
+            .hand_over()
+            .map_err(|e| Failure::device(format!("cannot hand the export over: {e}")))
+    }
+
+    /// Serves again after a failed upgrade: the export restarts on `listener` (the one
+    /// handed over, still bound) or binds anew, and the data locks are taken again.
+    pub(super) fn resume_after_failed_upgrade(
+        &self,
+        listener: Option<std::os::fd::OwnedFd>,
+    ) -> Result<(), Failure> {
+        {
+            let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            for name in self.registry.list() {
+                if let Some(m) = self.registry.lookup(&name) {
+                    lock_table_files(
+                        &mut locks,
+                        m.table(false).as_str(),
+                        self.spec.readonly,
+                        &self.lower,
+                    )?;
+                }
+            }
+        }
+        if let Some(l) = listener {
+            cryptblk_export::handover::offer(l);
+        }
+        let started = start_export(&self.spec, self.mapping.clone());
+        cryptblk_export::handover::discard();
+        *self.export() = started?;
+        Ok(())
+    }
+
+    /// Gives up the data locks so that a successor process can take them (an upgrade);
+    /// [`Stack::resume_after_failed_upgrade`] takes them again.
+    pub(super) fn release_locks(&self) {
+        drop(std::mem::take(
+            &mut *self.locks.lock().unwrap_or_else(|e| e.into_inner()),
+        ));
+    }
+
+    /// Flushes every mapping of the stack, top first.
+    pub(super) fn flush_all(&self) -> Result<(), Failure> {
+        let names = std::iter::once(self.spec.name.clone()).chain(self.lower.iter().rev().cloned());
+        for name in names {
+            if let Some(m) = self.registry.lookup(&name) {
+                m.flush()
+                    .map_err(|e| Failure::device(format!("flush of {name} failed: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What a successor serves to take this stack over: the live top table and the keyed
+    /// lower tables (keys included), the same export and facts (with the header an online
+    /// decryption exported, if any).
+    pub(super) fn successor_spec(&self) -> (ServeSpec, Vec<LowerTable>) {
+        let keyless: Vec<String> = lower_tables(&self.spec.info)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let lower = self
+            .lower
+            .iter()
+            .filter(|n| !keyless.contains(n))
+            .filter_map(|n| {
+                let m = self.registry.lookup(n)?;
+                Some(LowerTable {
+                    name: n.clone(),
+                    table: m.table(true).as_str().to_string(),
+                })
+            })
+            .collect();
+        let mut info = self.spec.info.clone();
+        if let (Some(h), Some(obj)) = (
+            self.exported_header
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            info.as_object_mut(),
+        ) {
+            obj.insert("header".into(), serde_json::json!(h));
+        }
+        let spec = ServeSpec {
+            name: self.spec.name.clone(),
+            table: self.mapping.table(true).as_str().to_string(),
+            export: self.spec.export.clone(),
+            readonly: self.spec.readonly,
+            info,
+        };
+        (spec, lower)
+    }
+
+    /// True if any mapping of the stack is suspended.
+    pub(super) fn any_suspended(&self) -> bool {
+        self.registry
+            .list()
+            .iter()
+            .any(|n| self.registry.lookup(n).is_some_and(|m| m.info().suspended))
     }
 
     /// Users of the export now (see [`Export::users`]): `close` refuses while not 0.
     pub(super) fn users(&self) -> usize {
-        self.export.users()
+        self.export().users()
     }
 
     /// Tells the export's clients the top mapping's new size (after a resume swapped in a
     /// table of another length).
     pub(super) fn export_resized(&self, new_size: u64) -> Result<(), String> {
-        self.export.resized(new_size).map_err(|e| {
+        self.export().resized(new_size).map_err(|e| {
             format!(
                 "{} now has {new_size} bytes, but its export could not tell its clients: {e}",
                 self.spec.name
@@ -355,7 +474,11 @@ impl Stack {
         if let Some((link, dev)) = &self.dev_link {
             super::devlink::remove(link, dev);
         }
-        let _ = self.export.stop();
+        let _ = self
+            .export
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop();
     }
 
     /// Ends the stack in order: flush the top mapping, stop the export, remove the top
@@ -386,7 +509,10 @@ impl Stack {
         } else {
             mapping.flush()
         };
-        let stopped = export.stop();
+        let stopped = export
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop();
         drop(mapping);
         let _ = registry.remove(&spec.name);
         for name in lower.iter().rev() {
