@@ -16,7 +16,8 @@
 # usage: tests/lab/systemd-boot.sh [--no-build]
 # env:   CARGO_TARGET_DIR, CRYPTBLK_BIN / CRYPTBLK_GENERATOR (use these binaries), LAB_DIR,
 #        LAB_CACHE (the lab's kernel cache), LAB_KERNEL, LAB_TIMEOUT (s, default 1200),
-#        LAB_LOGDIR (keep console.log/out.log), KEEP_WORK=1 (keep the work dir).
+#        LAB_LOGDIR (keep console.log/out.log), KEEP_WORK=1 (keep the work dir),
+#        WITHOUT_UDEV_RULE=1 (leave the udev rule out: the checks must fail).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 WS=$(cd "$HERE/../.." && pwd)
@@ -88,6 +89,8 @@ cp -a "$root" "$R"
 mkdir -p "$R/usr/lib/modules"
 cp -a "$CACHE/pkg/$KVER/lib/modules/$KVER" "$R/usr/lib/modules/"
 bash "$WS/scripts/install.sh" --prefix /usr --destdir "$R" --binary "$bin" --generator "$gen" >"$W/installed"
+# WITHOUT_UDEV_RULE=1 boots without the udev rule (to see the check fail: no device unit).
+[ "${WITHOUT_UDEV_RULE:-0}" = 1 ] && rm -f "$R"/usr/lib/udev/rules.d/60-cryptblk.rules
 install -D -m 400 "$W/keyed.key" "$R/etc/cryptblk/keyed.key"
 # tangd runs as the root's _tang user: keys readable by all, in the package's directory.
 install -m 444 "$W"/tang/*.jwk "$R/var/lib/tang/"
@@ -96,10 +99,12 @@ cat > "$R/etc/crypttab" <<'EOF'
 keyed   /dev/vdb  /etc/cryptblk/keyed.key  luks,x-cryptblk.export=ublk
 tanged  /dev/vdc  none                     luks,headless=true,x-systemd.requires=tangd.socket,x-cryptblk.export=ublk
 EOF
-cat > "$R/etc/fstab" <<'EOF'
-/dev/vda              /            ext4  defaults                                   0 0
-/dev/cryptblk/keyed   /mnt/keyed   ext4  nofail,x-systemd.device-timeout=600        0 2
-/dev/cryptblk/tanged  /mnt/tanged  ext4  _netdev,nofail,x-systemd.device-timeout=600 0 2
+# How long a mount waits for its device (without the udev rule it never comes).
+dt=600; [ "${WITHOUT_UDEV_RULE:-0}" = 1 ] && dt=60
+cat > "$R/etc/fstab" <<EOF
+/dev/vda              /            ext4  defaults                                    0 0
+/dev/cryptblk/keyed   /mnt/keyed   ext4  nofail,x-systemd.device-timeout=$dt         0 2
+/dev/cryptblk/tanged  /mnt/tanged  ext4  _netdev,nofail,x-systemd.device-timeout=$dt 0 2
 EOF
 mkdir -p "$R/mnt/keyed" "$R/mnt/tanged"
 echo cryptblk-lab > "$R/etc/hostname"
