@@ -32,7 +32,8 @@ for name in keyed tanged; do
   [ "$(readlink -f "$src")" = "$link" ] && pass "/mnt/$name mounted from $src" || fail "/mnt/$name source '$src'"
   [ "$(cat "/mnt/$name/marker" 2>&1)" = "marker of $name" ] && pass "/mnt/$name/marker reads back" ||
     fail "/mnt/$name/marker: $(cat "/mnt/$name/marker" 2>&1)"
-  echo "written at boot" > "/mnt/$name/boot" && sync -f "/mnt/$name/boot" && pass "write to /mnt/$name" || fail "write to /mnt/$name"
+  mountpoint -q "/mnt/$name" && echo "written at boot" > "/mnt/$name/boot" && sync -f "/mnt/$name/boot" &&
+    pass "write to /mnt/$name" || fail "write to /mnt/$name"
 done
 # The tang volume waited for the network; the key-file one did not.
 systemctl show -P After cryptblk@tanged.service | grep -qw network-online.target &&
