@@ -76,6 +76,8 @@ want systemd-cryptenroll systemd
 want systemd-analyze systemd
 want systemd-escape systemd
 want systemd-ask-password systemd
+# The systemd lab guest (tests/lab/systemd-boot.sh) boots a Debian root made by debootstrap.
+want debootstrap debootstrap
 # clevis's tpm2 pin (tests/token_tpm2.rs binds with it).
 want clevis-encrypt-tpm2 clevis-tpm2
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)

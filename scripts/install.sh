@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs cryptblk as a system tool: the binary, its man pages (section 8, generated from the
 # argument definitions by `cryptblk __generate-docs`), bash/zsh/fish completions, and, when the
-# tree has them, the systemd units (dist/systemd/*) and the generator (cryptblk-generator).
+# tree has them, the systemd units (dist/systemd/*), the generator (cryptblk-generator) and
+# the udev rule that names served ublk devices /dev/cryptblk/NAME (dist/udev/rules.d/*).
 #
 #   scripts/install.sh [--prefix /usr/local] [--destdir DIR] [--binary PATH] [--generator PATH]
 #
@@ -77,6 +78,14 @@ if [ -d dist/systemd ]; then
     echo "$dest"
   done
 fi
+# The generator's units run PREFIX/bin/cryptblk: it looks for the binary installed beside it
+# (PREFIX/lib/systemd/system-generators/../../../bin/cryptblk), so any --prefix agrees.
 if [ -n "$generator" ]; then
   put 755 "$generator" "$root/lib/systemd/system-generators/cryptblk-generator"
+fi
+# udev reads rules under /usr/lib and /usr/local/lib alike (udevadm lists both).
+if [ -d dist/udev/rules.d ]; then
+  for rule in dist/udev/rules.d/*.rules; do
+    [ -f "$rule" ] && put 644 "$rule" "$root/lib/udev/rules.d/$(basename "$rule")"
+  done
 fi

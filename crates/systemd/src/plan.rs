@@ -122,6 +122,10 @@ pub struct Volume {
     pub passphrase_file: Option<String>,
     /// `header=`: a detached header file.
     pub header: Option<String>,
+    /// `x-systemd.after=`, `before=`, `wants=`, `requires=` as fstab(5) takes them: unit
+    /// settings (`After`, `Before`, `Wants`, `Requires`, `RequiresMountsFor`) and values,
+    /// in line order.
+    pub deps: Vec<(&'static str, String)>,
 }
 
 /// The volume of crypttab line `e`, or None when the line does not carry
@@ -151,6 +155,7 @@ pub fn plan(e: &Entry, warn: &mut dyn FnMut(String)) -> Result<Option<Volume>, S
         key_args: Vec::new(),
         passphrase_file: None,
         header: None,
+        deps: Vec::new(),
     };
     if let Some(k) = &v.key_file {
         if !k.starts_with('/') {
@@ -260,6 +265,29 @@ pub fn plan(e: &Entry, warn: &mut dyn FnMut(String)) -> Result<Option<Volume>, S
                 crate::timespan::parse_seconds(&t)
                     .map_err(|m| format!("option x-systemd.device-timeout: {m}"))?;
                 v.device_timeout = Some(t);
+            }
+            "x-systemd.after" | "x-systemd.before" | "x-systemd.wants" | "x-systemd.requires" => {
+                let u = need("unit")?;
+                if u.is_empty() || u.contains(char::is_whitespace) || u.contains(['"', '\\']) {
+                    return Err(format!("option {}: '{u}' is not a unit name", o.name));
+                }
+                let path = u.starts_with('/');
+                let setting = match (o.name.as_str(), path) {
+                    // As fstab: an absolute path is the mount point it needs.
+                    ("x-systemd.requires", true) => "RequiresMountsFor",
+                    ("x-systemd.requires", false) => "Requires",
+                    (_, true) => {
+                        return Err(format!("option {}: '{u}' is a path, not a unit", o.name))
+                    }
+                    ("x-systemd.after", _) => "After",
+                    ("x-systemd.before", _) => "Before",
+                    _ => "Wants",
+                };
+                if setting == "Requires" {
+                    // fstab's x-systemd.requires= orders after the unit too.
+                    v.deps.push(("After", u.clone()));
+                }
+                v.deps.push((setting, u));
             }
             other => warn(format!(
                 "option '{other}' is not supported by cryptblk and is ignored"

@@ -179,11 +179,38 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
             "cryptblk@vm\\x2d1.service".into(),
             "cryptsetup.target.requires".into(),
             "cryptsetup.target.wants".into(),
+            "dev-cryptblk-data.device.d".into(),
+            "dev-cryptblk-data.device.requires".into(),
+            "dev-cryptblk-tc.device.d".into(),
+            "dev-cryptblk-tc.device.requires".into(),
             format!("{dev}.d"),
             "remote-cryptsetup.target.requires".into(),
         ]
     );
-    assert_eq!(std::fs::read_dir(&g.early).unwrap().count(), 0);
+    // systemd-cryptsetup-generator writes a unit for these lines too: the early directory
+    // (which outranks its normal one) has one that only stands for cryptblk's.
+    let mut early: Vec<String> = std::fs::read_dir(&g.early)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    early.sort();
+    assert_eq!(
+        early,
+        ["data", "img", "net", "tc", "vm\\x2d1"].map(|n| format!("systemd-cryptsetup@{n}.service"))
+    );
+    let stub = read(&g.early.join("systemd-cryptsetup@data.service"));
+    for want in [
+        "Requires=cryptblk@data.service\n",
+        "After=cryptblk@data.service\n",
+        "DefaultDependencies=no\n",
+        "RemainAfterExit=yes\n",
+    ] {
+        assert!(stub.contains(want), "stub lacks {want:?}:\n{stub}");
+    }
+    assert!(
+        !stub.contains("ExecStart=/usr/lib/systemd/systemd-cryptsetup"),
+        "{stub}"
+    );
     assert_eq!(std::fs::read_dir(&g.late).unwrap().count(), 0);
     for (link, unit) in [
         ("cryptsetup.target.requires", "cryptblk@data.service"),
@@ -192,6 +219,20 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
     ] {
         let l = g.normal.join(link).join(unit);
         assert_eq!(std::fs::read_link(&l).unwrap(), Path::new("..").join(unit));
+    }
+    // The ublk volumes' own devices (/dev/cryptblk/NAME, linked by the udev rule) pull
+    // their units in and wait for them, as /dev/mapper/NAME does for systemd-cryptsetup@.
+    for name in ["data", "tc"] {
+        let unit = format!("cryptblk@{name}.service");
+        let l = g
+            .normal
+            .join(format!("dev-cryptblk-{name}.device.requires"))
+            .join(&unit);
+        assert_eq!(std::fs::read_link(&l).unwrap(), Path::new("..").join(&unit));
+        assert!(read(&g.normal.join(format!(
+            "dev-cryptblk-{name}.device.d/40-cryptblk-job-timeout.conf"
+        )))
+        .contains("\n[Unit]\nJobTimeoutSec=infinity\n"));
     }
     for (link, n) in [
         ("cryptsetup.target.requires", 2),
@@ -218,6 +259,7 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
         &format!("After={dev}\n"),
         "RequiresMountsFor=/etc/cryptblk/data.key\n",
         "Wants=modprobe@ublk_drv.service\n",
+        "Wants=blockdev@dev-cryptblk-data.target\nBefore=blockdev@dev-cryptblk-data.target\n",
         "Type=notify\n",
         &format!(
             "ExecStart={bin} open --type luks --allow-discards --ublk --keyfile-size 64 \
@@ -249,6 +291,10 @@ fn generator_writes_units_for_its_lines_only_and_warns_once_per_problem() {
         assert!(net.contains(want), "cryptblk@net.service lacks {want:?}:\n{net}");
     }
     assert!(!net.contains("Before=cryptsetup.target"), "{net}");
+    assert!(
+        !net.contains("dev-cryptblk-"),
+        "NBD makes no block device: {net}"
+    );
 
     let img = read(&g.normal.join("cryptblk@img.service"));
     for want in [
@@ -301,12 +347,22 @@ fn generated_units_pass_systemd_analyze_verify() {
         .collect();
     units.sort();
     assert_eq!(units.len(), 5);
+    units.extend(
+        std::fs::read_dir(&g.early)
+            .unwrap()
+            .map(|e| e.unwrap().path()),
+    );
+    units.sort();
+    assert_eq!(units.len(), 10);
     // The generator directory first in the search path (the trailing ':' keeps the
     // system's units, which the generated ones order against), as systemd puts it.
     let out = run(Command::new("systemd-analyze")
         .args(["verify", "--man=no", "--generators=no"])
         .args(&units)
-        .env("SYSTEMD_UNIT_PATH", format!("{}:", g.normal.display())));
+        .env(
+            "SYSTEMD_UNIT_PATH",
+            format!("{}:{}:", g.early.display(), g.normal.display()),
+        ));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stderr.trim().is_empty(),
@@ -499,6 +555,63 @@ fn volumes_bound_to_tang_wait_for_the_network() {
                 .join(format!("{target}.requires/cryptblk@{name}.service"))
                 .exists(),
             "{name} not pulled in by {target}"
+        );
+    }
+}
+
+#[test]
+fn x_systemd_dependencies_become_unit_dependencies_systemd_loads() {
+    // fstab(5)'s x-systemd.after=/before=/wants=/requires= on a crypttab line: systemd's own
+    // load of the unit (verify's debug dump) has each dependency; requires= of a path is
+    // the mount it needs; a path given where a unit is wanted skips the line.
+    let tab = "web /dev/sdb /etc/k luks,x-cryptblk.export=ublk,x-systemd.after=time-sync.target,\
+               x-systemd.before=local-fs-pre.target,x-systemd.wants=systemd-udev-settle.service,\
+               x-systemd.requires=systemd-journald.socket,x-systemd.requires=/srv/keys\n\
+               bad /dev/sdc /etc/k x-cryptblk.export=ublk,x-systemd.after=/srv\n";
+    let g = generate(tab);
+    assert!(
+        g.stderr
+            .contains(":2: option x-systemd.after: '/srv' is a path, not a unit; line ignored"),
+        "{}",
+        g.stderr
+    );
+    assert!(!g.normal.join("cryptblk@bad.service").exists());
+    let unit = g.normal.join("cryptblk@web.service");
+    let text = read(&unit);
+    for want in [
+        "After=time-sync.target\n",
+        "Before=local-fs-pre.target\n",
+        "Wants=systemd-udev-settle.service\n",
+        "After=systemd-journald.socket\nRequires=systemd-journald.socket\n",
+        "RequiresMountsFor=/srv/keys\n",
+    ] {
+        assert!(text.contains(want), "lacks {want:?}:\n{text}");
+    }
+    let out = run(Command::new("systemd-analyze")
+        .args(["verify", "--man=no", "--generators=no"])
+        .arg(&unit)
+        .env("SYSTEMD_LOG_LEVEL", "debug")
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", g.normal.display())));
+    assert!(out.status.success(), "{out:?}");
+    let dump = String::from_utf8_lossy(&out.stdout);
+    let deps: Vec<&str> = dump
+        .lines()
+        .skip_while(|l| !l.contains("-> Unit cryptblk@web.service:"))
+        .take_while(|l| !l.trim().starts_with("-> ExecStart"))
+        .map(str::trim)
+        .collect();
+    for want in [
+        "After: time-sync.target",
+        "Before: local-fs-pre.target",
+        "Wants: systemd-udev-settle.service",
+        "Requires: systemd-journald.socket",
+        "After: systemd-journald.socket",
+        "RequiresMountsFor: /srv/keys",
+    ] {
+        assert!(
+            deps.iter().any(|l| l.starts_with(want)),
+            "systemd did not load {want:?}:\n{}",
+            deps.join("\n")
         );
     }
 }

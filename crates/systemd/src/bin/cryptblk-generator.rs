@@ -9,11 +9,12 @@ use std::path::PathBuf;
 
 fn main() {
     let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let args: Vec<&std::path::Path> = args.iter().map(|p| p.as_path()).collect();
     if args.is_empty() || args.len() > 3 || args[0].as_os_str().is_empty() {
         eprintln!("usage: cryptblk-generator NORMAL_DIR [EARLY_DIR LATE_DIR]");
         std::process::exit(1);
     }
-    let normal = &args[0];
+    let normal = args[0];
     let paths = Paths {
         crypttab: generator::crypttab_path(),
         ..Paths::default()
@@ -27,7 +28,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match generator::generate(&text, normal, &paths) {
+    match generator::generate(&text, normal, args.get(1).copied(), &paths) {
         Ok(warnings) => {
             for w in warnings {
                 eprintln!("cryptblk-generator: {w}");
