@@ -40,6 +40,7 @@ pub(super) fn start_stack(
                 // Under a Type=notify unit (cryptblk-generator's): READY=1 now that the
                 // export accepts I/O, STATUS=, watchdog pings.
                 cryptblk_systemd::notify::ready(facts);
+                crate::daemon::release_startup_memory();
             },
             // STOPPING=1 to a service manager (only `open --foreground` has NOTIFY_SOCKET).
             cryptblk_systemd::notify::stopping,

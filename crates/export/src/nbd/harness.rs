@@ -59,7 +59,7 @@ impl NbdHarness {
             conns: Mutex::new(HashMap::new()),
             poller: Poller::new().map_err(|e| ExportError::io("creating a poller", e))?,
             // No workers: nothing is submitted on this path.
-            pool: Pool::new(0).map_err(|e| ExportError::io("creating the pool", e))?,
+            pool: Pool::new(0),
             readers: Default::default(),
         };
         Ok(NbdHarness {

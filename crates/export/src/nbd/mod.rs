@@ -8,8 +8,10 @@
 //! than adapting one.
 //!
 //! Threading: one event-loop thread watches the listener and every quiet connection; a
-//! fixed pool of worker threads ([`NbdConfig::workers`]) runs option haggling and the
-//! requests that overlap. A connection in the transmission phase that has requests gets a
+//! pool of worker threads, started on demand up to [`NbdConfig::workers`] and ending after
+//! a few idle seconds, runs option haggling and the requests that overlap. An idle server
+//! is the event-loop thread alone (issue 28: a host serving a thousand volumes must not
+//! pay sixteen idle workers for each). A connection in the transmission phase that has requests gets a
 //! reader thread of its own, which reads its requests in order with blocking reads and runs
 //! a lone request (none other in flight, nothing more waiting on the socket) itself, so a
 //! client at queue depth 1 pays no thread hand-off; when several are in flight the reader
@@ -109,6 +111,12 @@ pub const DEFAULT_WORKERS: usize = 16;
 /// Default [`NbdConfig::max_in_flight`]: requests of one connection executing at once.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 
+/// Stack of the event-loop thread, the one thread an idle server has: it accepts, sends
+/// greetings and polls, and runs no request (those run on readers and pool workers, which
+/// end when idle and so keep std's default stack). std's 2 MiB would only reserve address
+/// space, but a thousand served volumes' worth of it is 2 GiB of mappings for nothing.
+const EVENT_LOOP_STACK: usize = 256 << 10;
+
 /// Shortest interval between two checks of the connections' deadlines.
 const EXPIRE_EVERY: Duration = Duration::from_millis(50);
 
@@ -170,7 +178,8 @@ pub struct NbdConfig {
     /// Connections served at once; more are closed right after accept
     /// (default [`DEFAULT_MAX_CLIENTS`]).
     pub max_clients: usize,
-    /// Worker threads shared by all connections (default [`DEFAULT_WORKERS`]).
+    /// Most worker threads shared by all connections (default [`DEFAULT_WORKERS`]); they
+    /// start as jobs arrive and end after a few seconds without one.
     pub workers: usize,
     /// Requests of one connection executing at once (default [`DEFAULT_MAX_IN_FLIGHT`]).
     pub max_in_flight: usize,
@@ -357,8 +366,7 @@ impl NbdServer {
         let listener = Arc::new(listener);
         let poller =
             Poller::new().map_err(|e| ExportError::io("creating the NBD event loop", e))?;
-        let pool = Pool::new(config.workers)
-            .map_err(|e| ExportError::io("spawning the NBD worker threads", e))?;
+        let pool = Pool::new(config.workers);
         let shared = Arc::new(Shared {
             io,
             config,
@@ -373,6 +381,7 @@ impl NbdServer {
         let loop_listener = Arc::clone(&listener);
         let loop_thread = std::thread::Builder::new()
             .name("nbd-events".to_string())
+            .stack_size(EVENT_LOOP_STACK)
             .spawn(move || {
                 if let Err(e) = event_loop(&loop_listener, &loop_shared) {
                     log::error!("NBD event loop failed: {e}");

@@ -684,7 +684,12 @@ pub(super) fn block_termination_signals() {
 /// On SIGTERM/SIGINT/SIGHUP, asks our own control socket to close, so termination takes the
 /// same path as `cryptblk close`: flush, stop the export, exit.
 pub(super) fn spawn_signal_watcher(ctl: PathBuf) {
-    std::thread::spawn(move || {
+    // A small stack: this thread lives as long as the volume and only waits (issue 28's
+    // thousand idle volumes).
+    let watcher = std::thread::Builder::new()
+        .name("signals".to_string())
+        .stack_size(128 << 10);
+    let spawned = watcher.spawn(move || {
         let set = termination_signals();
         let mut sig = 0;
         // SAFETY: sigwait on a set of signals this process has blocked.
@@ -698,6 +703,9 @@ pub(super) fn spawn_signal_watcher(ctl: PathBuf) {
             let _ = BufReader::new(s).read_line(&mut sink);
         }
     });
+    if let Err(e) = spawned {
+        log::warn!("cannot watch for termination signals: {e}");
+    }
 }
 
 /// `DecryptExport`: the online decryption exporting the header (see
