@@ -60,6 +60,16 @@ in_root apt-get update -qq
 DEBIAN_FRONTEND=noninteractive in_root apt-get -f install -y -qq --no-install-recommends >/dev/null
 in_root dpkg -s cryptblk | grep -E '^(Status|Version|Depends):'
 in_root dpkg -L cryptblk | grep -E 'bin/|man8/cryptblk(-luksFormat)?\.8|completions|systemd' 
+# Units and the generator where every Debian's systemd reads them: /usr/lib/systemd
+# (bookworm's systemd 252 also reads /lib/systemd, trixie's does not).
+if in_root dpkg -L cryptblk | grep -q 'lib/systemd/'; then
+  if in_root dpkg -L cryptblk | grep 'lib/systemd/' | grep -v '^/usr/lib/systemd/'; then
+    echo "deb-check: systemd files outside /usr/lib/systemd (above)" >&2
+    exit 1
+  fi
+  in_root test -x /usr/lib/systemd/system-generators/cryptblk-generator
+  echo "systemd units and generator: under /usr/lib/systemd"
+fi
 
 echo "== run"
 in_root cryptblk --version

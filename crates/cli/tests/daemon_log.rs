@@ -1,6 +1,7 @@
 //! The daemon's log as an operator needs it (issue 29): clients connecting and leaving and
 //! I/O errors in it; under systemd (standard error is `$JOURNAL_STREAM`) every line carries
-//! its syslog priority for journald; outside, `<name>.log` stays under its size cap.
+//! its syslog priority for journald; outside, `<name>.log` stays under its size cap. A FUSE
+//! export logs its first open (with the opener's pid) and its last release.
 
 mod common;
 use common::*;
@@ -146,4 +147,55 @@ fn under_systemd_the_log_carries_syslog_priorities() {
     }
     // journald adds its own timestamps; lines carry none.
     assert!(!text.contains("[20"), "no timestamps:\n{text}");
+}
+
+/// Waits until the log at `path` has a line for which `pred` holds, 30 s at most; returns
+/// the log.
+fn wait_for_line(path: &Path, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().any(&pred) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "no {what} line in:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn fuse_export_logs_first_open_and_last_release() {
+    use std::io::Read;
+    let dir = tempdir();
+    let table = table(dir.path());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run_ok(
+        cryptblk()
+            .args(["dm", "create", "log-fuse", "--table-file"])
+            .arg(&table)
+            .arg("--fuse")
+            .arg(&mnt),
+        b"",
+    );
+    let _served = Served::volume("log-fuse");
+    let log = runtime_dir().join("log-fuse.log");
+    let disk = mnt.join("disk");
+    // Two opens at once: one line when the first comes, one when the last goes.
+    let mut first = std::fs::File::open(&disk).unwrap();
+    let second = std::fs::File::open(&disk).unwrap();
+    let mut buf = [0u8; 4096];
+    first.read_exact(&mut buf).unwrap();
+    let me = format!("opened by pid {} ", std::process::id());
+    let text = wait_for_line(&log, "first-open", |l| l.contains(&me));
+    assert!(!text.contains("no longer in use"), "still open:\n{text}");
+    drop(first);
+    drop(second);
+    let text = wait_for_line(&log, "last-release", |l| {
+        // The daemon names the file under the canonical mount point.
+        let disk = mnt.canonicalize().unwrap().join("disk");
+        l.contains(&format!("FUSE {}: last open released", disk.display()))
+    });
+    let opens = text.lines().filter(|l| l.contains("opened by pid")).count();
+    assert_eq!(opens, 1, "one line for the first of two opens:\n{text}");
 }

@@ -3,7 +3,8 @@
 //! holds the key only in locked memory and no hex copy of it after `dm table --showkeys`,
 //! none at all after `key wipe`; another process of the daemon's own user cannot read its
 //! memory (not dumpable); core dumps are off. And the control socket does not buffer an
-//! unbounded request line.
+//! unbounded request line. A passphrase typed on a terminal reaches the KDF byte for byte
+//! (a tab included), as cryptsetup takes it.
 
 mod common;
 use common::memory::find_in_memory;
@@ -257,4 +258,34 @@ fn control_socket_refuses_an_endless_line_without_buffering_it() {
     );
     // The daemon still answers.
     run_ok(cryptblk().args(["status", "t-longline"]), b"");
+}
+
+/// cryptsetup hashes the passphrase bytes typed on its terminal as they are; a tab is one
+/// of them. A prompt that drops control characters (rpassword 7.5 does) would turn
+/// `pass<TAB>word` into `password` and not open the volume.
+#[test]
+fn passphrase_with_a_tab_typed_on_a_terminal() {
+    let dir = tempdir();
+    let key = write_file(dir.path(), "key", b"pass\tword");
+    let img = dir.path().join("img");
+    cryptsetup_luks2(&img, &key, 32 << 20).expect("cryptsetup formats the image");
+    let typed = |cmd: Command, answer: &str| {
+        let mut cmd = cmd;
+        run_on_pty(
+            cmd.args(["open", "--test-passphrase"]).arg(&img),
+            &[PtyStep {
+                prompt: "Enter passphrase for ",
+                answer,
+                secret: true,
+            }],
+        )
+    };
+    // The terminal passes the tab through: cryptsetup itself opens with it.
+    let theirs = typed(cryptsetup().expect("cryptsetup"), "pass\tword");
+    assert_eq!(theirs.code, 0, "cryptsetup: {:?}", theirs.output);
+    let ours = typed(cryptblk(), "pass\tword");
+    assert_eq!(ours.code, 0, "cryptblk: {:?}", ours.output);
+    // Without the tab it is another passphrase (exit 2, as cryptsetup's).
+    let ours = typed(cryptblk(), "password");
+    assert_eq!(ours.code, 2, "cryptblk: {:?}", ours.output);
 }

@@ -99,6 +99,34 @@ fn online_rekey_under_fio_then_reopen() {
         "data outside fio's regions changed"
     );
     drop(served);
+    // The daemon's log tells the run: its start, a line per tenth (not one per step: 128
+    // steps here), and cryptsetup's final line with the bytes this run wrote.
+    let log = std::fs::read_to_string(runtime_dir().join(format!("{name}.log"))).unwrap();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("{name}: reencryption ")))
+        .collect();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.contains("reencryption started (forward, hotzone 256 KiB")),
+        "{log}"
+    );
+    let progress = lines
+        .iter()
+        .filter(|l| l.contains("reencryption Progress: "))
+        .count();
+    assert!(
+        (1..=12).contains(&progress),
+        "{progress} progress lines:\n{log}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.contains("reencryption Finished, time ")
+                && l.contains("   32 MiB written, speed ")),
+        "{log}"
+    );
     assert!(
         lab.independent_plaintext(&img) == served_plain,
         "the new key does not decrypt what the export served"

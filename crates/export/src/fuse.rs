@@ -95,12 +95,16 @@ impl FuseExport {
                 config.file_name
             )));
         }
+        let mountpoint = config.mountpoint.canonicalize().map_err(|e| {
+            ExportError::io(format!("mount point {}", config.mountpoint.display()), e)
+        })?;
         let io = Arc::new(AlignedIo::new(device));
         let opens = Arc::new(AtomicUsize::new(0));
         let fs = DiskFs {
             io: Arc::clone(&io),
             opens: Arc::clone(&opens),
             file_name: config.file_name.clone(),
+            file_path: mountpoint.join(&config.file_name),
             read_only: config.read_only,
             uid: unsafe_free_getuid(),
             gid: unsafe_free_getgid(),
@@ -121,9 +125,6 @@ impl FuseExport {
         }
         fuse_config.n_threads = Some(config.threads.max(1));
         fuse_config.clone_fd = config.threads > 1;
-        let mountpoint = config.mountpoint.canonicalize().map_err(|e| {
-            ExportError::io(format!("mount point {}", config.mountpoint.display()), e)
-        })?;
         let session = fuser::spawn_mount(fs, &mountpoint, &fuse_config).map_err(|e| {
             ExportError::io(
                 format!("mounting FUSE on {}", config.mountpoint.display()),
@@ -283,10 +284,25 @@ struct DiskFs {
     /// Opens of the file not yet released ([`FuseExport::open_count`]).
     opens: Arc<AtomicUsize>,
     file_name: String,
+    /// `<mountpoint>/<file_name>`, as the daemon's log names the export.
+    file_path: PathBuf,
     read_only: bool,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
+}
+
+/// The process (thread group) of thread `tid`, from `/proc/<tid>/status`; `tid` itself when
+/// that cannot be read (the thread is gone).
+fn process_of(tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(tid)
 }
 
 fn errno(err: &io::Error) -> Errno {
@@ -407,7 +423,7 @@ impl Filesystem for DiskFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if ino != FILE_INO {
             reply.error(Errno::from_i32(libc::EISDIR));
             return;
@@ -417,7 +433,18 @@ impl Filesystem for DiskFs {
             return;
         }
         // Counted before the reply, so the opener can never see its open uncounted.
-        self.opens.fetch_add(1, Ordering::SeqCst);
+        if self.opens.fetch_add(1, Ordering::SeqCst) == 0 {
+            // The export's "client connected": the first open of the file (later opens
+            // while it is in use would be a line per `open(2)` of every reader).
+            // The request names the opening thread; the log names its process.
+            let pid = process_of(req.pid());
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            log::info!(
+                "FUSE {}: opened by pid {pid} ({}), now in use",
+                self.file_path.display(),
+                comm.trim_end()
+            );
+        }
         reply.opened(
             FileHandle(0),
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
@@ -438,9 +465,17 @@ impl Filesystem for DiskFs {
     ) {
         if ino == FILE_INO {
             // Saturating: a release the count never saw must not wrap it to "in use".
-            let _ = self
+            let before = self
                 .opens
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            // The release carries no reliable pid (the kernel sends it when the last
+            // descriptor of an open goes, possibly from another task): none is named.
+            if before == Ok(1) {
+                log::info!(
+                    "FUSE {}: last open released, no longer in use",
+                    self.file_path.display()
+                );
+            }
         }
         reply.ok();
     }

@@ -231,6 +231,14 @@ pub fn stdin_is_tty() -> bool {
 }
 
 /// Prompts on standard error and reads one line from the terminal with echo disabled.
+///
+/// Hand-written rather than `rpassword` (checked with 7.5.4, the current release): it reads
+/// characters, not bytes, in raw mode, so it drops control characters (a typed `pass<TAB>word`
+/// came back as `password`) and turns bytes that are not UTF-8 into U+FFFD (`caf\xe9` came
+/// back as `caf\xef\xbf\xbd`), and it reads `/dev/tty` rather than standard input.
+/// cryptsetup hashes the bytes typed on standard input as they are (canonical mode, echo
+/// off), so such a passphrase would not open its volume. The `key_hygiene` test
+/// `passphrase_with_a_tab_typed_on_a_terminal` holds this to cryptsetup's behaviour.
 pub fn prompt_passphrase(prompt: &str) -> Result<SecretBytes> {
     let fd = libc::STDIN_FILENO;
     let mut stderr = io::stderr();

@@ -2,22 +2,23 @@
 //! description stored in the token (`token add --key-description`), as cryptsetup's built-in
 //! handler finds it.
 //!
-//! The two keyctl calls are made directly through `libc::syscall`: no maintained crate wraps
-//! `request_key(2)` without also pulling in a C library (libkeyutils).
+//! The keyring calls go through `linux-keyutils` (the raw keyctl(2) system calls, no C
+//! library). Its `KeyRing::request_key` must link what it finds into a destination keyring
+//! (it cannot pass request_key(2)'s 0), so the search is made as request_key(2) makes it
+//! without a callout, keyring by keyring: thread, process, then session keyring (each
+//! recursively, the found key possessed), and nothing is linked anywhere.
 
 use super::TokenHandler;
 use crate::error::{Result, VolumeError};
 use cryptblk_cipher::SecretBytes;
+use linux_keyutils::{KeyError, KeyRing, KeyRingIdentifier};
 use serde_json::Value;
-use std::ffi::CString;
 
 /// The token type.
 pub const TYPE: &str = "luks2-keyring";
 
 /// The `luks2-keyring` handler.
 pub struct Keyring;
-
-const KEYCTL_READ: libc::c_long = 11;
 
 impl TokenHandler for Keyring {
     fn type_name(&self) -> &'static str {
@@ -52,64 +53,66 @@ impl TokenHandler for Keyring {
 }
 
 /// Reads the `user` key with description `desc` from the caller's keyrings (thread,
-/// process, session, then the user keyrings, as `request_key(2)` searches them).
+/// process, session, then the user keyrings linked from them, as `request_key(2)` searches
+/// them).
 pub fn read_user_key(desc: &str) -> Result<SecretBytes> {
     // cryptsetup reports a missing key as a token that cannot unlock its keyslots (exit 2).
-    let not_found = |e: std::io::Error| {
+    let not_found = |e: KeyError| {
         VolumeError::new(
             crate::ErrorClass::NoPermission,
-            format!("no key '{desc}' in the kernel keyring ({e})"),
+            format!("no key '{desc}' in the kernel keyring ({})", describe(e)),
         )
     };
-    let ty = CString::new("user").expect("static");
-    let d = CString::new(desc).map_err(|_| VolumeError::usage("key description holds NUL"))?;
-    // SAFETY: both strings are NUL-terminated and live across the call; no callout info,
-    // no destination keyring.
-    let serial = unsafe {
-        libc::syscall(
-            libc::SYS_request_key,
-            ty.as_ptr(),
-            d.as_ptr(),
-            std::ptr::null::<libc::c_char>(),
-            0 as libc::c_long,
-        )
-    };
-    if serial < 0 {
-        return Err(not_found(std::io::Error::last_os_error()));
+    if desc.contains('\0') {
+        return Err(VolumeError::usage("key description holds NUL"));
     }
-    // Ask the size first, then read straight into locked memory.
-    // SAFETY: a null buffer of length 0 only returns the payload size.
-    let size = unsafe {
-        libc::syscall(
-            libc::SYS_keyctl,
-            KEYCTL_READ,
-            serial,
-            std::ptr::null_mut::<u8>(),
-            0 as libc::size_t,
-        )
-    };
-    if size < 0 {
-        return Err(not_found(std::io::Error::last_os_error()));
+    let mut missing = KeyError::KeyDoesNotExist;
+    let mut found = None;
+    for ring in [
+        KeyRingIdentifier::Thread,
+        KeyRingIdentifier::Process,
+        KeyRingIdentifier::Session,
+    ] {
+        // A thread or process keyring that does not exist is not created.
+        let Ok(ring) = KeyRing::from_special_id(ring, false) else {
+            continue;
+        };
+        match ring.search(desc) {
+            Ok(key) => {
+                found = Some(key);
+                break;
+            }
+            // Keep the most telling reason (e.g. a revoked key) over "not found".
+            Err(KeyError::KeyDoesNotExist) => {}
+            Err(e) => missing = e,
+        }
     }
-    let mut buf = SecretBytes::zeroed(size as usize);
-    // SAFETY: buf holds `size` writable bytes.
-    let got = unsafe {
-        libc::syscall(
-            libc::SYS_keyctl,
-            KEYCTL_READ,
-            serial,
-            buf.as_mut_bytes().as_mut_ptr(),
-            size as libc::size_t,
-        )
-    };
-    if got < 0 {
-        return Err(not_found(std::io::Error::last_os_error()));
-    }
-    if got as usize != buf.len() {
+    let key = found.ok_or_else(|| not_found(missing))?;
+    // Ask the size first (an empty buffer), then read straight into locked memory.
+    let size = key.read(&mut [0u8; 0]).map_err(not_found)?;
+    let mut buf = SecretBytes::zeroed(size);
+    let got = key.read(&mut buf.as_mut_bytes()).map_err(not_found)?;
+    if got != buf.len() {
         // The key changed size between the calls: take what fits.
         return Ok(SecretBytes::from_slice(
-            &buf.as_bytes()[..(got as usize).min(buf.len())],
+            &buf.as_bytes()[..got.min(buf.len())],
         ));
     }
     Ok(buf)
+}
+
+/// The system's words for the errors a key lookup meets.
+fn describe(e: KeyError) -> String {
+    let errno = match e {
+        KeyError::KeyDoesNotExist => libc::ENOKEY,
+        KeyError::AccessDenied => libc::EACCES,
+        KeyError::PermissionDenied => libc::EPERM,
+        KeyError::KeyExpired => libc::EKEYEXPIRED,
+        KeyError::KeyRevoked => libc::EKEYREVOKED,
+        KeyError::KeyRejected => libc::EKEYREJECTED,
+        KeyError::OutOfMemory => libc::ENOMEM,
+        KeyError::Unknown(n) => n,
+        other => return format!("{other:?}"),
+    };
+    std::io::Error::from_raw_os_error(errno).to_string()
 }
