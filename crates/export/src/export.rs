@@ -40,6 +40,12 @@ pub trait Export: Send {
     /// Stops accepting new clients and requests, lets requests in flight finish, and
     /// flushes the device. On an error the export is torn down as on drop.
     fn stop(self: Box<Self>) -> Result<(), ExportError>;
+
+    /// Stops serving so that a successor process can take the device over: the block device
+    /// stays (ublk user recovery) or clients reconnect (NBD, vhost-user). Default: `stop`.
+    fn hand_over(self: Box<Self>) -> Result<(), ExportError> {
+        self.stop()
+    }
 }
 
 /// The settings of one kind of export, which can start it on a device.
