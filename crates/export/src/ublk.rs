@@ -558,6 +558,16 @@ fn recover_device(dev_id: u32, params: &DeviceParams) -> Result<UblkCtrl, Export
         .get_params(&mut kernel)
         .map_err(|e| ublk_error(&context("reading its parameters"), e))?;
     params.matches(dev_id, &kernel.basic)?;
+    // A predecessor that handed the device over may still run (and serve): wait for it to
+    // exit before asking the kernel, which refuses (EBUSY) until then. Polled: another
+    // process's exit has no waiter here.
+    let info = probe.dev_info();
+    if u32::from(info.state) == sys::UBLK_S_DEV_LIVE {
+        let deadline = Instant::now() + TAKE_OVER_WAIT;
+        while process_alive(info.ublksrv_pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     // EBUSY until the old process has released the device and the kernel quiesced it;
     // libublk retries for 30 s.
     match probe.start_user_recover() {
