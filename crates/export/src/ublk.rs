@@ -18,10 +18,18 @@
 //! `discard` and `write_zeroes`.
 //!
 //! Stopping deletes the kernel device (`STOP_DEV` then `DEL_DEV`) and flushes the device.
-//! If the process dies instead (SIGKILL), the kernel aborts the device's outstanding
-//! requests with errors and removes `/dev/ublkbN`; writes acknowledged before a completed
-//! flush are on the backing store already, because acknowledgement happens only after the
-//! [`BlockDevice`] call returned.
+//!
+//! Surviving the process: the device is created with user recovery
+//! (`UBLK_F_USER_RECOVERY`, and `UBLK_F_USER_RECOVERY_REISSUE` where the driver has it). If
+//! the process dies (SIGKILL, a crash) or hands the device over ([`Export::hand_over`]),
+//! the kernel keeps `/dev/ublkbN` and quiesces it: new I/O waits, and with reissue the
+//! requests the dead process had not answered are queued again rather than failed. The
+//! volume's name is part of the device's record (the target data of libublk's
+//! `/run/ublksrvd/NNNN.json`, see [`UblkConfig::volume`]), so starting the export of the
+//! same volume again finds the waiting device and takes it over (`START_USER_RECOVERY`,
+//! serve the queues, `END_USER_RECOVERY`): the same `/dev/ublkbN` carries on and the
+//! waiting I/O completes. Writes acknowledged before the death are on the backing store
+//! already, because acknowledgement happens only after the [`BlockDevice`] call returned.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -59,6 +67,11 @@ pub struct UblkConfig {
     pub max_io_bytes: u32,
     /// Export read-only (the kernel refuses writes).
     pub read_only: bool,
+    /// The volume served, recorded with the device: starting the export of a volume whose
+    /// previous process died takes its waiting device over instead of creating one. `None`:
+    /// always a new device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 impl Default for UblkConfig {
@@ -68,6 +81,7 @@ impl Default for UblkConfig {
             queue_depth: DEFAULT_QUEUE_DEPTH,
             max_io_bytes: DEFAULT_MAX_IO_BYTES,
             read_only: false,
+            volume: None,
         }
     }
 }
@@ -117,18 +131,33 @@ impl UblkExport {
             )));
         }
         let params = DeviceParams::new(device.as_ref(), &config)?;
-        let queues = config.queue_count().max(1);
-        let ctrl = UblkCtrlBuilder::default()
-            .name("cryptblk")
-            .id(-1)
-            .nr_queues(queues)
-            .depth(config.queue_depth)
-            .io_buf_bytes(config.max_io_bytes)
-            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
-            .build()
-            .map_err(|e| ublk_error("creating the ublk device", e))?;
+        ensure_ctrl_ring();
+        let waiting = match config.volume.as_deref() {
+            Some(volume) => find_waiting_device(Path::new(RECORD_DIR), volume)?,
+            None => None,
+        };
+        let ctrl = match waiting {
+            Some(dev_id) => recover_device(dev_id, &params)?,
+            None => {
+                let queues = config.queue_count().max(1);
+                UblkCtrlBuilder::default()
+                    .name("cryptblk")
+                    .id(-1)
+                    .nr_queues(queues)
+                    .depth(config.queue_depth)
+                    .io_buf_bytes(config.max_io_bytes)
+                    .ctrl_flags(recovery_flags())
+                    .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+                    .build()
+                    .map_err(|e| ublk_error("creating the ublk device", e))?
+            }
+        };
         let ctrl = Arc::new(ctrl);
-        let dev_id = ctrl.dev_info().dev_id;
+        let info = ctrl.dev_info();
+        let dev_id = info.dev_id;
+        let queues = info.nr_hw_queues;
+        let depth = info.queue_depth;
+        let record = config.volume.clone();
 
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
         let run_ctrl = Arc::clone(&ctrl);
@@ -140,6 +169,9 @@ impl UblkExport {
                 let result = run_ctrl.run_target(
                     move |dev: &mut UblkDev| {
                         params.apply(dev);
+                        if let Some(volume) = record {
+                            dev.set_target_json(serde_json::json!({ VOLUME_KEY: volume }));
+                        }
                         Ok(())
                     },
                     move |qid: u16, dev: &UblkDev| serve_queue(qid, dev, &run_device),
@@ -157,15 +189,25 @@ impl UblkExport {
         if ready_rx.recv().is_err() {
             let _ = runner.join();
             return Err(ExportError::Config(format!(
-                "the ublk device {dev_id} could not be started (see the log)"
+                "the ublk device {dev_id} could not be {} (see the log)",
+                if waiting.is_some() {
+                    "taken over"
+                } else {
+                    "started"
+                }
             )));
+        }
+        if waiting.is_some() {
+            log::info!("ublk device {dev_id}: taken over, I/O resumes");
+            // The record (kept by libublk) may carry the predecessor's hand-over mark.
+            let _ = mark_handed_over(Path::new(RECORD_DIR), dev_id, None);
         }
         let export = UblkExport {
             ctrl,
             device,
             dev_id,
             queues,
-            depth: config.queue_depth,
+            depth,
             runner: Some(runner),
         };
         // devtmpfs creates the node when the disk is added; give a udev-managed /dev a moment.
@@ -261,6 +303,31 @@ impl Export for UblkExport {
     fn stop(self: Box<Self>) -> Result<(), ExportError> {
         UblkExport::stop(*self)
     }
+
+    /// Leaves `/dev/ublkbN` to a successor: the device is flushed and no longer deleted by
+    /// this process, whose queue threads keep answering requests until it exits. Then the
+    /// kernel quiesces the device (I/O waits) and the successor's start of the same volume
+    /// takes it over (its `START_USER_RECOVERY` waits up to 30 s for this process to go).
+    /// Stopping the queues without exiting would need the driver's `QUIESCE_DEV` (Linux
+    /// 6.15+), and libublk's run loop sends `STOP_DEV` once its queues end, which would
+    /// remove the disk; exiting is what the crash path does, and is proven.
+    fn hand_over(self: Box<Self>) -> Result<(), ExportError> {
+        let mut this = *self;
+        this.ctrl.disown();
+        let me = Some(std::process::id());
+        if let Err(e) = mark_handed_over(Path::new(RECORD_DIR), this.dev_id, me) {
+            // The successor then waits for this process to exit before taking over.
+            log::warn!(
+                "ublk device {}: cannot mark its record handed over: {e}",
+                this.dev_id
+            );
+        }
+        // Dropping the handle detaches the control thread: it ends with the process.
+        drop(this.runner.take());
+        this.device
+            .flush()
+            .map_err(|e| ExportError::io("flushing the device on ublk hand-over", e))
+    }
 }
 
 impl Drop for UblkExport {
@@ -269,6 +336,261 @@ impl Drop for UblkExport {
         ensure_ctrl_ring();
         let _ = self.shutdown();
     }
+}
+
+/// Where libublk records each device it starts (`NNNN.json`, with our target data); the
+/// record goes when the device is deleted through libublk, and with the tmpfs at reboot.
+const RECORD_DIR: &str = "/run/ublksrvd";
+
+/// The key of the volume's name in a device record's target data.
+const VOLUME_KEY: &str = "cryptblk_volume";
+
+/// The key of the pid of a process that handed the device over ([`Export::hand_over`]) and
+/// is about to exit: its successor waits for it instead of leaving a live device alone.
+const HANDED_OVER_KEY: &str = "handed_over_by";
+
+/// How long a successor waits for a dying or handing-over process to release the device.
+const TAKE_OVER_WAIT: Duration = Duration::from_secs(30);
+
+/// The user-recovery flags this driver has: `USER_RECOVERY` keeps the device when its
+/// process dies, `REISSUE` requeues the requests the dead process held instead of failing
+/// them (without it a write in flight at a crash would fail).
+fn recovery_flags() -> u64 {
+    let want = u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE);
+    match UblkCtrl::get_features() {
+        Some(features) => want & features,
+        // Drivers before 6.5 lack GET_FEATURES; both flags are as old as ublk (6.0).
+        None => want,
+    }
+}
+
+/// A device recorded as serving a volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Record {
+    id: u32,
+    /// The process that handed the device over, if one did.
+    handed_over_by: Option<i32>,
+}
+
+/// The path of device `id`'s record in `dir`.
+fn record_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("{id:04}.json"))
+}
+
+/// The devices recorded in `dir` as serving `volume`, lowest id first. Unreadable or
+/// foreign records (other ublk servers write there too) are skipped, and so are records
+/// of another user: libublk makes the directory writable by all.
+fn recorded_devices(dir: &Path, volume: &str) -> Vec<Record> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut records: Vec<Record> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let id = name.to_str()?.strip_suffix(".json")?.parse::<u32>().ok()?;
+            if entry.metadata().ok()?.uid() != me {
+                return None;
+            }
+            let text = std::fs::read_to_string(entry.path()).ok()?;
+            let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+            let target = &json["target_data"];
+            (target[VOLUME_KEY].as_str() == Some(volume)).then(|| Record {
+                id,
+                handed_over_by: target[HANDED_OVER_KEY]
+                    .as_i64()
+                    .and_then(|p| i32::try_from(p).ok()),
+            })
+        })
+        .collect();
+    records.sort_unstable_by_key(|r| r.id);
+    records
+}
+
+/// Marks device `id`'s record in `dir` as handed over by process `by`, or clears the mark
+/// (written to a temporary file and renamed, so a reader never sees half a record).
+fn mark_handed_over(dir: &Path, id: u32, by: Option<u32>) -> std::io::Result<()> {
+    let path = record_path(dir, id);
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let target = json
+        .get_mut("target_data")
+        .and_then(|t| t.as_object_mut())
+        .ok_or_else(|| std::io::Error::other("the record has no target data"))?;
+    match by {
+        Some(pid) => target.insert(HANDED_OVER_KEY.into(), pid.into()),
+        None => target.remove(HANDED_OVER_KEY),
+    };
+    let tmp = dir.join(format!(".{id:04}.json.{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec(&json)?)?;
+    std::fs::rename(&tmp, &path)
+}
+
+/// What the kernel says of a recorded device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DevState {
+    /// Quiesced after its process died: waiting for a successor.
+    Waiting,
+    /// Served, by a process that is still alive.
+    Served(i32),
+    /// Marked live, but its process is gone: the kernel has not quiesced it yet.
+    Dying,
+    /// Some other state (added and never started, or stopped and not deleted).
+    Other(u16),
+    /// Created by another user.
+    Foreign(u32),
+    /// No such device.
+    Gone,
+}
+
+/// What to do with the records of a volume.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Decision {
+    /// The device to take over, if one waits.
+    recover: Option<u32>,
+    /// Records of devices that no longer exist, to remove.
+    forget: Vec<u32>,
+    /// One line each for the devices left alone.
+    notes: Vec<String>,
+}
+
+/// Decides, from the recorded devices of `volume` and their states, which device (if any)
+/// to take over: the first that waits (or whose process is dying, once it waits). A device
+/// served by a live process is never taken.
+fn decide(volume: &str, records: &[Record], state: impl Fn(Record) -> DevState) -> Decision {
+    let mut d = Decision::default();
+    for &record in records {
+        let id = record.id;
+        match state(record) {
+            DevState::Waiting | DevState::Dying if d.recover.is_none() => d.recover = Some(id),
+            DevState::Waiting | DevState::Dying => d.notes.push(format!(
+                "ublk device {id} of volume {volume} also waits for its server; left alone"
+            )),
+            DevState::Served(pid) => d.notes.push(format!(
+                "ublk device {id} recorded for volume {volume} is live, served by process {pid}; left alone"
+            )),
+            DevState::Other(s) => d.notes.push(format!(
+                "ublk device {id} recorded for volume {volume} is in state {s}, not waiting for recovery; left alone"
+            )),
+            DevState::Foreign(uid) => d.notes.push(format!(
+                "ublk device {id} recorded for volume {volume} belongs to user {uid}; left alone"
+            )),
+            DevState::Gone => d.forget.push(id),
+        }
+    }
+    d
+}
+
+/// Whether process `pid` is alive (a zombie has released its files: dead).
+fn process_alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|c| c != 'Z' && c != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// Classifies a recorded device by the kernel's state of it: live is [`DevState::Dying`]
+/// when its server is dead or handed it over, [`DevState::Served`] otherwise.
+fn classify(state: u16, server: i32, handed_over_by: Option<i32>, alive: bool) -> DevState {
+    match u32::from(state) {
+        sys::UBLK_S_DEV_QUIESCED => DevState::Waiting,
+        sys::UBLK_S_DEV_LIVE if alive && handed_over_by != Some(server) => DevState::Served(server),
+        sys::UBLK_S_DEV_LIVE => DevState::Dying,
+        _ => DevState::Other(state),
+    }
+}
+
+fn dev_state(record: Record) -> DevState {
+    let Ok(ctrl) = UblkCtrl::new_simple(record.id as i32) else {
+        return DevState::Gone;
+    };
+    let info = ctrl.dev_info();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if info.owner_uid != unsafe { libc::geteuid() } {
+        return DevState::Foreign(info.owner_uid);
+    }
+    let alive = process_alive(info.ublksrv_pid);
+    classify(info.state, info.ublksrv_pid, record.handed_over_by, alive)
+}
+
+/// The device of `volume` that waits for a successor, if any: reads the records, removes
+/// those of devices that are gone, logs one line for each device left alone.
+fn find_waiting_device(dir: &Path, volume: &str) -> Result<Option<u32>, ExportError> {
+    let records = recorded_devices(dir, volume);
+    if records.is_empty() {
+        return Ok(None);
+    }
+    let d = decide(volume, &records, dev_state);
+    for &id in &d.forget {
+        log::info!(
+            "ublk device {id} recorded for volume {volume} no longer exists; record removed"
+        );
+        let _ = std::fs::remove_file(record_path(dir, id));
+    }
+    for note in &d.notes {
+        log::warn!("{note}");
+    }
+    Ok(d.recover)
+}
+
+/// Takes over device `dev_id`, which waits (or is about to) for a successor: checks that
+/// it has the volume's geometry, then starts user recovery; the returned control ends it
+/// (`END_USER_RECOVERY`) when its queues are served. The queue count and depth are the
+/// device's, whatever the configuration says.
+fn recover_device(dev_id: u32, params: &DeviceParams) -> Result<UblkCtrl, ExportError> {
+    let context = |what: &str| format!("taking over the ublk device {dev_id}: {what}");
+    let probe = UblkCtrl::new_simple(dev_id as i32)
+        .map_err(|e| ublk_error(&context("reading its state"), e))?;
+    let mut kernel = sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC,
+        ..Default::default()
+    };
+    probe
+        .get_params(&mut kernel)
+        .map_err(|e| ublk_error(&context("reading its parameters"), e))?;
+    params.matches(dev_id, &kernel.basic)?;
+    // A predecessor that handed the device over may still run (and serve): wait for it to
+    // exit before asking the kernel, which refuses (EBUSY) until then. Polled: another
+    // process's exit has no waiter here.
+    let info = probe.dev_info();
+    if u32::from(info.state) == sys::UBLK_S_DEV_LIVE {
+        let deadline = Instant::now() + TAKE_OVER_WAIT;
+        while process_alive(info.ublksrv_pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // EBUSY until the old process has released the device and the kernel quiesced it;
+    // libublk retries for 30 s.
+    match probe.start_user_recover() {
+        Ok(r) if r >= 0 => {}
+        Ok(_) => {
+            return Err(ExportError::Config(format!(
+                "the ublk device {dev_id} is still held by its previous server after {} s",
+                TAKE_OVER_WAIT.as_secs()
+            )))
+        }
+        Err(e) => return Err(ublk_error(&context("START_USER_RECOVERY"), e)),
+    }
+    let info = probe.dev_info();
+    UblkCtrlBuilder::default()
+        .name("cryptblk")
+        .id(dev_id as i32)
+        .nr_queues(info.nr_hw_queues)
+        .depth(info.queue_depth)
+        .io_buf_bytes(info.max_io_buf_bytes)
+        .ctrl_flags(info.flags)
+        .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
+        .build()
+        .map_err(|e| ublk_error(&context("opening it"), e))
 }
 
 /// The kernel-visible geometry of the device, checked before anything is created.
@@ -319,6 +641,28 @@ impl DeviceParams {
             read_only: config.read_only,
             discard: device.supports_discard() && !config.read_only,
         })
+    }
+
+    /// Checks that a device left by a previous process has this geometry: taking over one
+    /// of another size or block size would serve the wrong blocks.
+    fn matches(&self, dev_id: u32, basic: &sys::ublk_param_basic) -> Result<(), ExportError> {
+        let read_only = basic.attrs & sys::UBLK_ATTR_READ_ONLY != 0;
+        if basic.dev_sectors != self.size >> 9
+            || basic.logical_bs_shift != self.logical_shift
+            || read_only != self.read_only
+        {
+            return Err(ExportError::Config(format!(
+                "the ublk device {dev_id} left by this volume's previous server has {} bytes in \
+                 {}-byte blocks{}, the volume {} bytes in {}-byte blocks{}: not taken over",
+                basic.dev_sectors << 9,
+                1u32 << basic.logical_bs_shift,
+                if read_only { ", read-only" } else { "" },
+                self.size,
+                1u32 << self.logical_shift,
+                if self.read_only { ", read-only" } else { "" },
+            )));
+        }
+        Ok(())
     }
 
     fn apply(&self, dev: &mut UblkDev) {
@@ -630,6 +974,174 @@ mod tests {
                 .unwrap()
                 .discard
         );
+    }
+
+    fn write_record(dir: &Path, id: u32, target: serde_json::Value) {
+        let json = serde_json::json!({ "dev_info": { "dev_id": id }, "target_data": target });
+        std::fs::write(record_path(dir, id), json.to_string()).unwrap();
+    }
+
+    #[test]
+    fn records_name_the_volume_of_each_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write_record(d, 3, serde_json::json!({ VOLUME_KEY: "a" }));
+        write_record(
+            d,
+            1,
+            serde_json::json!({ VOLUME_KEY: "a", HANDED_OVER_KEY: 77 }),
+        );
+        write_record(d, 2, serde_json::json!({ VOLUME_KEY: "b" }));
+        // Another ublk server's record, a record without target data, junk, other names.
+        write_record(d, 4, serde_json::json!({ "dir": "/x" }));
+        std::fs::write(record_path(d, 5), r#"{"dev_info":{}}"#).unwrap();
+        std::fs::write(record_path(d, 6), "not json").unwrap();
+        std::fs::write(
+            d.join("a.json"),
+            r#"{"target_data":{"cryptblk_volume":"a"}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("0007.txt"),
+            r#"{"target_data":{"cryptblk_volume":"a"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            recorded_devices(d, "a"),
+            vec![
+                Record {
+                    id: 1,
+                    handed_over_by: Some(77)
+                },
+                Record {
+                    id: 3,
+                    handed_over_by: None
+                },
+            ]
+        );
+        assert_eq!(recorded_devices(d, "b").len(), 1);
+        assert!(recorded_devices(d, "c").is_empty());
+        assert!(recorded_devices(&d.join("missing"), "a").is_empty());
+
+        mark_handed_over(d, 3, Some(std::process::id())).unwrap();
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert_eq!(recorded_devices(d, "a")[1].handed_over_by, Some(me));
+        mark_handed_over(d, 1, None).unwrap();
+        assert_eq!(recorded_devices(d, "a")[0].handed_over_by, None);
+        // The rest of the record is kept, and no temporary file is left.
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(record_path(d, 3)).unwrap()).unwrap();
+        assert_eq!(json["dev_info"]["dev_id"], 3);
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 8);
+        assert!(mark_handed_over(d, 9, None).is_err());
+
+        // A record another user wrote (the directory is writable by all) is not trusted
+        // (the tests run as root, which may give the file away).
+        std::os::unix::fs::chown(record_path(d, 3), Some(65534), None).unwrap();
+        assert_eq!(recorded_devices(d, "a").len(), 1);
+    }
+
+    #[test]
+    fn a_waiting_device_is_taken_over_and_a_live_one_never() {
+        let rec = |id| Record {
+            id,
+            handed_over_by: None,
+        };
+        // Nothing recorded, or only devices that are gone: create (and forget the records).
+        assert_eq!(decide("v", &[], |_| unreachable!()), Decision::default());
+        let d = decide("v", &[rec(1), rec(2)], |_| DevState::Gone);
+        assert_eq!((d.recover, d.forget), (None, vec![1, 2]));
+        // The first waiting (or dying) device is taken; later ones are only reported.
+        let states = [
+            DevState::Served(42),
+            DevState::Gone,
+            DevState::Other(0),
+            DevState::Waiting,
+            DevState::Dying,
+            DevState::Foreign(1000),
+        ];
+        let records: Vec<Record> = (0..6).map(rec).collect();
+        let d = decide("v", &records, |r| states[r.id as usize]);
+        assert_eq!(d.recover, Some(3));
+        assert_eq!(d.forget, vec![1]);
+        assert_eq!(d.notes.len(), 4, "{:?}", d.notes);
+        assert!(d.notes[0].contains("device 0") && d.notes[0].contains("process 42"));
+        assert!(d.notes[2].contains("device 4") && d.notes[2].contains("also waits"));
+        assert!(d.notes[3].contains("device 5") && d.notes[3].contains("user 1000"));
+        // A device served by a live process is never taken, even when it is the only one.
+        let d = decide("v", &[rec(7)], |_| DevState::Served(1));
+        assert_eq!(d.recover, None);
+        assert_eq!(d.notes.len(), 1);
+    }
+
+    #[test]
+    fn a_live_device_is_dying_when_its_server_is_dead_or_handed_it_over() {
+        let live = sys::UBLK_S_DEV_LIVE as u16;
+        let quiesced = sys::UBLK_S_DEV_QUIESCED as u16;
+        let dead = sys::UBLK_S_DEV_DEAD as u16;
+        assert_eq!(classify(quiesced, 10, None, false), DevState::Waiting);
+        assert_eq!(classify(live, 10, None, true), DevState::Served(10));
+        assert_eq!(classify(live, 10, None, false), DevState::Dying);
+        assert_eq!(classify(live, 10, Some(10), true), DevState::Dying);
+        // A hand-over mark of another process says nothing of the current server.
+        assert_eq!(classify(live, 10, Some(9), true), DevState::Served(10));
+        assert_eq!(classify(dead, 10, None, false), DevState::Other(dead));
+    }
+
+    #[test]
+    fn process_liveness() {
+        assert!(process_alive(i32::try_from(std::process::id()).unwrap()));
+        assert!(!process_alive(0));
+        assert!(!process_alive(-1));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        child.wait().unwrap();
+        assert!(!process_alive(pid));
+    }
+
+    #[test]
+    fn a_left_device_must_have_the_volume_geometry() {
+        let ram = Ram::new(1 << 20, 4096);
+        let p = DeviceParams::new(&ram, &UblkConfig::default()).unwrap();
+        let basic = sys::ublk_param_basic {
+            dev_sectors: (1 << 20) >> 9,
+            logical_bs_shift: 12,
+            ..Default::default()
+        };
+        p.matches(3, &basic).unwrap();
+        let smaller = sys::ublk_param_basic {
+            dev_sectors: 1024,
+            ..basic
+        };
+        let err = p.matches(3, &smaller).unwrap_err().to_string();
+        assert!(
+            err.contains("device 3") && err.contains("524288 bytes"),
+            "{err}"
+        );
+        let blocks = sys::ublk_param_basic {
+            logical_bs_shift: 9,
+            ..basic
+        };
+        assert!(p.matches(3, &blocks).is_err());
+        let ro = sys::ublk_param_basic {
+            attrs: sys::UBLK_ATTR_READ_ONLY,
+            ..basic
+        };
+        assert!(p.matches(3, &ro).is_err());
+    }
+
+    #[test]
+    fn configs_without_a_volume_still_parse() {
+        let old = r#"{"queues":null,"queue_depth":64,"max_io_bytes":524288,"read_only":false}"#;
+        let cfg: UblkConfig = serde_json::from_str(old).unwrap();
+        assert_eq!(cfg, UblkConfig::default());
+        let named = UblkConfig {
+            volume: Some("v".into()),
+            ..UblkConfig::default()
+        };
+        let back: UblkConfig =
+            serde_json::from_str(&serde_json::to_string(&named).unwrap()).unwrap();
+        assert_eq!(back, named);
     }
 
     #[test]

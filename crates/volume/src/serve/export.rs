@@ -37,7 +37,11 @@ pub fn start_export(
         ExportConfig::Fuse(cfg) => {
             format!("cannot mount FUSE export at {}", cfg.mountpoint.display())
         }
-        ExportConfig::Ublk(_) => "cannot start ublk export".to_string(),
+        ExportConfig::Ublk(cfg) => {
+            // Recorded with the device, so a restarted daemon takes over the one it left.
+            cfg.volume.get_or_insert_with(|| spec.name.clone());
+            "cannot start ublk export".to_string()
+        }
         ExportConfig::VhostUser(cfg) => {
             format!("cannot start vhost-user export on {}", cfg.socket.display())
         }
