@@ -241,6 +241,13 @@ impl Readers {
         lock(&self.threads).iter().any(|t| !t.is_finished())
     }
 
+    /// Whether a reader thread was started (running or finished, not yet pruned by the next
+    /// start or joined): what a test can check without racing the reader's parking.
+    #[cfg(test)]
+    pub(crate) fn started(&self) -> bool {
+        !lock(&self.threads).is_empty()
+    }
+
     /// Joins every reader, including any started meanwhile.
     pub(crate) fn join(&self) {
         loop {

@@ -129,6 +129,15 @@ pub(super) fn refusal(
             "{name} is served over FUSE, which cannot outlive its daemon: close and reopen it to change binaries"
         )));
     }
+    // A ublk device can only be taken over (START_USER_RECOVERY) once the old server has let
+    // go of /dev/ublkcN, i.e. has exited (before Linux 6.15's QUIESCE_DEV), while this hand-over
+    // keeps the old daemon serving until its successor is ready: the two would wait on each
+    // other. A restart keeps the disk instead (user recovery), so say that.
+    if matches!(export, cryptblk_export::ExportDescription::Ublk(_)) {
+        return Some(Failure::usage(format!(
+            "{name} is served over ublk, whose device a successor can take over only after the daemon has exited: restart it instead (kill the daemon or `systemctl restart`, then the same open; the disk stays and its I/O waits)"
+        )));
+    }
     if suspended {
         return Some(Failure::new(
             ExitCode::Busy,
@@ -142,4 +151,24 @@ pub(super) fn refusal(
         ));
     }
     None
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::refusal;
+    use cryptblk_export::{ExportDescription, UblkDescription};
+
+    /// A ublk volume is refused (its successor could not take the device over while the old
+    /// daemon waits for it), with the restart that keeps the disk named.
+    #[test]
+    fn ublk_is_refused_with_the_restart_named() {
+        let ublk = ExportDescription::Ublk(UblkDescription {
+            dev: "/dev/ublkb3".into(),
+            queues: 2,
+            depth: 128,
+        });
+        let failure = refusal("data", &ublk, false, false).expect("ublk is refused");
+        let text = format!("{failure:?}");
+        assert!(text.contains("restart it instead"), "{text}");
+    }
 }
