@@ -260,30 +260,26 @@ pub struct CompatOpts {
     /// (not supported yet: refused when the action runs).
     #[arg(long, global = true)]
     pub iv_large_sectors: bool,
-    /// luksFormat: align the data at a multiple of SECTORS (not supported yet: refused when
-    /// the action runs; --offset places the data).
+    /// luksFormat (LUKS1): align the data at a multiple of SECTORS; with --header, the data
+    /// offset itself (LUKS2: refused when the action runs).
     #[arg(long, global = true, value_name = "SECTORS")]
     pub align_payload: Option<u32>,
-    /// LUKS2 keyslot area cipher (not supported yet: refused when the action runs).
+    /// LUKS2 keyslot area cipher (with --keyslot-key-size).
     #[arg(long, global = true)]
     pub keyslot_cipher: Option<String>,
-    /// LUKS2 keyslot area key size in bits (not supported yet: refused when the action runs).
+    /// LUKS2 keyslot area key size in bits (with --keyslot-cipher).
     #[arg(long, global = true, value_name = "BITS")]
     pub keyslot_key_size: Option<u32>,
-    /// luksAddKey: read the new key from this file (not supported yet: refused when the
-    /// action runs; give it as the positional argument).
+    /// luksAddKey/luksChangeKey: read the new key from this file (as the positional one).
     #[arg(long, global = true)]
     pub new_keyfile: Option<PathBuf>,
-    /// luksAddKey: bytes to read from the new key file (not supported yet: refused when the
-    /// action runs).
+    /// luksAddKey/luksChangeKey: bytes to read from the new key file (0: all).
     #[arg(long, global = true)]
     pub new_keyfile_size: Option<u32>,
-    /// luksAddKey: bytes to skip in the new key file (not supported yet: refused when the
-    /// action runs).
+    /// luksAddKey/luksChangeKey: bytes to skip in the new key file.
     #[arg(long, global = true)]
     pub new_keyfile_offset: Option<u64>,
-    /// luksAddKey: the slot for the new key (not supported yet: refused when the action
-    /// runs; --key-slot chooses it).
+    /// luksAddKey: the slot for the new key (then --key-slot names the keyslot to unlock).
     #[arg(long, global = true)]
     pub new_key_slot: Option<u32>,
     /// resize: the new size in bytes (a multiple of 512, units as cryptsetup's: 32m,
@@ -296,18 +292,9 @@ pub struct CompatOpts {
 impl CompatOpts {
     /// The first option given that cryptblk takes but does not implement yet.
     pub fn unsupported(&self) -> Option<&'static str> {
-        [
-            (self.iv_large_sectors, "--iv-large-sectors"),
-            (self.align_payload.is_some(), "--align-payload"),
-            (self.keyslot_cipher.is_some(), "--keyslot-cipher"),
-            (self.keyslot_key_size.is_some(), "--keyslot-key-size"),
-            (self.new_keyfile.is_some(), "--new-keyfile"),
-            (self.new_keyfile_size.is_some(), "--new-keyfile-size"),
-            (self.new_keyfile_offset.is_some(), "--new-keyfile-offset"),
-            (self.new_key_slot.is_some(), "--new-key-slot"),
-        ]
-        .into_iter()
-        .find_map(|(given, name)| given.then_some(name))
+        [(self.iv_large_sectors, "--iv-large-sectors")]
+            .into_iter()
+            .find_map(|(given, name)| given.then_some(name))
     }
 }
 

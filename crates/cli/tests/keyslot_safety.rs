@@ -515,3 +515,119 @@ fn unbound_key_needs_no_existing_passphrase() {
     let r = agree(&base, &[add.as_slice(), &["p2"]].concat(), b"");
     assert_eq!((r.code, r.slots.len()), (0, 2), "{r:?}");
 }
+
+/// cryptsetup's luksChangeKey on LUKS1 (compat-test [23]): a keyslot named by `--key-slot`
+/// is rewritten in place; without one the new key goes to the first free keyslot and the
+/// old one is disabled.
+#[test]
+fn luks1_change_key_keeps_a_named_slot_and_otherwise_takes_the_first_free() {
+    let dir = tempdir();
+    let base = image(dir.path(), "luks1", true, &[]);
+    let change = |extra: &[&'static str]| {
+        [
+            &["luksChangeKey", "img", "-d", "p1", "p2"][..],
+            &FAST[..],
+            extra,
+        ]
+        .concat()
+    };
+    let r = agree(&base, &change(&["--key-slot", "0"]), b"");
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(r.slots, ["Key Slot 0: ENABLED", "Key Slot 1: ENABLED"]);
+    let r = agree(&base, &change(&[]), b"");
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(r.slots, ["Key Slot 1: ENABLED", "Key Slot 2: ENABLED"]);
+}
+
+/// luksAddKey/luksChangeKey with cryptsetup's new-key options (compat-test [19], [26]):
+/// `--new-keyfile`, `--new-keyfile-size`, `--new-keyfile-offset`, and `--new-key-slot`
+/// (then `--key-slot` names the keyslot to unlock). Both tools agree on the exit code and
+/// the keyslots, and cryptsetup opens cryptblk's new keyslot with exactly the cut key.
+#[test]
+fn new_key_options_read_the_new_key_as_cryptsetup_does() {
+    let dir = tempdir();
+    for kind in ["luks1", "luks2"] {
+        let base = image(&dir.path().join(kind), kind, true, &[]);
+        std::fs::write(base.with_file_name("vk"), b"0123456789abcdef").unwrap();
+        let cases: [(&[&str], &str, &[&str]); 3] = [
+            (
+                &[
+                    "luksAddKey",
+                    "img",
+                    "-d",
+                    "p1",
+                    "vk",
+                    "--key-slot",
+                    "2",
+                    "--new-keyfile-size",
+                    "8",
+                ],
+                "2",
+                &["--keyfile-size", "8"],
+            ),
+            (
+                &[
+                    "luksAddKey",
+                    "img",
+                    "-d",
+                    "p2",
+                    "-S",
+                    "1",
+                    "--new-key-slot",
+                    "3",
+                    "--new-keyfile",
+                    "vk",
+                    "--new-keyfile-offset",
+                    "1",
+                ],
+                "3",
+                &["--keyfile-offset", "1"],
+            ),
+            (
+                &[
+                    "luksChangeKey",
+                    "img",
+                    "-d",
+                    "p1",
+                    "vk",
+                    "-S",
+                    "0",
+                    "--new-keyfile-offset",
+                    "2",
+                    "--new-keyfile-size",
+                    "5",
+                ],
+                "0",
+                &["--keyfile-offset", "2", "--keyfile-size", "5"],
+            ),
+        ];
+        for (args, slot, cut) in cases {
+            let args = [args, &FAST[..]].concat();
+            let r = agree(&base, &args, b"");
+            assert_eq!(r.code, 0, "{kind} {args:?}: {r:?}");
+            let img = base.parent().unwrap().join("runs/cryptblk/img");
+            let vk = img.with_file_name("vk");
+            let test = |extra: &[&str]| {
+                exit_code(&run(
+                    tool("cryptsetup")
+                        .unwrap()
+                        .args(["open", "--test-passphrase", "-S", slot, "--key-file"])
+                        .arg(&vk)
+                        .args(extra)
+                        .arg(&img),
+                    b"",
+                ))
+            };
+            assert_eq!(
+                test(cut),
+                0,
+                "{kind} {args:?}: the cut key opens slot {slot}"
+            );
+            assert_ne!(
+                test(&[]),
+                0,
+                "{kind} {args:?}: the whole file must not open it"
+            );
+        }
+    }
+}

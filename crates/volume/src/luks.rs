@@ -260,8 +260,11 @@ impl Volume {
         luks2: &KeyslotParams,
     ) -> Result<()> {
         match self {
+            // cryptsetup passes `--key-slot` as both the old and the new slot: a named
+            // LUKS1 keyslot is rewritten in place, otherwise the new key goes to the first
+            // free slot (the old one is disabled).
             Volume::Luks1(v) => {
-                v.change_key(old, slot, new, None, luks1_kdf)?;
+                v.change_key(old, slot, new, slot, luks1_kdf)?;
             }
             Volume::Luks2(h, f) => {
                 let mut params = luks2.clone();
@@ -543,6 +546,21 @@ pub fn repair(header: &Path) -> Result<()> {
     cryptblk_format::luks2::repair_device(&f)?;
     f.sync_all()?;
     Ok(())
+}
+
+/// `repair` of a LUKS1 header (see [`cryptblk_format::luks1::repair`]): cryptsetup's known
+/// benign fixes, written only when the result is a valid header.
+pub fn repair_luks1(header: &Path) -> Result<cryptblk_format::luks1::Luks1Repair> {
+    let f = open_header(header, true)?;
+    Ok(cryptblk_format::luks1::repair(&f)?)
+}
+
+/// True when `repair` has anything to rewrite in the LUKS2 header at `header` (see
+/// [`cryptblk_format::luks2::repair_needed`]); false means cryptsetup's "No known problems
+/// detected for LUKS header.", and `repair` leaves the header untouched.
+pub fn repair_needed(header: &Path) -> Result<bool> {
+    let f = open_header(header, false)?;
+    Ok(cryptblk_format::luks2::repair_needed_on(&f)?)
 }
 
 /// The sector of an LVM2 label beside a LUKS2 header (an ambiguous signature), if any.

@@ -30,12 +30,24 @@ pub fn new_sector_size(opts: &Opts, data: Option<&Path>) -> Result<u32, Failure>
     if opts.volume_type == Some(VolumeType::Luks1) {
         return Ok(opts.sector_size.unwrap_or(512));
     }
+    let offset = opts.offset.or_else(|| aligned_offset_sectors(opts));
     Ok(match data {
-        Some(p) => cryptblk_volume::format::luks2_sector_size(opts.sector_size, p, opts.offset)?,
-        None => opts.sector_size.unwrap_or_else(|| {
-            cryptblk_volume::format::default_sector_size(4096, None, opts.offset)
-        }),
+        Some(p) => cryptblk_volume::format::luks2_sector_size(opts.sector_size, p, offset)?,
+        None => opts
+            .sector_size
+            .unwrap_or_else(|| cryptblk_volume::format::default_sector_size(4096, None, offset)),
     })
+}
+
+/// The data offset (sectors) `--align-payload` gives a LUKS2 format, for the default
+/// sector size's check (as an explicit `--offset` would): the alignment itself with a
+/// detached header, else the default 16 MiB header rounded up to it.
+fn aligned_offset_sectors(opts: &Opts) -> Option<u64> {
+    let a = u64::from(opts.compat.align_payload?);
+    if opts.header.is_some() {
+        return Some(a);
+    }
+    (a > 0).then(|| (16u64 << 11).div_ceil(a) * a)
 }
 
 /// Formats `dev` (a header device) with `sector_size`-byte encryption sectors and returns
@@ -108,14 +120,28 @@ fn format_header(
             p.uuid = opts.uuid.clone();
             p.volume_key = vk;
             p.keyslot = opts.key_slot.unwrap_or(0) as usize;
+            // --align-payload (sectors), as cryptsetup's LUKS1: with a detached header it is
+            // the data offset itself; on the device it rounds the data start up (0 keeps
+            // the default 1 MiB).
+            let align = opts.compat.align_payload.map(u64::from);
             if let Some(o) = opts.offset {
                 p.data_offset_sectors = Some(o);
             } else if detached {
-                p.data_offset_sectors = Some(0);
+                p.data_offset_sectors = Some(align.unwrap_or(0));
+            } else if let Some(a) = align.filter(|&a| a > 0) {
+                p.align_sectors = a;
             }
             FormatRequest::Luks1(Box::new(p))
         }
         Some(VolumeType::Luks2) | Some(VolumeType::Luks) | None => {
+            // --align-payload (sectors), as cryptsetup's LUKS2: with a detached header the
+            // data offset itself, else the alignment of the data after the header.
+            let align = opts.compat.align_payload.map(|a| u64::from(a) * 512);
+            let data_offset = match (opts.offset, align) {
+                (Some(o), _) => Some(o * 512),
+                (None, Some(a)) if detached && a > 0 => Some(a),
+                _ => None,
+            };
             let mut p = FormatParams {
                 cipher,
                 key_size: key_bytes,
@@ -124,7 +150,8 @@ fn format_header(
                 label: opts.label.clone().unwrap_or_default(),
                 subsystem: opts.subsystem.clone().unwrap_or_default(),
                 detached_header: detached,
-                data_offset: opts.offset.map(|o| o * 512),
+                data_offset,
+                data_alignment: align,
                 volume_key: vk,
                 keyslot: volume::keyslot_params(opts)?,
                 integrity,
@@ -178,6 +205,11 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             "Device {} does not exist or access denied.",
             device.display()
         )));
+    }
+    // cryptsetup's crypt_set_data_offset, before the confirmation and for LUKS1 too: the
+    // data must start on a 4096-byte boundary (the largest encryption sector).
+    if opts.offset.is_some_and(|o| o % 8 != 0) {
+        return Err(Failure::usage("Data offset is not multiple of 4096 bytes."));
     }
     // Formatting a device a daemon serves would pull its data out from under it.
     let _in_use = cryptblk_volume::lock::for_format(&[device])?;
@@ -483,6 +515,12 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
     if opts.unbound {
         return add_unbound_key(opts, device, new_key_file);
     }
+    // cryptsetup: with --new-key-slot, --key-slot names the keyslot to unlock; without it,
+    // --key-slot is the new keyslot's number (its backward-compatible meaning).
+    let (old_slot, slot) = match opts.compat.new_key_slot {
+        Some(n) => (opts.key_slot.map(|s| s as usize), Some(n as usize)),
+        None => (None, opts.key_slot.map(|s| s as usize)),
+    };
     let mut vol = volume::load(opts, device, true)?;
     let (existing_slot, vk) = if let Some(p) = &opts.volume_key_file {
         (None, vol.volume_key_from_file(p, opts.key_size)?)
@@ -500,14 +538,14 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
                 volume::limits(opts),
                 "Enter any existing passphrase: ",
             )?;
-            let (s, k) = vol.unlock(pass.as_bytes(), None, purpose)?;
+            let (s, k) = vol.unlock(pass.as_bytes(), old_slot, purpose)?;
             (Some(s), k)
         }
     };
     let _ = existing_slot;
-    let new = volume::read_new_secret(new_key_file, "Enter new passphrase for key slot: ")?;
-    let slot = opts.key_slot.map(|s| s as usize);
-    let (kdf1, params2) = new_keyslot_kdf(opts, &vol)?;
+    let new = volume::read_new_key(opts, new_key_file, "Enter new passphrase for key slot: ")?;
+    let (kdf1, mut params2) = new_keyslot_kdf(opts, &vol)?;
+    params2.slot = slot;
     let added = vol.add_key(&vk, new.as_bytes(), slot, &kdf1, &params2)?;
     if opts.verbose {
         eprintln!("Key slot {added} created.");
@@ -605,7 +643,7 @@ pub fn change_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Ac
         opts.key_slot.map(|s| s as usize),
         UnlockPurpose::Unbound,
     )?;
-    let new = volume::read_new_secret(new_key_file, "Enter new passphrase: ")?;
+    let new = volume::read_new_key(opts, new_key_file, "Enter new passphrase: ")?;
     let (kdf1, params2) = new_keyslot_kdf(opts, &vol)?;
     vol.change_key(
         old.as_bytes(),
@@ -779,9 +817,11 @@ pub fn config(opts: &Opts, device: &Path) -> ActionResult {
             Some((slot as usize, prio))
         }
     };
+    // cryptsetup sets label and subsystem together: giving one clears the other.
+    let labels = opts.label.is_some() || opts.subsystem.is_some();
     let change = ConfigChange {
-        label: opts.label.clone(),
-        subsystem: opts.subsystem.clone(),
+        label: labels.then(|| opts.label.clone().unwrap_or_default()),
+        subsystem: labels.then(|| opts.subsystem.clone().unwrap_or_default()),
         priority,
     };
     lib::configure(&mut vol, &change)
@@ -823,18 +863,31 @@ pub fn repair(opts: &Opts, device: &Path) -> ActionResult {
     let header = volume::header_path(opts, device);
     volume::open_file(header, true)?;
     if lib::header_version(header)? == Some(1) || opts.volume_type == Some(VolumeType::Luks1) {
-        return Err(Failure::usage(
-            "repair of LUKS1 metadata is not supported; restore a header backup instead",
-        ));
+        // cryptsetup always asks before its LUKS1 repair, and prints each fix.
+        volume::confirm(opts, "Really try to repair LUKS device header?")?;
+        let done = lib::repair_luks1(header)?;
+        for line in &done.fixes {
+            eprintln!("{line}");
+        }
+        if done.fixes.is_empty() && opts.verbose {
+            println!("No known problems detected for LUKS header.");
+        }
+        return Ok(());
     }
-    volume::confirm(
-        opts,
-        &format!(
-            "This will rewrite the LUKS2 metadata of {}.",
-            device.display()
-        ),
-    )?;
-    lib::repair(header)?;
+    // A sound header is not rewritten (nor asked about), as cryptsetup: a repair that fails
+    // afterwards (unknown requirement, unrecoverable reencryption) leaves the image as it was.
+    if lib::repair_needed(header).unwrap_or(true) {
+        volume::confirm(
+            opts,
+            &format!(
+                "This will rewrite the LUKS2 metadata of {}.",
+                device.display()
+            ),
+        )?;
+        lib::repair(header)?;
+    } else if opts.verbose {
+        println!("No known problems detected for LUKS header.");
+    }
     repair_reencryption(opts, device)
 }
 

@@ -73,12 +73,36 @@ pub fn read_secret(
 
 /// A new passphrase from `new_key_file`, else the terminal (asked twice) or standard input.
 pub fn read_new_secret(new_key_file: Option<&Path>, prompt: &str) -> Result<SecretBytes, Failure> {
+    read_new_secret_limited(new_key_file, KeyFileLimits::default(), prompt)
+}
+
+/// The new key of luksAddKey/luksChangeKey as cryptsetup reads it: the positional new key
+/// file, else `--new-keyfile`, cut by `--new-keyfile-offset`/`--new-keyfile-size`; else
+/// the terminal or standard input.
+pub fn read_new_key(
+    opts: &Opts,
+    new_key_file: Option<&Path>,
+    prompt: &str,
+) -> Result<SecretBytes, Failure> {
+    let limits = KeyFileLimits {
+        offset: opts.compat.new_keyfile_offset.unwrap_or(0),
+        size: opts
+            .compat
+            .new_keyfile_size
+            .filter(|&n| n > 0)
+            .map(|n| n as usize),
+    };
+    let file = new_key_file.or(opts.compat.new_keyfile.as_deref());
+    read_new_secret_limited(file, limits, prompt)
+}
+
+fn read_new_secret_limited(
+    new_key_file: Option<&Path>,
+    limits: KeyFileLimits,
+    prompt: &str,
+) -> Result<SecretBytes, Failure> {
     match new_key_file {
-        Some(p) => read_secret(
-            &KeySource::File(p.to_path_buf()),
-            KeyFileLimits::default(),
-            prompt,
-        ),
+        Some(p) => read_secret(&KeySource::File(p.to_path_buf()), limits, prompt),
         None => {
             let first = read_secret(&KeySource::Passphrase, KeyFileLimits::default(), prompt)?;
             if keyfile::stdin_is_tty() {
@@ -146,11 +170,15 @@ pub fn hash_opt(opts: &Opts) -> Result<HashAlgorithm, Failure> {
 
 /// Keyslot parameters for a new LUKS2 keyslot.
 pub fn keyslot_params(opts: &Opts) -> Result<KeyslotParams, Failure> {
-    Ok(cryptblk_volume::format::keyslot_params(
+    let mut p = cryptblk_volume::format::keyslot_params(
         pbkdf_request(opts, false)?,
         hash_opt(opts)?,
         opts.key_slot.map(|s| s as usize),
-    ))
+    );
+    // --keyslot-cipher and --keyslot-key-size come together (checked up front).
+    p.cipher = opts.compat.keyslot_cipher.clone();
+    p.cipher_key_size = opts.compat.keyslot_key_size.map(|bits| bits as usize / 8);
+    Ok(p)
 }
 
 /// Asks for confirmation as cryptsetup does: on a terminal only, unless `--batch-mode`.

@@ -56,6 +56,9 @@ pub struct FormatParams {
     pub integrity: Option<String>,
     /// `--integrity-key-size` in bytes (`None` = the algorithm's default).
     pub integrity_key_size: Option<usize>,
+    /// Data alignment in bytes for an attached header without `data_offset`
+    /// (`--align-payload` * 512); None or 0: 1 MiB.
+    pub data_alignment: Option<u64>,
 }
 
 impl Default for FormatParams {
@@ -76,6 +79,7 @@ impl Default for FormatParams {
             keyslot: KeyslotParams::default(),
             integrity: None,
             integrity_key_size: None,
+            data_alignment: None,
         }
     }
 }
@@ -109,7 +113,11 @@ fn layout(p: &FormatParams) -> Result<(u64, u64)> {
         ks -= ks % 4096;
     }
     if data_offset == 0 && !p.detached_header {
-        data_offset = (2 * mda + ks).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
+        let align = p
+            .data_alignment
+            .filter(|&a| a > 0)
+            .unwrap_or(DEFAULT_ALIGNMENT);
+        data_offset = (2 * mda + ks).div_ceil(align) * align;
     }
     Ok((ks, data_offset))
 }

@@ -923,8 +923,16 @@ pub fn is_luks2(io: &dyn HeaderIo) -> Result<()> {
 /// `repair`: loads the valid copy without the foreign-signature probe and rewrites both
 /// copies. Rewriting the primary's 4 KiB binary header zeroes sectors 1..7, which removes an
 /// LVM2 label sitting there; a label anywhere else is reported, not touched.
+///
+/// A header with nothing to repair (both copies valid, no JSON fix-up, no LVM2 label) is
+/// not written at all, as cryptsetup's "No known problems detected": a repair that then
+/// fails for another reason (an unknown requirement, a reencryption it cannot recover)
+/// must leave the image byte for byte as it was.
 pub fn repair_device(io: &dyn HeaderIo) -> Result<Luks2Header> {
     let mut hdr = Luks2Header::read_unprobed(io)?;
+    if !repair_needed(io, &hdr) {
+        return Ok(hdr);
+    }
     hdr.repair(io)?;
     if let Some(sector) = lvm2_signature_sector(io) {
         return Err(FormatError::Corrupt(format!(
@@ -932,6 +940,19 @@ pub fn repair_device(io: &dyn HeaderIo) -> Result<Luks2Header> {
         )));
     }
     Ok(hdr)
+}
+
+/// True when `repair` of the header on `io` (loaded as `hdr`) has anything to rewrite: a
+/// damaged or stale copy, JSON that loading had to fix up, or an LVM2 label beside it.
+pub fn repair_needed(io: &dyn HeaderIo, hdr: &Luks2Header) -> bool {
+    hdr.needs_repair() || hdr.json_was_repaired() || lvm2_signature_sector(io).is_some()
+}
+
+/// As [`repair_needed`] for the header on `io`, loaded without the foreign-signature probe
+/// (as `repair` loads it).
+pub fn repair_needed_on(io: &dyn HeaderIo) -> Result<bool> {
+    let hdr = Luks2Header::read_unprobed(io)?;
+    Ok(repair_needed(io, &hdr))
 }
 
 /// The volume key together with the keyslot that released it.

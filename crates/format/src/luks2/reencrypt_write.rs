@@ -395,6 +395,70 @@ impl Luks2Header {
         Ok(SecretBytes::from_vec(out))
     }
 
+    /// True when the reencryption metadata is unprotected: the unversioned
+    /// `online-reencrypt` requirement of cryptsetup 2.2, or no digest on the reencrypt
+    /// keyslot. cryptsetup refuses to run such a reencryption until `repair` has checked the
+    /// keys and added the digest ([`Luks2Header::upgrade_reencrypt_metadata`]).
+    pub fn reencrypt_metadata_unprotected(&self) -> bool {
+        if !self.reencryption_in_progress() {
+            return false;
+        }
+        let Some((slot, _)) = self.reencrypt_keyslot_json() else {
+            return false;
+        };
+        self.reencrypt_requirement_version().is_none_or(|v| v < 2)
+            || self.digest_of_slot(slot).is_none()
+    }
+
+    /// `repair` of unprotected reencryption metadata (see
+    /// [`Luks2Header::reencrypt_metadata_unprotected`]), in memory: the keys `old`/`new` must
+    /// match the backup segments' digests; the requirement becomes `online-reencrypt-v2`
+    /// (`-v3` for a decryption that moved its first segment, as cryptsetup picks it) and the
+    /// reencrypt keyslot gets a fresh digest over the metadata. The caller writes it.
+    pub fn upgrade_reencrypt_metadata(
+        &mut self,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<()> {
+        let (slot, ks) = self
+            .reencrypt_keyslot_json()
+            .ok_or_else(|| bad("no reencrypt keyslot"))?;
+        let decrypt_datashift = ks["mode"] == "decrypt"
+            && ks["area"]["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("datashift-"))
+            && self.segment_json_by_flag("backup-moved-segment").is_some();
+        for (flag, key) in [("backup-previous", old), ("backup-final", new)] {
+            let (id, _) = self
+                .segment_json_by_flag(flag)
+                .ok_or_else(|| bad("no backup segment"))?;
+            if let (Some(d), Some(k)) = (self.digests_of_segment(id).into_iter().next(), key) {
+                if !self.digest_matches(&d, k)? {
+                    return Err(FormatError::VolumeKeyMismatch);
+                }
+            }
+        }
+        let requirement = if decrypt_datashift {
+            REENCRYPT_REQUIREMENT_V3
+        } else {
+            REENCRYPT_REQUIREMENT
+        };
+        let mandatory: Vec<Value> = self
+            .requirements()
+            .into_iter()
+            .filter(|r| !super::validate::is_online_reencrypt_requirement(r))
+            .map(Value::from)
+            .chain(std::iter::once(Value::from(requirement)))
+            .collect();
+        self.json["config"]["requirements"]["mandatory"] = Value::Array(mandatory);
+        // A stale digest of the keyslot goes: the new one covers the metadata as it is now.
+        let name = slot.to_string();
+        if let Some(digests) = self.json["digests"].as_object_mut() {
+            digests.retain(|_, d| !super::json::array_has(d.get("keyslots"), &name));
+        }
+        self.add_reencrypt_digest(old, new, None, slot)
+    }
+
     /// Checks the reencryption digest against the keys (cryptsetup's "Reencryption
     /// metadata is invalid." when it does not match or is missing).
     pub fn verify_reencrypt_digest(&self, old: Option<&[u8]>, new: Option<&[u8]>) -> Result<()> {

@@ -25,10 +25,16 @@ pub fn recover_hotzone(
 }
 
 /// The reencryption part of `repair` of the LUKS2 header on `device`, or at `header` when
-/// it is detached (`--header`): a reencryption cut inside a step gets its hotzone
-/// rewritten under the new key (one passphrase opens both keys; keyslot `slot` when
-/// given), as cryptsetup's repair does before `reencrypt --resume-only` may continue.
-/// Nothing happens (and nothing is asked) without a cut step.
+/// it is detached (`--header`), in cryptsetup's order:
+/// - unprotected metadata (cryptsetup 2.2's `online-reencrypt`, or no reencryption digest)
+///   is upgraded once the passphrase opens the keys: the digest is added and the
+///   requirement versioned, nothing else (a cut step is recovered by the next `repair`);
+/// - a reencryption cut inside a step gets its hotzone rewritten under the new key (one
+///   passphrase opens both keys; keyslot `slot` when given), as cryptsetup's repair does
+///   before `reencrypt --resume-only` may continue;
+/// - a reencryption between steps only has its digest checked with the passphrase.
+///
+/// Nothing happens (and nothing is asked) without a reencryption.
 pub fn repair_reencryption(
     device: &std::path::Path,
     header: Option<&std::path::Path>,
@@ -44,8 +50,35 @@ pub fn repair_reencryption(
     let Some(state) = ReencryptState::of(&h)? else {
         return Ok(());
     };
-    if state.hotzone().is_none() {
+    if h.reencrypt_metadata_unprotected() {
+        input.confirm(
+            "Unprotected LUKS2 reencryption metadata detected. Please verify the reencryption \
+             operation is desirable (see luksDump output)\nand continue (upgrade metadata) only \
+             if you acknowledge the operation as genuine.",
+        )?;
+        let pass =
+            input.secret("Enter passphrase to protect and upgrade reencryption metadata: ")?;
+        // cryptsetup opens the keys of all segments here and, when the passphrase opens
+        // none, says so with exit 1.
+        let keys = super::unlock_keys(&h, &file, &state, pass.as_bytes(), slot).map_err(|e| {
+            if e.to_string().contains("No key available") {
+                crate::error::VolumeError::usage("No usable keyslot is available.")
+            } else {
+                e
+            }
+        })?;
+        h.upgrade_reencrypt_metadata(
+            keys.old.as_ref().map(|k| k.as_bytes()),
+            keys.new.as_ref().map(|k| k.as_bytes()),
+        )?;
+        h.write_reencryption(&file)?;
+        file.sync_all()?;
         return Ok(());
+    }
+    if state.hotzone().is_none() {
+        let pass = input.secret("Enter passphrase to verify reencryption metadata digest: ")?;
+        let keys = super::unlock_keys(&h, &file, &state, pass.as_bytes(), slot)?;
+        return super::run::verify_digest(&h, &state, &keys);
     }
     // With a detached header the data is on the device itself.
     let data = if header.is_some() {

@@ -179,12 +179,20 @@ impl ReencryptState {
     }
 
     /// Bytes of the volume's data on a device of `dev_size` bytes: the original data's
-    /// size (`backup-previous`), whole encryption sectors.
+    /// size (`backup-previous`), cut to what fits after the new segment's offset (a
+    /// re-key with `--reduce-device-size` moves the data up by the shift and drops its
+    /// last shift bytes, as cryptsetup does; writing them would go past the device's
+    /// end), whole encryption sectors.
     pub fn logical_size(&self, dev_size: u64) -> u64 {
-        let n = self
+        let old = self
             .previous
             .size
             .unwrap_or_else(|| dev_size.saturating_sub(self.previous.offset));
+        let new = self
+            .fin
+            .size
+            .unwrap_or_else(|| dev_size.saturating_sub(self.fin.offset));
+        let n = old.min(new);
         let ss = u64::from(self.sector_size());
         n - n % ss
     }
