@@ -9,8 +9,8 @@ mod common;
 mod vhost_frontend;
 
 use common::*;
-use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
 use vhost_frontend::*;
+use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
 
 /// Whether process `pid` runs: it exists and is not a zombie (a dead daemon nobody has
 /// reaped yet still answers `kill(pid, 0)`).
@@ -46,7 +46,8 @@ fn hostile_frontends_leave_the_daemon_serving_and_are_logged() {
     let facts: serde_json::Value = serde_json::from_str(&facts).unwrap();
     let pid = facts["pid"]
         .as_i64()
-        .unwrap_or_else(|| panic!("open --json names the daemon's pid: {facts}")) as i32;
+        .unwrap_or_else(|| panic!("open --json names the daemon's pid: {facts}"))
+        as i32;
     assert!(alive(pid));
 
     // 1. A memory table whose region starts at the end of its file: refused on the table.
@@ -76,14 +77,20 @@ fn hostile_frontends_leave_the_daemon_serving_and_are_logged() {
     });
 
     // The same daemon still serves the volume, and the data survived.
-    assert!(alive(pid), "the daemon (pid {pid}) died of a hostile frontend");
+    assert!(
+        alive(pid),
+        "the daemon (pid {pid}) died of a hostile frontend"
+    );
     run_ok(cryptblk().arg("status").arg(&name), b"");
     let s = socket.clone();
     within(30, "the next frontend", move || {
         let mut g = connect(&s, 1);
         let (st, back) = g.queues[0].read(64, 4096);
         assert_eq!(st, VIRTIO_BLK_S_OK);
-        assert!(back == before, "the data written before the hostile frontend survived");
+        assert!(
+            back == before,
+            "the data written before the hostile frontend survived"
+        );
     });
 
     // Its log says what each frontend did.

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use common::{pattern, require_tool, run, MemDisk, TempDir};
 use cryptblk_dm::{BlockDevice, Registry};
 use cryptblk_export::{ExportConfig, ExportDescription, VhostUserConfig, VhostUserExport};
+use std::sync::atomic::Ordering;
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use std::sync::atomic::Ordering;
 
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
                    f0e0d0c0b0a090807060504030201000ffeeddccbbaa99887766554433221100";

@@ -16,7 +16,9 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 use vmm_sys_util::eventfd::EventFd;
 
 const MIB: u64 = 1 << 20;
@@ -347,10 +349,13 @@ pub(crate) fn connect_with(
     }
 }
 
-
 /// Runs `f` on a thread of its own and fails when it has not finished within `secs`: an
 /// export that keeps a frontend waiting would otherwise hang the test.
-pub(crate) fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) fn within<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(f());
@@ -379,4 +384,3 @@ pub(crate) fn memfd(mem: &GuestMemoryMmap) -> &File {
         .unwrap()
         .file()
 }
-
