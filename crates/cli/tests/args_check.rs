@@ -285,17 +285,22 @@ fn test_args_and_unsupported_options_leave_the_image_alone() {
     );
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(common::sha256(&img), before);
+    // cryptsetup accepts this line (`--test-args`: exit 0); cryptblk parses it but does not
+    // implement large-IV plain mappings, so it refuses when the action runs.
     let out = run(
         cryptblk()
-            .args(["-q", "luksFormat", "--align-payload", "8192", "-d"])
+            .args(["-q", "open", "--type", "plain", "--cipher", "aes-xts-plain64"])
+            .args(["--key-size", "256", "--sector-size", "4096", "--iv-large-sectors"])
+            .arg("-d")
             .arg(&key)
-            .arg(&img),
+            .arg(&img)
+            .arg("args-check-iv-large"),
         b"",
     );
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
-        "Option --align-payload is not supported by cryptblk.\n"
+        "Option --iv-large-sectors is not supported by cryptblk.\n"
     );
     assert_eq!(common::sha256(&img), before);
 }

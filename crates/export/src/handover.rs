@@ -37,7 +37,9 @@ pub(crate) fn adopt(family: &[libc::c_int]) -> Option<OwnedFd> {
     }
 }
 
-fn sockopt(fd: &OwnedFd, opt: libc::c_int) -> Option<libc::c_int> {
+/// An integer `SOL_SOCKET` option of a socket (`SO_DOMAIN`, `SO_ACCEPTCONN`, `SO_TYPE`...),
+/// `None` when the descriptor is no socket or the option is unknown.
+pub fn sockopt(fd: &OwnedFd, opt: libc::c_int) -> Option<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `v` and `len` are valid for the call; the descriptor is open.

@@ -19,6 +19,7 @@
 //! are a suspended stack (its key is wiped) and one being reencrypted.
 
 use super::facts::ReadyFacts;
+use cryptblk_export::handover::sockopt;
 use super::spec::{LowerTable, ServeSpec};
 use crate::{ErrorClass as ExitCode, VolumeError as Failure};
 use serde::{Deserialize, Serialize};
@@ -97,22 +98,6 @@ impl Inherited {
     pub(super) fn has_control(&self, name: &str) -> bool {
         self.control.contains_key(name)
     }
-}
-
-fn sockopt(fd: &OwnedFd, opt: libc::c_int) -> Option<libc::c_int> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for the call; the descriptor is open.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(v)
 }
 
 /// Why an upgrade is refused before anything stops, if it is: the export cannot be handed
