@@ -289,8 +289,21 @@ fn test_args_and_unsupported_options_leave_the_image_alone() {
     // implement large-IV plain mappings, so it refuses when the action runs.
     let out = run(
         cryptblk()
-            .args(["-q", "open", "--type", "plain", "--cipher", "aes-xts-plain64"])
-            .args(["--key-size", "256", "--sector-size", "4096", "--iv-large-sectors"])
+            .args([
+                "-q",
+                "open",
+                "--type",
+                "plain",
+                "--cipher",
+                "aes-xts-plain64",
+            ])
+            .args([
+                "--key-size",
+                "256",
+                "--sector-size",
+                "4096",
+                "--iv-large-sectors",
+            ])
             .arg("-d")
             .arg(&key)
             .arg(&img)

@@ -19,9 +19,9 @@
 //! are a suspended stack (its key is wiped) and one being reencrypted.
 
 use super::facts::ReadyFacts;
-use cryptblk_export::handover::sockopt;
 use super::spec::{LowerTable, ServeSpec};
 use crate::{ErrorClass as ExitCode, VolumeError as Failure};
+use cryptblk_export::handover::sockopt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
