@@ -119,9 +119,10 @@ fn requirement_of(img: &Path) -> Option<String> {
 
 #[test]
 fn init_only_headers_of_every_kind_dump_like_cryptsetup() {
-    if cryptsetup().is_none() {
-        return;
-    }
+    assert!(
+        cryptsetup().is_some(),
+        "cryptsetup is required (scripts/install-deps.sh installs it)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 6);
     for resilience in ["checksum", "journal", "none"] {
@@ -180,9 +181,10 @@ fn init_only_headers_of_every_kind_dump_like_cryptsetup() {
 
 #[test]
 fn killed_reencryptions_dump_like_cryptsetup_at_every_write() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        cryptsetup().is_some() && tool("strace").is_some(),
+        "cryptsetup and strace are required (scripts/install-deps.sh installs them)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     // 3 MiB of data in 1 MiB hotzones. Seen with these options: writes 1-18 initialise
@@ -208,9 +210,10 @@ fn killed_reencryptions_dump_like_cryptsetup_at_every_write() {
 
 #[test]
 fn header_changes_are_refused_as_cryptsetup_refuses_them_and_erase_keeps_the_reencryption() {
-    if cryptsetup().is_none() {
-        return;
-    }
+    assert!(
+        cryptsetup().is_some(),
+        "cryptsetup is required (scripts/install-deps.sh installs it)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     let out = lab.cs_reencrypt(&base, &["--init-only"]);
@@ -278,9 +281,10 @@ fn header_changes_are_refused_as_cryptsetup_refuses_them_and_erase_keeps_the_ree
 
 #[test]
 fn a_killed_reencryption_survives_cryptblk_header_backup_and_restore() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        cryptsetup().is_some() && tool("strace").is_some(),
+        "cryptsetup and strace are required (scripts/install-deps.sh installs them)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     let (_, plain_before) = plaintext_by_cryptsetup(&base, &lab.key);
@@ -332,9 +336,10 @@ fn a_killed_reencryption_survives_cryptblk_header_backup_and_restore() {
 
 #[test]
 fn interrupted_reencryptions_read_back_their_plaintext() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        cryptsetup().is_some() && tool("strace").is_some(),
+        "cryptsetup and strace are required (scripts/install-deps.sh installs them)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     let (_, plain) = plaintext_by_cryptsetup(&base, &lab.key);
@@ -441,9 +446,10 @@ fn interrupted_reencryptions_read_back_their_plaintext() {
 
 #[test]
 fn repair_recovers_a_cut_step_as_cryptsetup_repair_does_and_cryptsetup_resumes() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        cryptsetup().is_some() && tool("strace").is_some(),
+        "cryptsetup and strace are required (scripts/install-deps.sh installs them)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     let (_, plain) = plaintext_by_cryptsetup(&base, &lab.key);
@@ -513,9 +519,10 @@ fn repair_recovers_a_cut_step_as_cryptsetup_repair_does_and_cryptsetup_resumes()
 
 #[test]
 fn cryptblk_repair_cut_at_every_write_is_recovered_again() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        cryptsetup().is_some() && tool("strace").is_some(),
+        "cryptsetup and strace are required (scripts/install-deps.sh installs them)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.luks2("base.img", 5);
     let (_, plain) = plaintext_by_cryptsetup(&base, &lab.key);

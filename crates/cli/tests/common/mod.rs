@@ -569,7 +569,15 @@ pub fn can_loop_mount(extra_tools: &[&str]) -> bool {
     ]
     .iter()
     .chain(extra_tools)
-    .all(|t| tool(t).is_some())
+    .for_each(|t| {
+        // A missing tool fails the test instead of skipping it green: scripts/install-deps.sh
+        // installs every one of them.
+        assert!(
+            tool(t).is_some(),
+            "{t} is required (scripts/install-deps.sh installs it)"
+        );
+    });
+    true
 }
 
 /// A volume served over FUSE at `mnt` (its `disk` file) with a filesystem mount point
