@@ -122,9 +122,10 @@ fn verify_stack(dir: &Path, img: &Path, export: &Path, vk: &str, offset: usize, 
 
 #[test]
 fn luks2_on_nbdkit_file_plugin() {
-    if tool("nbdkit").is_none() || tool("fio").is_none() || tool("nbdcopy").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("nbdkit").is_none() || tool("fio").is_none() || tool("nbdcopy").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let dir = tempdir();
     let img = dir.path().join("remote.img");
     let remote_sock = dir.path().join("nbdkit.sock");
@@ -144,9 +145,12 @@ fn luks2_on_nbdkit_file_plugin() {
 
 #[test]
 fn luks2_on_qemu_storage_daemon() {
-    if tool("qemu-storage-daemon").is_none() || tool("fio").is_none() || tool("nbdcopy").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("qemu-storage-daemon").is_none()
+            || tool("fio").is_none()
+            || tool("nbdcopy").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let dir = tempdir();
     let img = dir.path().join("remote.img");
     let remote_sock = dir.path().join("qsd.sock");
@@ -175,9 +179,10 @@ fn read_export(dir: &Path, export: &Path, len: usize) -> Option<Vec<u8>> {
 
 #[test]
 fn remote_server_lost_and_back_gives_errors_never_wrong_data() {
-    if tool("nbdkit").is_none() || tool("nbdcopy").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("nbdkit").is_none() || tool("nbdcopy").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let dir = tempdir();
     let img = dir.path().join("remote.img");
     let remote_sock = dir.path().join("nbdkit.sock");

@@ -186,9 +186,10 @@ fn nbdinfo_size(uri: &str) -> Result<u64, String> {
 
 #[test]
 fn tls_require_serves_trusting_clients_only_and_carries_data() {
-    if tool("nbdinfo").is_none() || tool("nbdcopy").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("nbdinfo").is_none() || tool("nbdcopy").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let dir = tempdir();
     let Some(pki) = pki(dir.path()) else { return };
     let (_served, port) = serve(
@@ -218,9 +219,10 @@ fn tls_require_serves_trusting_clients_only_and_carries_data() {
 
 #[test]
 fn tls_verify_peer_refuses_clients_without_a_certificate() {
-    if tool("nbdinfo").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("nbdinfo").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let dir = tempdir();
     let Some(pki) = pki(dir.path()) else { return };
     let (_served, port) = serve(
@@ -242,9 +244,10 @@ fn tls_verify_peer_refuses_clients_without_a_certificate() {
     assert!(nbdinfo_size(&nbds(port, &pki.stranger)).is_err());
 
     // qemu with its own TLS stack reads through the same export.
-    if tool("qemu-img").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("qemu-img").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let out = run(
         Command::new("qemu-img").args([
             "info",
@@ -270,9 +273,10 @@ fn tls_verify_peer_refuses_clients_without_a_certificate() {
 
 #[test]
 fn tls_on_serves_both_plaintext_and_tls() {
-    if tool("nbdinfo").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("nbdinfo").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let dir = tempdir();
     let Some(pki) = pki(dir.path()) else { return };
     let (_served, port) = serve(
@@ -336,9 +340,10 @@ fn linear_over(name: &str, dev: &str, sectors: u64, dir: &Path, sock: &Path) -> 
 
 #[test]
 fn nbds_backing_on_nbdkit_with_tls_and_client_certificates() {
-    if tool("nbdkit").is_none() || tool("nbdcopy").is_none() {
-        return;
-    }
+    assert!(
+        !(tool("nbdkit").is_none() || tool("nbdcopy").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let dir = tempdir();
     let Some(pki) = pki(dir.path()) else { return };
     let img = dir.path().join("remote.img");

@@ -101,9 +101,10 @@ fn check_encrypted(lab: &Lab, img: &Path, hdr: Option<&Path>, offset: usize, pla
 /// and cryptsetup and the model agree with the result.
 #[test]
 fn cryptsetup_killed_datashift_encryptions_are_read_and_finished_by_cryptblk() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        !(cryptsetup().is_none() || tool("strace").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.path("plain.img");
     let all = write_pattern(&base, 10 * MIB, 11);
@@ -198,9 +199,10 @@ fn detached_volume(lab: &Lab, plain: &[u8]) -> (PathBuf, PathBuf) {
 /// finishes it; the data is the plaintext and cryptsetup reads the final header.
 #[test]
 fn cryptsetup_killed_detached_decryptions_are_read_and_finished_by_cryptblk() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        !(cryptsetup().is_none() || tool("strace").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let lab = Lab::new(PASS);
     let plain = write_pattern(&lab.path("pattern"), 8 * MIB, 5);
     let (base_hdr, base_data) = detached_volume(&lab, &plain);
@@ -291,9 +293,10 @@ fn cryptsetup_killed_detached_decryptions_are_read_and_finished_by_cryptblk() {
 /// digests aside) for the three kinds, on copies of the same inputs.
 #[test]
 fn encdec_metadata_is_cryptsetups() {
-    if cryptsetup().is_none() {
-        return;
-    }
+    assert!(
+        !(cryptsetup().is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.path("plain.img");
     let all = write_pattern(&base, 8 * MIB, 2);
@@ -415,9 +418,10 @@ fn encdec_metadata_is_cryptsetups() {
 /// sample of their writes, finished by cryptsetup (after `repair` where it asks).
 #[test]
 fn cryptblk_killed_encdec_runs_are_finished_by_cryptsetup() {
-    if cryptsetup().is_none() || tool("strace").is_none() {
-        return;
-    }
+    assert!(
+        !(cryptsetup().is_none() || tool("strace").is_none()),
+        "a tool this test needs is missing (scripts/install-deps.sh installs it)"
+    );
     let lab = Lab::new(PASS);
     let base = lab.path("plain.img");
     let all = write_pattern(&base, 8 * MIB, 4);
