@@ -224,7 +224,7 @@ fn cryptblk_volumes_open_in_cryptsetup() {
             b"",
         );
         assert!(
-            !(cryptsetup().is_none()),
+            cryptsetup().is_some(),
             "a tool this test needs is missing (scripts/install-deps.sh installs it)"
         );
         assert_eq!(

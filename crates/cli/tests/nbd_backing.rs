@@ -123,7 +123,7 @@ fn verify_stack(dir: &Path, img: &Path, export: &Path, vk: &str, offset: usize, 
 #[test]
 fn luks2_on_nbdkit_file_plugin() {
     assert!(
-        !(tool("nbdkit").is_none() || tool("fio").is_none() || tool("nbdcopy").is_none()),
+        tool("nbdkit").is_some() && tool("fio").is_some() && tool("nbdcopy").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let dir = tempdir();
@@ -146,9 +146,7 @@ fn luks2_on_nbdkit_file_plugin() {
 #[test]
 fn luks2_on_qemu_storage_daemon() {
     assert!(
-        !(tool("qemu-storage-daemon").is_none()
-            || tool("fio").is_none()
-            || tool("nbdcopy").is_none()),
+        tool("qemu-storage-daemon").is_some() && tool("fio").is_some() && tool("nbdcopy").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let dir = tempdir();
@@ -180,7 +178,7 @@ fn read_export(dir: &Path, export: &Path, len: usize) -> Option<Vec<u8>> {
 #[test]
 fn remote_server_lost_and_back_gives_errors_never_wrong_data() {
     assert!(
-        !(tool("nbdkit").is_none() || tool("nbdcopy").is_none()),
+        tool("nbdkit").is_some() && tool("nbdcopy").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let dir = tempdir();

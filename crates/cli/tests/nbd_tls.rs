@@ -187,7 +187,7 @@ fn nbdinfo_size(uri: &str) -> Result<u64, String> {
 #[test]
 fn tls_require_serves_trusting_clients_only_and_carries_data() {
     assert!(
-        !(tool("nbdinfo").is_none() || tool("nbdcopy").is_none()),
+        tool("nbdinfo").is_some() && tool("nbdcopy").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let dir = tempdir();
@@ -220,7 +220,7 @@ fn tls_require_serves_trusting_clients_only_and_carries_data() {
 #[test]
 fn tls_verify_peer_refuses_clients_without_a_certificate() {
     assert!(
-        !(tool("nbdinfo").is_none()),
+        tool("nbdinfo").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let dir = tempdir();
@@ -245,7 +245,7 @@ fn tls_verify_peer_refuses_clients_without_a_certificate() {
 
     // qemu with its own TLS stack reads through the same export.
     assert!(
-        !(tool("qemu-img").is_none()),
+        tool("qemu-img").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let out = run(
@@ -274,7 +274,7 @@ fn tls_verify_peer_refuses_clients_without_a_certificate() {
 #[test]
 fn tls_on_serves_both_plaintext_and_tls() {
     assert!(
-        !(tool("nbdinfo").is_none()),
+        tool("nbdinfo").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let dir = tempdir();
@@ -341,7 +341,7 @@ fn linear_over(name: &str, dev: &str, sectors: u64, dir: &Path, sock: &Path) -> 
 #[test]
 fn nbds_backing_on_nbdkit_with_tls_and_client_certificates() {
     assert!(
-        !(tool("nbdkit").is_none() || tool("nbdcopy").is_none()),
+        tool("nbdkit").is_some() && tool("nbdcopy").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let dir = tempdir();

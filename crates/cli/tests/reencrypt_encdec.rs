@@ -102,7 +102,7 @@ fn check_encrypted(lab: &Lab, img: &Path, hdr: Option<&Path>, offset: usize, pla
 #[test]
 fn cryptsetup_killed_datashift_encryptions_are_read_and_finished_by_cryptblk() {
     assert!(
-        !(cryptsetup().is_none() || tool("strace").is_none()),
+        cryptsetup().is_some() && tool("strace").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let lab = Lab::new(PASS);
@@ -200,7 +200,7 @@ fn detached_volume(lab: &Lab, plain: &[u8]) -> (PathBuf, PathBuf) {
 #[test]
 fn cryptsetup_killed_detached_decryptions_are_read_and_finished_by_cryptblk() {
     assert!(
-        !(cryptsetup().is_none() || tool("strace").is_none()),
+        cryptsetup().is_some() && tool("strace").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let lab = Lab::new(PASS);
@@ -294,7 +294,7 @@ fn cryptsetup_killed_detached_decryptions_are_read_and_finished_by_cryptblk() {
 #[test]
 fn encdec_metadata_is_cryptsetups() {
     assert!(
-        !(cryptsetup().is_none()),
+        cryptsetup().is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let lab = Lab::new(PASS);
@@ -419,7 +419,7 @@ fn encdec_metadata_is_cryptsetups() {
 #[test]
 fn cryptblk_killed_encdec_runs_are_finished_by_cryptsetup() {
     assert!(
-        !(cryptsetup().is_none() || tool("strace").is_none()),
+        cryptsetup().is_some() && tool("strace").is_some(),
         "a tool this test needs is missing (scripts/install-deps.sh installs it)"
     );
     let lab = Lab::new(PASS);
