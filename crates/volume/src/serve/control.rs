@@ -673,6 +673,16 @@ fn termination_signals() -> libc::sigset_t {
 
 /// Blocks the termination signals in this thread (and all threads started later), so one
 /// watcher thread can receive them synchronously.
+///
+/// Why not the `signal-hook` crate (issue 29 asked): it delivers through a signal handler
+/// and a self-pipe, and the kernel runs a handler in whichever thread has the signal
+/// unblocked. In a ublk queue thread that interrupts `io_uring_enter` with `EINTR`
+/// (io_uring_enter(2); `SA_RESTART` does not restart it), and libublk 0.4 turns that into
+/// a fatal queue error (`submit_and_wait(1).map_err(UblkError::IOError)?` in its queue
+/// loop), so the disk would fail on the signal that asks for an orderly close. The signals
+/// must therefore be blocked in every serving thread whatever delivers them; with them
+/// blocked, `sigwait(3)` in one thread is the whole mechanism, and a handler, a pipe and a
+/// registry would add nothing but another way to be interrupted.
 pub(super) fn block_termination_signals() {
     let set = termination_signals();
     // SAFETY: a valid sigset; no old mask is asked for.
