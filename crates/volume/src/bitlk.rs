@@ -13,7 +13,6 @@ use cryptblk_cipher::SecretBytes;
 use cryptblk_dm::{CryptConfig, CryptFlags, CryptKey, TableSpec, ZeroConfig};
 use cryptblk_format::bitlk::{BitlkHeader, BitlkKey, BitlkKind, Protection, METADATA_AREA_SIZE};
 use cryptblk_format::FormatError;
-use serde_json::json;
 use std::path::Path;
 
 pub use cryptblk_format::bitlk::BitlkHeader as Header;
@@ -155,15 +154,16 @@ pub fn plan(
         table: t.to_text(true),
         lower: Vec::new(),
         keyed_lower: Vec::new(),
-        info: json!({
-            "type": "BITLK",
-            "uuid": h.guid,
-            "cipher": h.encryption.spec(),
-            "keysize": format!("{} bits", vk.len() * 8),
-            "device": device.display().to_string(),
-            "sector_size": h.sector_size,
-            "offset": "0 sectors",
-        }),
+        info: crate::facts::VolumeFacts {
+            kind: "BITLK".into(),
+            uuid: Some(h.guid.to_string()),
+            cipher: Some(h.encryption.spec().to_string()),
+            keysize: Some(format!("{} bits", vk.len() * 8)),
+            device: Some(device.display().to_string()),
+            sector_size: Some(u64::from(h.sector_size)),
+            offset: Some("0 sectors".into()),
+            ..Default::default()
+        },
     })
 }
 

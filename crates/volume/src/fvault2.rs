@@ -10,7 +10,6 @@ use crate::segment::Segment;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::fvault2::{Fvault2Header, CIPHER, CIPHER_MODE, VOLUME_KEY_SIZE};
 use cryptblk_format::FormatError;
-use serde_json::json;
 use std::path::Path;
 
 pub use cryptblk_format::fvault2::Fvault2Header as Header;
@@ -97,15 +96,16 @@ pub fn plan(
         table,
         lower: Vec::new(),
         keyed_lower: Vec::new(),
-        info: json!({
-            "type": "FVAULT2",
-            "uuid": h.pv_uuid,
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", vk.len() * 8),
-            "device": device.display().to_string(),
-            "sector_size": 512,
-            "offset": format!("{} sectors", seg.offset / 512),
-        }),
+        info: crate::facts::VolumeFacts {
+            kind: "FVAULT2".into(),
+            uuid: Some(h.pv_uuid.to_string()),
+            cipher: Some(seg.cipher.clone()),
+            keysize: Some(format!("{} bits", vk.len() * 8)),
+            device: Some(device.display().to_string()),
+            sector_size: Some(512),
+            offset: Some(format!("{} sectors", seg.offset / 512)),
+            ..Default::default()
+        },
     })
 }
 

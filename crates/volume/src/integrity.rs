@@ -20,7 +20,6 @@ use cryptblk_dm::targets::integrity::{
 use cryptblk_dm::TableSpec;
 use cryptblk_dm::{BlockDevice, FileBacking, FileOptions, Target};
 use cryptblk_format::integrity::IntegritySuperblock;
-use serde_json::json;
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
@@ -418,14 +417,15 @@ pub fn plan(
         table,
         lower: Vec::new(),
         keyed_lower: Vec::new(),
-        info: json!({
-            "type": "INTEGRITY",
-            "device": dpath.display().to_string(),
-            "metadata_device": meta_path.as_ref().map(|m| m.display().to_string()),
-            "integrity": alg.kernel,
-            "tag_size": sb.integrity_tag_size,
-            "sector_size": sb.sector_size(),
-            "mode": o.mode.name(),
-        }),
+        info: crate::facts::VolumeFacts {
+            kind: "INTEGRITY".into(),
+            device: Some(dpath.display().to_string()),
+            metadata_device: meta_path.as_ref().map(|m| m.display().to_string()),
+            integrity: Some(alg.kernel.to_string()),
+            tag_size: Some(u64::from(sb.integrity_tag_size)),
+            sector_size: Some(u64::from(sb.sector_size())),
+            mode: Some(o.mode.name().to_string()),
+            ..Default::default()
+        },
     })
 }

@@ -40,6 +40,7 @@ pub mod bitlk;
 pub mod control;
 pub mod device;
 pub mod error;
+pub mod facts;
 pub mod format;
 pub mod fvault2;
 pub mod integrity;

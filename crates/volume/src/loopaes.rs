@@ -8,7 +8,6 @@ use crate::plan::ActivationPlan;
 use crate::segment::Segment;
 use cryptblk_cipher::{CipherSpec, SecretBytes};
 use cryptblk_format::loopaes;
-use serde_json::json;
 use std::path::Path;
 
 /// What `loopaesOpen` takes besides the key file.
@@ -107,16 +106,17 @@ pub fn plan(
         table,
         lower: Vec::new(),
         keyed_lower: Vec::new(),
-        info: json!({
-            "type": "LOOPAES",
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", vol.params.key_size * 8),
-            "keys": vol.keys_count,
-            "device": device.display().to_string(),
-            "sector_size": 512,
-            "offset": format!("{} sectors", vol.params.offset_sectors),
-            "skipped": format!("{} sectors", vol.params.skip_sectors),
-        }),
+        info: crate::facts::VolumeFacts {
+            kind: "LOOPAES".into(),
+            cipher: Some(seg.cipher.clone()),
+            keysize: Some(format!("{} bits", vol.params.key_size * 8)),
+            keys: Some(vol.keys_count as u64),
+            device: Some(device.display().to_string()),
+            sector_size: Some(512),
+            offset: Some(format!("{} sectors", vol.params.offset_sectors)),
+            skipped: Some(format!("{} sectors", vol.params.skip_sectors)),
+            ..Default::default()
+        },
     })
 }
 

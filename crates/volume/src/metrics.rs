@@ -123,7 +123,7 @@ pub fn prometheus(volumes: &[Status]) -> String {
     );
     for v in volumes {
         let name = v.name.as_str();
-        let kind = v.info.get("type").and_then(|t| t.as_str()).unwrap_or("");
+        let kind = v.info.kind.as_str();
         let export = v.export_kind();
         let read = v.pipeline.first().map_or("", |p| p.read.as_str());
         let write = v.pipeline.first().map_or("", |p| p.write.as_str());

@@ -5,17 +5,17 @@
 
 use crate::activation::Activation;
 use crate::error::{Result, VolumeError};
+use crate::facts::VolumeFacts;
 use crate::luks::Volume;
 use crate::luks2_integrity;
 use crate::segment::Segment;
 use cryptblk_cipher::SecretBytes;
 use cryptblk_format::plain::PlainVolume;
-use serde_json::{json, Value};
 use std::path::Path;
 use zeroize::Zeroizing;
 
 /// A mapping below the top one, created first in the same stack; its table holds no key.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LowerMapping {
     /// Mapping name (`<name>_dif` for LUKS2 integrity, as cryptsetup names it).
     pub name: String,
@@ -44,7 +44,7 @@ pub struct ActivationPlan {
     /// Keyed mappings the top one stacks on, in creation order (after `lower`).
     pub keyed_lower: Vec<KeyedLower>,
     /// Facts for `status` (type, UUID, cipher, devices): never secrets.
-    pub info: Value,
+    pub info: VolumeFacts,
 }
 
 /// Where a LUKS volume's header and data are.
@@ -100,30 +100,31 @@ pub fn luks(
             &flags.crypt.table_flags(),
         )?;
         let l = &st.layout;
-        let mut info = json!({
-            "type": vol.type_name(),
-            "uuid": vol.uuid(),
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", l.encryption_key_size * 8),
-            "integrity": l.integrity.kind,
-            "integrity_tag_size": format!("{} bytes", l.tag_size),
-            "device": at.device.display().to_string(),
-            "header": at.header.display().to_string(),
-            "sector_size": seg.sector_size,
-            "offset": "0 sectors",
-            "lower": [{ "name": st.lower_name, "table": st.lower_table }],
-        });
-        // As cryptsetup's status: an integrity key size only for keyed MACs.
-        if l.integrity_key_size > 0 {
-            info["integrity_keysize"] = json!(format!("{} bits", l.integrity_key_size * 8));
-        }
+        let lower = LowerMapping {
+            name: st.lower_name.clone(),
+            table: st.lower_table.clone(),
+        };
+        let info = VolumeFacts {
+            kind: vol.type_name().to_string(),
+            uuid: Some(vol.uuid().to_string()),
+            cipher: Some(seg.cipher.clone()),
+            keysize: Some(format!("{} bits", l.encryption_key_size * 8)),
+            integrity: Some(l.integrity.kind.to_string()),
+            integrity_tag_size: Some(format!("{} bytes", l.tag_size)),
+            // As cryptsetup's status: an integrity key size only for keyed MACs.
+            integrity_keysize: (l.integrity_key_size > 0)
+                .then(|| format!("{} bits", l.integrity_key_size * 8)),
+            device: Some(at.device.display().to_string()),
+            header: Some(at.header.display().to_string()),
+            sector_size: Some(u64::from(seg.sector_size)),
+            offset: Some("0 sectors".into()),
+            lower: vec![lower.clone()],
+            ..Default::default()
+        };
         return Ok(ActivationPlan {
             name: name.to_string(),
             table: st.table.clone(),
-            lower: vec![LowerMapping {
-                name: st.lower_name.clone(),
-                table: st.lower_table.clone(),
-            }],
+            lower: vec![lower],
             keyed_lower: Vec::new(),
             info,
         });
@@ -134,16 +135,17 @@ pub fn luks(
         table,
         lower: Vec::new(),
         keyed_lower: Vec::new(),
-        info: json!({
-            "type": vol.type_name(),
-            "uuid": vol.uuid(),
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", vk.len() * 8),
-            "device": at.device.display().to_string(),
-            "header": at.header.display().to_string(),
-            "sector_size": seg.sector_size,
-            "offset": format!("{} sectors", seg.offset / 512),
-        }),
+        info: VolumeFacts {
+            kind: vol.type_name().to_string(),
+            uuid: Some(vol.uuid().to_string()),
+            cipher: Some(seg.cipher.clone()),
+            keysize: Some(format!("{} bits", vk.len() * 8)),
+            device: Some(at.device.display().to_string()),
+            header: Some(at.header.display().to_string()),
+            sector_size: Some(u64::from(seg.sector_size)),
+            offset: Some(format!("{} sectors", seg.offset / 512)),
+            ..Default::default()
+        },
     })
 }
 
@@ -169,13 +171,14 @@ pub fn plain(
         table,
         lower: Vec::new(),
         keyed_lower: Vec::new(),
-        info: json!({
-            "type": "PLAIN",
-            "cipher": seg.cipher,
-            "keysize": format!("{} bits", pv.volume_key.len() * 8),
-            "device": device.display().to_string(),
-            "sector_size": seg.sector_size,
-            "offset": format!("{} sectors", pv.offset_sectors),
-        }),
+        info: VolumeFacts {
+            kind: "PLAIN".into(),
+            cipher: Some(seg.cipher.clone()),
+            keysize: Some(format!("{} bits", pv.volume_key.len() * 8)),
+            device: Some(device.display().to_string()),
+            sector_size: Some(u64::from(seg.sector_size)),
+            offset: Some(format!("{} sectors", pv.offset_sectors)),
+            ..Default::default()
+        },
     })
 }

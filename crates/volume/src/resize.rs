@@ -91,10 +91,10 @@ pub fn new_length(
 
 /// The fixed size, in sectors, of the LUKS2 data segment behind `st` (none when `dynamic`).
 fn fixed_segment_sectors(st: &Status) -> Result<Option<u64>> {
-    if st.info["type"] != "LUKS2" {
+    if st.info.kind != "LUKS2" {
         return Ok(None);
     }
-    let Some(header) = st.info["header"].as_str() else {
+    let Some(header) = st.info.header.as_deref() else {
         return Ok(None);
     };
     let vol = Volume::load(Path::new(header), LuksType::Luks2, false)?;
@@ -104,7 +104,7 @@ fn fixed_segment_sectors(st: &Status) -> Result<Option<u64>> {
 /// Resizes the served volume `name` (see the module doc).
 pub fn resize(name: &str, req: &ResizeRequest) -> Result<Resized> {
     let st = control::status(name)?;
-    if !matches!(st.info["type"].as_str(), Some("LUKS1" | "LUKS2" | "PLAIN")) {
+    if !matches!(st.info.kind.as_str(), "LUKS1" | "LUKS2" | "PLAIN") {
         return Err(VolumeError::usage(format!(
             "{name} is not active LUKS or plain crypt device name."
         )));

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 /// with this message and exit 4).
 pub fn luks_status(name: &str) -> Result<Status> {
     let st = control::status(name)?;
-    match st.info["type"].as_str() {
-        Some("LUKS1" | "LUKS2") => Ok(st),
+    match st.info.kind.as_str() {
+        "LUKS1" | "LUKS2" => Ok(st),
         _ => Err(VolumeError::device(format!(
             "{name} is not active LUKS device name."
         ))),
@@ -25,9 +25,8 @@ pub fn luks_status(name: &str) -> Result<Status> {
 
 /// The header a served LUKS volume was opened from: its detached header, else its device.
 pub fn header_of(st: &Status) -> Result<PathBuf> {
-    st.info["header"]
-        .as_str()
-        .or_else(|| st.info["device"].as_str())
+    st.info
+        .header_or_device()
         .map(PathBuf::from)
         .ok_or_else(|| {
             VolumeError::usage(format!(
@@ -108,7 +107,7 @@ pub fn suspended_status(name: &str) -> Result<Status> {
 /// volume suspended (exit 2). Returns the keyslot that opened.
 pub fn resume(st: &Status, vol: &Volume, passphrase: &[u8], slot: Option<usize>) -> Result<usize> {
     let name = st.name.as_str();
-    let uuid = st.info["uuid"].as_str().unwrap_or_default();
+    let uuid = st.info.uuid.as_deref().unwrap_or_default();
     if !uuid.is_empty() && !vol.uuid().eq_ignore_ascii_case(uuid) {
         return Err(VolumeError::device(format!(
             "The header does not belong to {name} (UUID {} instead of {uuid}).",

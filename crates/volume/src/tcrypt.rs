@@ -17,7 +17,6 @@ use cryptblk_dm::{CryptConfig, CryptFlags, CryptKey, TableSpec};
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::tcrypt::{self, TcryptParams, TcryptVolume};
 use cryptblk_format::FormatError;
-use serde_json::json;
 use std::fs::File;
 use std::path::Path;
 
@@ -114,15 +113,16 @@ pub fn plan(
         table,
         lower: Vec::new(),
         keyed_lower,
-        info: json!({
-            "type": "TCRYPT",
+        info: crate::facts::VolumeFacts {
+            kind: "TCRYPT".into(),
             // As cryptsetup's status: the chain and its mode.
-            "cipher": format!("{}-{}", vol.chain.name, vol.chain.mode.spec()),
-            "keysize": format!("{} bits", vol.volume_key.len() * 8),
-            "device": device.display().to_string(),
-            "sector_size": 512,
-            "offset": format!("{} sectors", seg.offset / 512),
-            "skipped": format!("{} sectors", seg.iv_offset),
-        }),
+            cipher: Some(format!("{}-{}", vol.chain.name, vol.chain.mode.spec())),
+            keysize: Some(format!("{} bits", vol.volume_key.len() * 8)),
+            device: Some(device.display().to_string()),
+            sector_size: Some(512),
+            offset: Some(format!("{} sectors", seg.offset / 512)),
+            skipped: Some(format!("{} sectors", seg.iv_offset)),
+            ..Default::default()
+        },
     })
 }

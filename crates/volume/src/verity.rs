@@ -7,7 +7,6 @@ use crate::plan::ActivationPlan;
 use cryptblk_dm::{TableSpec, VerityTableConfig};
 use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::verity::{self, VerityFormatted, VerityParams, VeritySuperblock};
-use serde_json::json;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -138,6 +137,9 @@ pub fn plan(
         table: TableSpec::single(sectors, line).to_text(true),
         lower: Vec::new(),
         keyed_lower: Vec::new(),
-        info: json!({ "type": "VERITY", "device": data.display().to_string() }),
+        info: crate::facts::VolumeFacts {
+            device: Some(data.display().to_string()),
+            ..crate::facts::VolumeFacts::of_kind("VERITY")
+        },
     })
 }

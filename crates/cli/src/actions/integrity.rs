@@ -249,7 +249,7 @@ fn status(name: &str, json_out: bool) -> ActionResult {
         .internal_hash
         .as_ref()
         .map(|h| h.name.clone())
-        .or_else(|| info["integrity"].as_str().map(str::to_string))
+        .or_else(|| info.integrity.clone())
         .unwrap_or_default();
     let size_sectors = a.size / 512;
     let readonly = a.readonly;

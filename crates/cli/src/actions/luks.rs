@@ -374,7 +374,7 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
     }
     let st = cryptblk_volume::control::status(name)?;
     let info = &st.info;
-    let kind = info["type"].as_str().unwrap_or_default();
+    let kind = info.kind.as_str();
     if kind == "PLAIN" {
         // Nothing stored, nothing to store (cryptsetup ignores --persistent for plain
         // devices too); discards as given, like every cryptsetup refresh.
@@ -388,10 +388,9 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
     let device = opts
         .header
         .clone()
-        .or_else(|| info["header"].as_str().map(Into::into))
-        .or_else(|| info["device"].as_str().map(Into::into))
+        .or_else(|| info.header_or_device().map(Into::into))
         .ok_or_else(|| Failure::usage(format!("{name} does not say where its header is")))?;
-    let uuid = info["uuid"].as_str().unwrap_or_default().to_string();
+    let uuid = info.uuid.clone().unwrap_or_default();
     let stored = cryptblk_volume::activation::stored_flags_of(&device, &uuid, name)?;
     let flags = persistent::effective(opts, perf, &stored);
     super::serving::refresh(name, &flags.perf)?;

@@ -70,7 +70,7 @@ pub fn ls(json_out: bool) -> ActionResult {
                     "read_pipeline": s.pipeline.first().map(|p| p.read.as_str()),
                     "write_pipeline": s.pipeline.first().map(|p| p.write.as_str()),
                     "size": s.size,
-                    "stacked_under": s.info.get("stacked_under"),
+                    "stacked_under": s.info.stacked_under,
                 })
             })
             .collect();

@@ -462,7 +462,7 @@ pub fn dm(action: &DmAction, json_out: bool) -> ActionResult {
                 table: text.to_string(),
                 export: export_to,
                 readonly: false,
-                info: json!({ "type": "dm" }),
+                info: cryptblk_volume::facts::VolumeFacts::of_kind("dm"),
             };
             start_stack(spec, lower, export, json_out)
         }
@@ -636,43 +636,37 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
     let info = &a.info;
     // cryptsetup's first line, " and is in use" while the device is open.
     println!("{}", active_line(&a));
-    let field = |k: &str| {
-        info[k]
-            .as_str()
-            .map(str::to_string)
-            .or_else(|| info[k].as_u64().map(|n| n.to_string()))
-    };
     // cryptsetup 2.6's lines, labels and spacing first (scripts read them), then cryptblk's
     // own (pipeline, export, live status).
     let line = |label: &str, v: &str| println!("  {label}{v}");
-    if let Some(v) = field("type") {
-        line("type:    ", &v);
+    if !info.kind.is_empty() {
+        line("type:    ", &info.kind);
     }
-    let cipher = field("cipher");
-    if let Some(v) = &cipher {
+    let cipher = &info.cipher;
+    if let Some(v) = cipher {
         line("cipher:  ", v);
     }
-    if let Some(v) = field("keysize") {
-        line("keysize: ", &v);
+    if let Some(v) = &info.keysize {
+        line("keysize: ", v);
     }
     if cipher.is_some() {
         // The key is held by the crypt target itself (not a kernel keyring).
         line("key location: ", "dm-crypt");
     }
-    if let Some(v) = field("integrity") {
-        line("integrity: ", &v);
+    if let Some(v) = &info.integrity {
+        line("integrity: ", v);
     }
-    if let Some(v) = field("integrity_keysize") {
-        line("integrity keysize: ", &v);
+    if let Some(v) = &info.integrity_keysize {
+        line("integrity keysize: ", v);
     }
-    if let Some(v) = field("device") {
-        line("device:  ", &v);
+    if let Some(v) = &info.device {
+        line("device:  ", v);
     }
-    if let Some(v) = field("sector_size") {
-        line("sector size:  ", &v);
+    if let Some(v) = info.sector_size {
+        line("sector size:  ", &v.to_string());
     }
-    if let Some(v) = field("offset") {
-        line("offset:  ", &v);
+    if let Some(v) = &info.offset {
+        line("offset:  ", v);
     }
     line("size:    ", &format!("{} sectors", a.size / 512));
     // cryptsetup adds " (suspended)" to the mode of a suspended device.

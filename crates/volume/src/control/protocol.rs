@@ -274,7 +274,7 @@ pub struct Status {
     pub name: String,
     /// Facts the opener recorded (volume type, device, UUID, cipher, ...), never secrets; a
     /// lower mapping says which mapping serves it (`stacked_under`).
-    pub info: Value,
+    pub info: crate::facts::VolumeFacts,
     /// Size of the live table in bytes.
     pub size: u64,
     /// True while suspended.
@@ -557,12 +557,15 @@ fn class_of_code(code: i64) -> ErrorClass {
 mod tests {
     use super::*;
     use cryptblk_export::ublk::UblkDescription;
-    use serde_json::json;
 
     fn status() -> Status {
         Status {
             name: "v".into(),
-            info: json!({ "type": "LUKS2", "cipher": "aes-xts-plain64", "keysize": 512 }),
+            info: crate::facts::VolumeFacts {
+                cipher: Some("aes-xts-plain64".into()),
+                keysize: Some("512 bits".into()),
+                ..crate::facts::VolumeFacts::of_kind("LUKS2")
+            },
             size: 8 << 20,
             suspended: false,
             inflight: 0,

@@ -52,11 +52,8 @@ pub fn served_volume(device: Option<&Path>, active: Option<&str>) -> Result<Opti
         let Ok(st) = control::status(&name) else {
             continue;
         };
-        let serves = ["header", "device"]
-            .iter()
-            .filter_map(|k| st.info[*k].as_str())
-            .any(|p| same_file(Path::new(p), device));
-        if serves && st.info["type"].is_string() {
+        let serves = st.info.files().any(|p| same_file(Path::new(p), device));
+        if serves && !st.info.kind.is_empty() {
             return Ok(Some(st));
         }
     }
@@ -95,9 +92,9 @@ pub(crate) fn online(
         ));
     }
     let name = st.name.clone();
-    match st.info["type"].as_str() {
-        Some("LUKS2") => {}
-        Some("LUKS1") => {
+    match st.info.kind.as_str() {
+        "LUKS2" => {}
+        "LUKS1" => {
             return Err(VolumeError::usage(
                 "LUKS1 reencryption is not supported by cryptblk yet.",
             ))
@@ -110,8 +107,10 @@ pub(crate) fn online(
         }
     }
     let served_header = crate::suspend::header_of(&st)?;
-    let data = st.info["device"]
-        .as_str()
+    let data = st
+        .info
+        .device
+        .as_deref()
         .map(PathBuf::from)
         .ok_or_else(|| VolumeError::usage(format!("{name} has no data device")))?;
     // `--header H` names the detached header the daemon serves the volume with.

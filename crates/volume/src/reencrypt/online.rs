@@ -260,10 +260,6 @@ pub fn served_table(
     layout.table(&state_pieces(state, end)?, "")
 }
 
-/// The `status` info key under which [`mid_reencryption_plan`] records the activation
-/// flags (kernel names) for the daemon to pass on in [`OnlineRequest::flags`].
-pub const ACTIVATION_FLAGS: &str = "activation_flags";
-
 /// The activation plan of a volume mid-reencryption whose hotzone was recovered: the
 /// [`served_table`] of its data on `at.device` (header at `at.header`, the same file or a
 /// detached one), named `name`, with `status` facts and the paused progress. `flags` are
@@ -287,19 +283,21 @@ pub fn mid_reencryption_plan(
     };
     let start = state.fin.offset.min(state.previous.offset);
     let key_bits = keys.new.as_ref().map_or(0, |k| k.len() * 8);
-    let info = serde_json::json!({
-        "type": "LUKS2",
-        "uuid": h.uuid(),
-        "cipher": state.fin.encryption,
-        "keysize": format!("{key_bits} bits"),
-        "device": canonical(at.device)?,
-        "header": canonical(at.header)?,
-        "sector_size": state.fin.sector_size,
-        "offset": format!("{} sectors", start / 512),
-        "reencryption": paused_progress(state, dev_size),
-        // Kept for the online run: a table of linear lines alone does not show them.
-        (ACTIVATION_FLAGS): flags.activation_only().format(),
-    });
+    let info = crate::facts::VolumeFacts {
+        kind: "LUKS2".into(),
+        uuid: Some(h.uuid().to_string()),
+        cipher: state.fin.encryption.clone(),
+        keysize: Some(format!("{key_bits} bits")),
+        device: Some(canonical(at.device)?),
+        header: Some(canonical(at.header)?),
+        sector_size: Some(u64::from(state.fin.sector_size)),
+        offset: Some(format!("{} sectors", start / 512)),
+        reencryption: Some(paused_progress(state, dev_size)),
+        // Kept for the online run: a table of linear lines alone does not show them
+        // (the daemon passes them on in `OnlineRequest::flags`).
+        activation_flags: Some(flags.activation_only().format()),
+        ..Default::default()
+    };
     Ok(crate::plan::ActivationPlan {
         name: name.to_string(),
         table,

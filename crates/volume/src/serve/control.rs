@@ -10,11 +10,11 @@
 use super::stack::Stack;
 use super::upgrade::{self, HandedFd, Handover, Inherited, Successor};
 use crate::control::{self as client, BackingStatus, Pipeline, Request, Response, Status};
+use crate::facts::{RemoteNbdFacts, VolumeFacts};
 use crate::reencrypt::{ReencryptKeys, RunOptions};
 use crate::{ErrorClass as ExitCode, VolumeError as Failure};
 use cryptblk_cipher::{SecretBytes, SecretText};
 use cryptblk_dm::{BlockDevice, CryptFlags, TableSpec};
-use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -459,32 +459,27 @@ fn answer_unlogged(req: &Request, stack: &Stack, closing: &Closing, target: &str
             let (mut facts, export) = if is_top {
                 let mut facts = spec.info.clone();
                 // Served from an exported header since an online decryption began.
-                if let (Some(h), Some(obj)) = (stack.header(), facts.as_object_mut()) {
-                    obj.insert("header".into(), json!(h));
+                if let Some(h) = stack.header() {
+                    facts.header = Some(h);
                 }
                 (facts, stack.export_info())
             } else {
-                (
-                    json!({ "type": "dm", "stacked_under": spec.name }),
-                    client::ExportDescription::None,
-                )
+                let facts = VolumeFacts {
+                    stacked_under: Some(spec.name.clone()),
+                    ..VolumeFacts::of_kind("dm")
+                };
+                (facts, client::ExportDescription::None)
             };
             // Remote backings (nbd://...) and their failures, as counted since opening.
-            let remote = cryptblk_dm::backing::nbd::nbd_backings();
-            if let (false, Some(obj)) = (remote.is_empty(), facts.as_object_mut()) {
-                let list = remote
-                    .iter()
-                    .map(|r| {
-                        json!({
-                            "uri": r.uri,
-                            "connected": r.connected,
-                            "errors": r.errors,
-                            "reconnects": r.reconnects,
-                        })
-                    })
-                    .collect();
-                obj.insert("remote_nbd".to_string(), serde_json::Value::Array(list));
-            }
+            facts.remote_nbd = cryptblk_dm::backing::nbd::nbd_backings()
+                .into_iter()
+                .map(|r| RemoteNbdFacts {
+                    uri: r.uri,
+                    connected: r.connected,
+                    errors: r.errors,
+                    reconnects: r.reconnects,
+                })
+                .collect();
             Response::Status(Box::new(Status {
                 name: target.to_string(),
                 info: facts,

@@ -6,11 +6,11 @@
 //! a secret. The names of a stack are checked ([`check_stack`]) before anything is built.
 
 use crate::control as client;
+use crate::facts::VolumeFacts;
 use crate::plan::ActivationPlan;
 use crate::{ErrorClass as ExitCode, VolumeError as Failure};
 use cryptblk_export::ExportConfig;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::os::unix::net::UnixStream;
 
 /// Everything the daemon needs. Contains key material: only ever sent through a pipe.
@@ -25,8 +25,9 @@ pub struct ServeSpec {
     pub export: ExportConfig,
     /// Serve read-only.
     pub readonly: bool,
-    /// Facts for `status` (volume type, device, UUID, cipher...): never secrets.
-    pub info: Value,
+    /// Facts for `status` (volume type, device, UUID, cipher...) and the keyless lower
+    /// tables: never secrets.
+    pub info: VolumeFacts,
 }
 
 impl Drop for ServeSpec {
@@ -127,9 +128,10 @@ pub(super) fn check_stack_taken_over(
 
 /// Names of every lower mapping of `spec`'s stack, in creation order.
 pub(super) fn lower_names(spec: &ServeSpec, secret_lower: &[LowerTable]) -> Vec<String> {
-    lower_tables(&spec.info)
-        .into_iter()
-        .map(|(n, _)| n)
+    spec.info
+        .lower
+        .iter()
+        .map(|l| l.name.clone())
         .chain(secret_lower.iter().map(|l| l.name.clone()))
         .collect()
 }
@@ -165,24 +167,6 @@ fn check_stack_names(
     Ok(())
 }
 
-/// Keyless lower layers to create, in order, before the top table, which stacks on them
-/// by name (LUKS2 `--integrity`: the `<name>_dif` integrity mapping under dm-crypt). They
-/// travel in `info.lower` as `[{"name": ..., "table": ...}]` because their tables hold no
-/// secret and `status` may show them.
-pub(super) fn lower_tables(info: &Value) -> Vec<(String, String)> {
-    info["lower"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|l| {
-            Some((
-                l["name"].as_str()?.to_string(),
-                l["table"].as_str()?.to_string(),
-            ))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +184,7 @@ mod tests {
             table: "0 8 linear /dev/null 0\n".to_string(),
             export: ExportConfig::Nbd(nbd),
             readonly: true,
-            info: serde_json::json!({"type": "dm"}),
+            info: VolumeFacts::of_kind("dm"),
         };
         let text = serde_json::to_string(&spec).unwrap();
         assert!(

@@ -8,7 +8,7 @@
 //! the top down.
 
 use super::export::start_export;
-use super::spec::{lower_names, lower_tables, LowerTable, ServeSpec};
+use super::spec::{lower_names, LowerTable, ServeSpec};
 use crate::control::Response;
 use crate::lock::DataLocks;
 use crate::reencrypt::{OnlineJob, OnlineRequest, ReencryptKeys, ReencryptProgress, RunOptions};
@@ -65,10 +65,13 @@ impl Stack {
         }));
         let mut locks = DataLocks::new();
         {
-            let keyless = lower_tables(&spec.info);
-            let tables: Vec<(&str, &str)> = keyless
+            // Keyless lower layers (LUKS2 `--integrity`'s `<name>_dif`) travel in the facts,
+            // keyed ones only through the pipe; both are created before the top table.
+            let tables: Vec<(&str, &str)> = spec
+                .info
+                .lower
                 .iter()
-                .map(|(n, t)| (n.as_str(), t.as_str()))
+                .map(|l| (l.name.as_str(), l.table.as_str()))
                 .chain(
                     secret_lower
                         .iter()
@@ -150,7 +153,7 @@ impl Stack {
         opts: RunOptions,
     ) -> Result<(), Failure> {
         let mut job = self.idle_reencryption()?;
-        let device = self.spec.info["device"].as_str();
+        let device = self.spec.info.device.as_deref();
         let header = self.header();
         let header = header
             .as_deref()
@@ -179,7 +182,7 @@ impl Stack {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .or_else(|| self.spec.info["header"].as_str().map(Into::into))
+            .or_else(|| self.spec.info.header.clone())
     }
 
     /// Starts an online decryption of the top mapping whose header is on its data device,
@@ -194,8 +197,11 @@ impl Stack {
         opts: RunOptions,
     ) -> Result<(), Failure> {
         let mut job = self.idle_reencryption()?;
-        let device = self.spec.info["device"]
-            .as_str()
+        let device = self
+            .spec
+            .info
+            .device
+            .as_deref()
             .ok_or_else(|| Failure::usage(format!("{} has no data device", self.spec.name)))?;
         if self.header().is_some_and(|h| !same_file(&h, device)) {
             return Err(Failure::usage(format!(
@@ -246,7 +252,7 @@ impl Stack {
         {
             return Some(j.progress());
         }
-        serde_json::from_value(self.spec.info.get("reencryption")?.clone()).ok()
+        self.spec.info.reencryption.clone()
     }
 
     /// Stops an online reencryption after its current step (`close`).
@@ -362,10 +368,7 @@ impl Stack {
     /// lower tables (keys included), the same export and facts (with the header an online
     /// decryption exported, if any).
     pub(super) fn successor_spec(&self) -> (ServeSpec, Vec<LowerTable>) {
-        let keyless: Vec<String> = lower_tables(&self.spec.info)
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
+        let keyless: Vec<&String> = self.spec.info.lower.iter().map(|l| &l.name).collect();
         let lower = self
             .lower
             .iter()
@@ -379,14 +382,13 @@ impl Stack {
             })
             .collect();
         let mut info = self.spec.info.clone();
-        if let (Some(h), Some(obj)) = (
-            self.exported_header
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-            info.as_object_mut(),
-        ) {
-            obj.insert("header".into(), serde_json::json!(h));
+        if let Some(h) = self
+            .exported_header
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            info.header = Some(h);
         }
         let spec = ServeSpec {
             name: self.spec.name.clone(),
@@ -555,12 +557,7 @@ fn names_device(table: &str, name: &str) -> bool {
 }
 
 /// The activation flags `open` recorded for a volume served mid-reencryption (see
-/// [`crate::reencrypt::online::ACTIVATION_FLAGS`]), `None` when it recorded none.
-fn activation_flags(info: &serde_json::Value) -> Option<cryptblk_dm::CryptFlags> {
-    let words: Vec<String> = info[crate::reencrypt::online::ACTIVATION_FLAGS]
-        .as_array()?
-        .iter()
-        .filter_map(|w| w.as_str().map(str::to_string))
-        .collect();
-    cryptblk_dm::CryptFlags::parse(&words).ok()
+/// [`crate::facts::VolumeFacts::activation_flags`]), `None` when it recorded none.
+fn activation_flags(info: &crate::facts::VolumeFacts) -> Option<cryptblk_dm::CryptFlags> {
+    cryptblk_dm::CryptFlags::parse(info.activation_flags.as_ref()?).ok()
 }
