@@ -18,6 +18,10 @@ want qemu-img qemu-utils
 want fusermount3 fuse3
 want losetup mount
 want mkfs.ext4 e2fsprogs
+# The ext4 checks of the FUSE/loop tests and the immutable-file test use e2fsprogs' other tools.
+want fsck.ext4 e2fsprogs
+want debugfs e2fsprogs
+want chattr e2fsprogs
 want xz xz-utils
 want pkg-config pkg-config
 want cc gcc
@@ -45,6 +49,8 @@ want dmsetup dmsetup
 # tests/hardening.rs acts as a throw-away ordinary user.
 want useradd passwd
 want runuser util-linux
+# tests/control_protocol.rs and tests/key_hygiene.rs drop to another uid with setpriv.
+want setpriv util-linux
 # rbd: backings link librbd; their tests run a one-node cluster (ceph-mon/osd/mgr, the rbd
 # and ceph tools) and qemu-img's rbd driver (qemu-block-extra) as librbd's LUKS2 reference.
 want rbd ceph-common
@@ -60,6 +66,8 @@ want clevis clevis
 want clevis-luks-bind clevis-luks
 want jose jose
 [ -x /usr/libexec/tangd ] || need_pkgs+=(tang)
+# tests/token_unlock.rs makes the tang server's keys with tangd-keygen (also from tang).
+[ -x /usr/libexec/tangd-keygen ] || need_pkgs+=(tang)
 want socat socat
 want keyctl keyutils
 want curl curl

@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# No test may pass without having run: every early exit in a test is an explicit
+# CRYPTBLK_SKIP_* (never set here) or a listed data condition, and every tool a test
+# requires is installed above (issue 27). A second, seconds.
+scripts/check-test-skips.py
 export CRYPTBLK_CRYPTSETUP_TESTS=${CRYPTBLK_CRYPTSETUP_TESTS:-$(cd .. && pwd)/shared/cryptsetup-tests}
 # The rbd: tests (crates/cli/tests/rbd.rs) run against a real one-node Ceph cluster and fail
 # without one: unless CEPH_CONF already names a cluster, one is started here with

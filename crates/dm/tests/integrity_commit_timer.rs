@@ -428,6 +428,8 @@ fn read_only_replays_the_journal_into_memory_and_never_writes() {
     );
     t.flush().unwrap();
     t.close().unwrap();
+    // Not synchronization: the window (over twice the 100 ms commit time) in which a commit
+    // timer that a read-only target must not have would write.
     std::thread::sleep(Duration::from_millis(250));
     drop(t);
     assert_eq!(

@@ -303,6 +303,23 @@ mod tests {
         }
     }
 
+    /// A helper thread that says when it ends, so a stuck helper fails the test after a
+    /// deadline instead of hanging it (std's join has no timeout).
+    fn spawn_helper(f: impl FnOnce() + Send + 'static) -> std::sync::mpsc::Receiver<()> {
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = done.send(());
+        });
+        ended
+    }
+
+    fn joined_within_10s(ended: std::sync::mpsc::Receiver<()>) {
+        ended
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a helper still runs 10 s after its request finished");
+    }
+
     /// Pieces run on helper threads and the waiting thread read and write what a plain
     /// whole-buffer read and write would, also when the helpers start late or never.
     #[test]
@@ -321,7 +338,7 @@ mod tests {
             let mut threads = Vec::new();
             for _ in 0..helpers {
                 let (w, io) = (Arc::clone(&w), Arc::clone(&io));
-                threads.push(std::thread::spawn(move || w.help(&io)));
+                threads.push(spawn_helper(move || w.help(&io)));
             }
             for k in 0..w.count() {
                 let r = w.range(k);
@@ -331,7 +348,7 @@ mod tests {
             }
             w.finish(&io).unwrap();
             for t in threads {
-                t.join().unwrap();
+                joined_within_10s(t);
             }
             let mut back = vec![0u8; data.len()];
             io.read_at(offset, &mut back).unwrap();
@@ -341,7 +358,7 @@ mod tests {
             let mut threads = Vec::new();
             for _ in 0..helpers {
                 let (r, io) = (Arc::clone(&r), Arc::clone(&io));
-                threads.push(std::thread::spawn(move || r.help(&io)));
+                threads.push(spawn_helper(move || r.help(&io)));
             }
             let mut got = Vec::new();
             for k in 0..r.count() {
@@ -349,7 +366,7 @@ mod tests {
                 got.extend_from_slice(r.done_piece(k));
             }
             for t in threads {
-                t.join().unwrap();
+                joined_within_10s(t);
             }
             assert_eq!(got, data, "read with {helpers} helpers");
             io.write_at(offset, &vec![0u8; data.len()], WriteFlags::default())
