@@ -69,6 +69,13 @@ if in_root dpkg -L cryptblk | grep -q 'lib/systemd/'; then
   fi
   in_root test -x /usr/lib/systemd/system-generators/cryptblk-generator
   echo "systemd units and generator: under /usr/lib/systemd"
+  # The udev rule that links /dev/cryptblk/NAME for ublk (the generator's units wait for
+  # that device), installed where udev reads packaged rules, as the tree has it.
+  if ! cmp -s "$root/usr/lib/udev/rules.d/60-cryptblk.rules" dist/udev/rules.d/60-cryptblk.rules; then
+    echo "deb-check: /usr/lib/udev/rules.d/60-cryptblk.rules missing or not the tree's" >&2
+    exit 1
+  fi
+  echo "udev rule: /usr/lib/udev/rules.d/60-cryptblk.rules"
 fi
 
 echo "== run"
