@@ -59,6 +59,9 @@ mod x86 {
     chains!(ymm, "aes,avx2,vaes", "ymm");
     chains!(zmm, "aes,avx2,vaes,avx512f", "zmm");
 
+    /// One width: its name, its loop and the blocks per register.
+    type Width = (&'static str, unsafe fn(u64), u64);
+
     /// Block-rounds per second: `f` runs 12 * `lanes` block-rounds per iteration.
     fn rate(f: unsafe fn(u64), lanes: u64) -> f64 {
         let n = 20_000_000;
@@ -73,7 +76,7 @@ mod x86 {
         let rounds: usize = std::env::args()
             .nth(1)
             .map_or(5, |s| s.parse().expect("rounds"));
-        let mut widths: Vec<(&str, unsafe fn(u64), u64)> = Vec::new();
+        let mut widths: Vec<Width> = Vec::new();
         if has!("aes") && has!("avx") {
             widths.push(("xmm (AES-NI, VEX)", xmm, 1));
         }
