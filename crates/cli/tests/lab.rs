@@ -73,6 +73,14 @@ fn lab_kernel_dm_crypt_reads_cryptblk_and_back() {
     run_lab("compat.sh");
 }
 
+/// Each AES-XTS implementation (aws-lc, vaes-avx512-xts, vaes-avx2-xts, aesni-xts,
+/// rustcrypto; as the guest CPU has them) with 256- and 512-bit keys: the kernel reads what
+/// it wrote and it reads what the kernel wrote.
+#[test]
+fn lab_kernel_reads_every_xts_path_and_back() {
+    run_lab("xts-paths.sh");
+}
+
 #[test]
 fn lab_sigkill_of_the_daemon_is_survived() {
     run_lab("crash.sh");
