@@ -731,7 +731,8 @@ impl BenchReport {
                 ));
             }
         }
-        if let Some(svg) = svg_name {
+        // The chart plots MB/s and p99: wall-clock figures a noisy run does not publish.
+        if let Some(svg) = svg_name.filter(|_| !self.noise.noisy) {
             md.push_str(&format!(
                 "\n![throughput and p99 per configuration]({svg})\n"
             ));
@@ -984,6 +985,9 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("wall-clock columns"));
+        assert!(!rep
+            .render_markdown(Some("bench.svg"))
+            .contains("(bench.svg)"));
         let json: serde_json::Value = serde_json::from_str(&rep.to_json()).unwrap();
         assert_eq!(json["cpu_check"][0]["excess"]["within_limit"], true);
         let fig = |k: &str| json["results"][0]["median"][k].as_f64().unwrap();
