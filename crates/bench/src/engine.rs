@@ -268,13 +268,13 @@ pub fn run(job: &EngineRun<'_>) -> Result<RunMetrics, BenchError> {
         write: dir_metrics(&hist[1], bytes[1], elapsed),
         server_cpu_s: cpu_used,
         client_cpu_s: 0.0,
-        cpu_s_per_gb: 0.0,
         verify: VerifyStats {
             enabled: true,
             method: "pattern".into(),
             checked_reads: checked,
             errors: 0,
         },
+        ..Default::default()
     };
     m.compute_cpu_per_gb();
     Ok(m)

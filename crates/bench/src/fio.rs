@@ -374,8 +374,8 @@ pub fn parse_json(text: &str) -> Result<RunMetrics, BenchError> {
         write,
         server_cpu_s: 0.0,
         client_cpu_s: (num(job, "usr_cpu") + num(job, "sys_cpu")) / 100.0 * job_runtime_s,
-        cpu_s_per_gb: 0.0,
         verify: VerifyStats::default(),
+        ..Default::default()
     };
     m.compute_cpu_per_gb();
     Ok(m)

@@ -1320,9 +1320,11 @@ pub fn run(opts: &BenchOptions, lab: &LabOptions) -> Result<LabReport, BenchErro
                     workload: w.name.clone(),
                     transport: t.name().into(),
                     spread: report::spread_of(&runs),
+                    cpu_spread: report::cpu_spread_of(&runs),
                     runs,
                     median,
                     bound: None,
+                    excess: None,
                     error,
                 });
             }

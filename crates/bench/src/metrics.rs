@@ -60,6 +60,16 @@ pub struct RunMetrics {
     pub client_cpu_s: f64,
     /// (server + client CPU seconds) per GB moved (reads + writes, 10^9 bytes).
     pub cpu_s_per_gb: f64,
+    /// Server CPU microseconds per request (reads + writes completed): unlike MB/s, it
+    /// barely moves when other processes take the CPUs, so it is what a noisy run can still
+    /// publish.
+    pub server_cpu_us_per_req: f64,
+    /// Client (fio) CPU microseconds per request; 0 in-process.
+    pub client_cpu_us_per_req: f64,
+    /// Server CPU seconds per GB moved.
+    pub server_cpu_s_per_gb: f64,
+    /// Client CPU seconds per GB moved.
+    pub client_cpu_s_per_gb: f64,
     /// Verification done.
     pub verify: VerifyStats,
 }
@@ -75,14 +85,59 @@ impl RunMetrics {
         self.read.iops + self.write.iops
     }
 
-    /// Fills `cpu_s_per_gb` from the CPU seconds and bytes.
+    /// Reads + writes completed.
+    pub fn total_ops(&self) -> u64 {
+        self.read.ops + self.write.ops
+    }
+
+    /// Fills the per-GB and per-request CPU figures (`cpu_s_per_gb`, `server_*`,
+    /// `client_*`) from the CPU seconds, bytes and operations.
     pub fn compute_cpu_per_gb(&mut self) {
-        let gb = (self.read.bytes + self.write.bytes) as f64 / 1e9;
-        self.cpu_s_per_gb = if gb > 0.0 {
-            (self.server_cpu_s + self.client_cpu_s) / gb
-        } else {
-            0.0
+        let bytes = self.read.bytes + self.write.bytes;
+        let ops = self.total_ops();
+        self.cpu_s_per_gb = per_gb(self.server_cpu_s + self.client_cpu_s, bytes);
+        self.server_cpu_s_per_gb = per_gb(self.server_cpu_s, bytes);
+        self.client_cpu_s_per_gb = per_gb(self.client_cpu_s, bytes);
+        self.server_cpu_us_per_req = per_request_us(self.server_cpu_s, ops);
+        self.client_cpu_us_per_req = per_request_us(self.client_cpu_s, ops);
+    }
+
+    /// What the cipher alone costs per request of this run, in microseconds: each read's
+    /// bytes decrypted and each write's encrypted at the in-memory speeds (MB/s, one CPU),
+    /// averaged over the requests. Bytes over MB/s (bytes per microsecond) are microseconds.
+    pub fn cipher_us_per_req(&self, encrypt_mb_s: f64, decrypt_mb_s: f64) -> f64 {
+        let ops = self.total_ops();
+        let cost = |bytes: u64, mb_s: f64| {
+            if bytes == 0 {
+                0.0
+            } else if mb_s > 0.0 {
+                bytes as f64 / mb_s
+            } else {
+                f64::INFINITY
+            }
         };
+        if ops == 0 {
+            return 0.0;
+        }
+        (cost(self.read.bytes, decrypt_mb_s) + cost(self.write.bytes, encrypt_mb_s)) / ops as f64
+    }
+}
+
+/// CPU seconds per GB (10^9 bytes); 0 when nothing moved.
+pub fn per_gb(cpu_s: f64, bytes: u64) -> f64 {
+    if bytes == 0 {
+        0.0
+    } else {
+        cpu_s / (bytes as f64 / 1e9)
+    }
+}
+
+/// CPU microseconds per request; 0 when no request completed.
+pub fn per_request_us(cpu_s: f64, ops: u64) -> f64 {
+    if ops == 0 {
+        0.0
+    } else {
+        cpu_s * 1e6 / ops as f64
     }
 }
 
@@ -134,6 +189,10 @@ pub fn median_runs(runs: &[RunMetrics]) -> RunMetrics {
         server_cpu_s: f(&|r| r.server_cpu_s),
         client_cpu_s: f(&|r| r.client_cpu_s),
         cpu_s_per_gb: f(&|r| r.cpu_s_per_gb),
+        server_cpu_us_per_req: f(&|r| r.server_cpu_us_per_req),
+        client_cpu_us_per_req: f(&|r| r.client_cpu_us_per_req),
+        server_cpu_s_per_gb: f(&|r| r.server_cpu_s_per_gb),
+        client_cpu_s_per_gb: f(&|r| r.client_cpu_s_per_gb),
         verify: VerifyStats {
             enabled: runs.iter().all(|r| r.verify.enabled) && !runs.is_empty(),
             method: runs
@@ -209,6 +268,62 @@ impl BoundFigures {
     }
 }
 
+/// The issue-26 allowance for a crypt row's extra server CPU per request: this many times
+/// the cipher's own cost ...
+pub const EXCESS_CIPHER_FACTOR: f64 = 1.2;
+/// ... plus this many microseconds (a request's fixed overhead: the table lookup, the
+/// per-request cipher state, a bounce buffer).
+pub const EXCESS_SLACK_US: f64 = 1.0;
+
+/// What a crypt row's server spends per request beyond its plain (`linear`) row on the same
+/// workload and transport, set against what the cipher alone costs for those requests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CpuExcess {
+    /// The plain row's server CPU per request, µs (median over its repeats).
+    pub plain_server_us_per_req: f64,
+    /// This row's server CPU per request, µs (median over its repeats).
+    pub server_us_per_req: f64,
+    /// `server_us_per_req - plain_server_us_per_req`.
+    pub excess_us_per_req: f64,
+    /// The cipher's cost per request of this workload at the in-memory speeds measured in the
+    /// same run ([`RunMetrics::cipher_us_per_req`]).
+    pub cipher_us_per_req: f64,
+    /// `excess / cipher` (0 when the cipher costs nothing measurable).
+    pub excess_over_cipher: f64,
+    /// The allowance: `EXCESS_CIPHER_FACTOR * cipher + EXCESS_SLACK_US`.
+    pub limit_us_per_req: f64,
+    /// `excess_us_per_req <= limit_us_per_req`.
+    pub within_limit: bool,
+}
+
+impl CpuExcess {
+    /// The excess of `crypt` (median figures) over `plain` with the cipher at `encrypt_mb_s` /
+    /// `decrypt_mb_s`. The cipher's cost is taken from the crypt row's own request mix.
+    pub fn new(
+        plain: &RunMetrics,
+        crypt: &RunMetrics,
+        encrypt_mb_s: f64,
+        decrypt_mb_s: f64,
+    ) -> Self {
+        let excess = crypt.server_cpu_us_per_req - plain.server_cpu_us_per_req;
+        let cipher = crypt.cipher_us_per_req(encrypt_mb_s, decrypt_mb_s);
+        let limit = EXCESS_CIPHER_FACTOR * cipher + EXCESS_SLACK_US;
+        CpuExcess {
+            plain_server_us_per_req: plain.server_cpu_us_per_req,
+            server_us_per_req: crypt.server_cpu_us_per_req,
+            excess_us_per_req: excess,
+            cipher_us_per_req: cipher,
+            excess_over_cipher: if cipher > 0.0 && cipher.is_finite() {
+                excess / cipher
+            } else {
+                0.0
+            },
+            limit_us_per_req: limit,
+            within_limit: excess <= limit,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +359,82 @@ mod tests {
         assert_eq!(m.read.ops, 10);
         assert_eq!(m.verify.checked_reads, 15);
         assert!(m.verify.enabled);
+    }
+
+    fn run_of(ops: u64, bytes_per_op: u64, server_cpu_s: f64, client_cpu_s: f64) -> RunMetrics {
+        let dir = DirMetrics {
+            ops: ops / 2,
+            bytes: ops / 2 * bytes_per_op,
+            ..Default::default()
+        };
+        let mut m = RunMetrics {
+            read: dir.clone(),
+            write: dir,
+            server_cpu_s,
+            client_cpu_s,
+            ..Default::default()
+        };
+        m.compute_cpu_per_gb();
+        m
+    }
+
+    #[test]
+    fn cpu_per_request_and_per_gb() {
+        // 100 000 requests of 4 KiB (409.6 MB) for 0.8 s of server and 1.2 s of client CPU.
+        let m = run_of(100_000, 4096, 0.8, 1.2);
+        assert!((m.server_cpu_us_per_req - 8.0).abs() < 1e-9);
+        assert!((m.client_cpu_us_per_req - 12.0).abs() < 1e-9);
+        assert!((m.server_cpu_s_per_gb - 0.8 / 0.4096).abs() < 1e-9);
+        assert!((m.client_cpu_s_per_gb - 1.2 / 0.4096).abs() < 1e-9);
+        assert!((m.cpu_s_per_gb - 2.0 / 0.4096).abs() < 1e-9);
+        let none = run_of(0, 4096, 0.5, 0.5);
+        assert_eq!((none.server_cpu_us_per_req, none.cpu_s_per_gb), (0.0, 0.0));
+        // Medians are of each run's own per-request figure.
+        let med = median_runs(&[
+            run_of(100_000, 4096, 0.8, 0.0),
+            run_of(50_000, 4096, 0.9, 0.0),
+            run_of(100_000, 4096, 0.7, 0.0),
+        ]);
+        assert!((med.server_cpu_us_per_req - 8.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cipher_cost_per_request() {
+        // 4096 bytes at 4096 MB/s is 1 µs; half reads at 2048 MB/s (2 µs): 1.5 µs a request.
+        let m = run_of(1000, 4096, 0.0, 0.0);
+        assert!((m.cipher_us_per_req(4096.0, 2048.0) - 1.5).abs() < 1e-9);
+        // 1 MiB requests at 6400 MB/s: 163.84 µs each way.
+        let big = run_of(10, 1 << 20, 0.0, 0.0);
+        assert!((big.cipher_us_per_req(6400.0, 6400.0) - 163.84).abs() < 1e-9);
+        // Write-only: the read speed does not enter.
+        let mut w = run_of(1000, 4096, 0.0, 0.0);
+        w.read = DirMetrics::default();
+        assert!((w.cipher_us_per_req(4096.0, 0.0) - 1.0).abs() < 1e-9);
+        assert_eq!(RunMetrics::default().cipher_us_per_req(1.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn excess_against_the_cipher() {
+        // Plain 7.5 µs, crypt 9.0 µs per 4 KiB request, cipher 1 µs: 1.5 <= 1.2 + 1.
+        let plain = run_of(100_000, 4096, 0.75, 0.0);
+        let crypt = run_of(100_000, 4096, 0.90, 0.0);
+        let e = CpuExcess::new(&plain, &crypt, 4096.0, 4096.0);
+        assert!((e.excess_us_per_req - 1.5).abs() < 1e-9);
+        assert!((e.cipher_us_per_req - 1.0).abs() < 1e-9);
+        assert!((e.limit_us_per_req - 2.2).abs() < 1e-9);
+        assert!((e.excess_over_cipher - 1.5).abs() < 1e-9);
+        assert!(e.within_limit);
+        // 2.3 µs over: past 1.2 x 1 + 1.
+        let slow = run_of(100_000, 4096, 0.98, 0.0);
+        let e = CpuExcess::new(&plain, &slow, 4096.0, 4096.0);
+        assert!((e.excess_us_per_req - 2.3).abs() < 1e-9);
+        assert!(!e.within_limit);
+        // Just under the limit passes; a crypt row cheaper than plain passes.
+        let at = run_of(100_000, 4096, 0.969, 0.0);
+        assert!(CpuExcess::new(&plain, &at, 4096.0, 4096.0).within_limit);
+        let cheap = run_of(100_000, 4096, 0.70, 0.0);
+        let e = CpuExcess::new(&plain, &cheap, 4096.0, 4096.0);
+        assert!(e.excess_us_per_req < 0.0 && e.within_limit);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::cipher_speed::CipherSpeed;
 use crate::live::LiveReport;
-use crate::metrics::{BoundFigures, RunMetrics};
+use crate::metrics::{BoundFigures, CpuExcess, RunMetrics};
 use crate::workload::Workload;
 use crate::BenchError;
 
@@ -126,11 +126,17 @@ pub struct ResultRow {
     pub median: Option<RunMetrics>,
     /// The bound and its achieved fraction (crypt rows with a plain counterpart).
     pub bound: Option<BoundFigures>,
+    /// Server CPU per request beyond the plain row's, against the cipher's own cost (crypt
+    /// rows with a plain counterpart).
+    pub excess: Option<CpuExcess>,
     /// The first failure, if a run failed.
     pub error: Option<String>,
     /// Spread of the runs: (max - min) / median of read + write MB/s ([`spread_of`]);
     /// absent with fewer than two runs.
     pub spread: Option<f64>,
+    /// The same spread of the runs' server CPU per request ([`cpu_spread_of`]): how much the
+    /// figure a noisy run still publishes moved.
+    pub cpu_spread: Option<f64>,
 }
 
 #[cfg(test)]
@@ -144,8 +150,10 @@ impl ResultRow {
             runs: vec![m.clone()],
             median: Some(m),
             bound: None,
+            excess: None,
             error: None,
             spread: None,
+            cpu_spread: None,
         }
     }
 }
@@ -161,10 +169,20 @@ pub const NOISY_SPREAD: f64 = 0.10;
 /// (max - min) / median of the runs' read + write MB/s; `None` with fewer than two runs or
 /// a zero median.
 pub fn spread_of(runs: &[RunMetrics]) -> Option<f64> {
+    spread_by(runs, |r| r.read.mb_s + r.write.mb_s)
+}
+
+/// (max - min) / median of the runs' server CPU microseconds per request; `None` with fewer
+/// than two runs or a zero median.
+pub fn cpu_spread_of(runs: &[RunMetrics]) -> Option<f64> {
+    spread_by(runs, |r| r.server_cpu_us_per_req)
+}
+
+fn spread_by(runs: &[RunMetrics], figure: impl Fn(&RunMetrics) -> f64) -> Option<f64> {
     if runs.len() < 2 {
         return None;
     }
-    let mut v: Vec<f64> = runs.iter().map(|r| r.read.mb_s + r.write.mb_s).collect();
+    let mut v: Vec<f64> = runs.iter().map(figure).collect();
     v.sort_by(f64::total_cmp);
     let median = if v.len() % 2 == 1 {
         v[v.len() / 2]
@@ -216,7 +234,7 @@ impl Noise {
         );
         match (&self.plain_spread, &self.worst_plain_row) {
             (Some(s), Some(row)) if self.noisy => format!(
-                "NOISY RUN: plain {row} repeats spread {:.0}% (> {:.0}%); {load}. Do not publish these figures.",
+                "NOISY RUN: plain {row} repeats spread {:.0}% (> {:.0}%); {load}. Do not publish its wall-clock figures (MB/s, IOPS, latency, bound); CPU time per request and per GB stands.",
                 s * 100.0,
                 self.threshold * 100.0
             ),
@@ -262,7 +280,98 @@ pub struct BenchReport {
     /// `openssl speed -evp aes-256-xts` at 4 KiB in the same run, MB/s (encrypt, decrypt),
     /// when an XTS configuration ran and openssl is installed.
     pub openssl_xts_mb_s: Option<(f64, f64)>,
+    /// The issue-26 CPU-time check, one line per `xts-inline` row at 4 KiB, 64 KiB and 1 MiB.
+    pub cpu_check: Vec<CpuCheck>,
 }
+
+/// The configuration the CPU-time check reads: AES-XTS with both inline flags (cryptblk's
+/// default pipeline).
+pub const CPU_CHECK_CONFIG: &str = "xts-inline";
+
+/// The request sizes the CPU-time check covers.
+pub const CPU_CHECK_SIZES: [u64; 3] = [4096, 64 << 10, 1 << 20];
+
+/// One line of the CPU-time check (issue 26): at this request size and transport,
+/// `xts-inline` minus `plain` server CPU per request is within
+/// [`crate::metrics::EXCESS_CIPHER_FACTOR`] x the cipher's cost +
+/// [`crate::metrics::EXCESS_SLACK_US`]. A report line, never a test assertion: speed is not
+/// asserted in timed tests.
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuCheck {
+    /// Workload name.
+    pub workload: String,
+    /// Bytes per request.
+    pub block_size: u64,
+    /// Transport name.
+    pub transport: String,
+    /// The figures.
+    pub excess: CpuExcess,
+}
+
+impl CpuCheck {
+    /// The checks of `results`: every `xts-inline` row with an excess whose workload's
+    /// requests are of one of [`CPU_CHECK_SIZES`].
+    pub fn of(results: &[ResultRow], workloads: &[Workload]) -> Vec<CpuCheck> {
+        results
+            .iter()
+            .filter(|r| r.config == CPU_CHECK_CONFIG && r.error.is_none())
+            .filter_map(|r| {
+                let w = workloads.iter().find(|w| w.name == r.workload)?;
+                let excess = r.excess.clone()?;
+                CPU_CHECK_SIZES.contains(&w.block_size).then(|| CpuCheck {
+                    workload: r.workload.clone(),
+                    block_size: w.block_size,
+                    transport: r.transport.clone(),
+                    excess,
+                })
+            })
+            .collect()
+    }
+
+    /// `PASS` or `FAIL`.
+    pub fn verdict(&self) -> &'static str {
+        if self.excess.within_limit {
+            "PASS"
+        } else {
+            "FAIL"
+        }
+    }
+
+    /// One line: the figures and the verdict.
+    pub fn line(&self) -> String {
+        let e = &self.excess;
+        format!(
+            "{} {} ({}) {}: {} - plain server CPU = {:.2} - {:.2} = {:.2} µs/request; cipher {:.2} µs ({:.2}x); limit {:.1} x cipher + {:.0} = {:.2} µs",
+            self.verdict(),
+            self.workload,
+            size_text(self.block_size),
+            self.transport,
+            CPU_CHECK_CONFIG,
+            e.server_us_per_req,
+            e.plain_server_us_per_req,
+            e.excess_us_per_req,
+            e.cipher_us_per_req,
+            e.excess_over_cipher,
+            crate::metrics::EXCESS_CIPHER_FACTOR,
+            crate::metrics::EXCESS_SLACK_US,
+            e.limit_us_per_req,
+        )
+    }
+}
+
+/// `4 KiB`, `64 KiB`, `1 MiB`.
+fn size_text(bytes: u64) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// The heading of the CPU-time check in the text and markdown reports.
+const CPU_CHECK_TITLE: &str = "CPU-time check (issue 26): xts-inline minus plain server CPU per request within 1.2 x the cipher's cost + 1 µs";
 
 /// Formats a latency in microseconds with sensible precision.
 fn us(v: f64) -> String {
@@ -285,7 +394,29 @@ fn pair(r: f64, w: f64) -> String {
     format!("{}/{}", us(r), us(w))
 }
 
-const HEADER: [&str; 14] = [
+fn cpu_pair(server: f64, client: f64) -> String {
+    let f = |v: f64| {
+        if v == 0.0 {
+            "-".to_string()
+        } else {
+            format!("{v:.2}")
+        }
+    };
+    format!("{}/{}", f(server), f(client))
+}
+
+fn spread_text(s: Option<f64>, mark_over: Option<f64>) -> String {
+    s.map_or(String::new(), |s| {
+        let mark = if mark_over.is_some_and(|t| s > t) {
+            "!"
+        } else {
+            ""
+        };
+        format!("{:.0}%{mark}", s * 100.0)
+    })
+}
+
+const HEADER: [&str; 18] = [
     "config",
     "workload",
     "transport",
@@ -295,11 +426,22 @@ const HEADER: [&str; 14] = [
     "p50 µs r/w",
     "p99 µs r/w",
     "p99.9 µs r/w",
-    "CPU s/GB",
+    "CPU µs/req srv/cli",
+    "CPU s/GB srv/cli",
+    "excess µs/req",
+    "cipher µs/req",
     "cipher MB/s d/e",
     "bound MB/s",
     "of bound",
     "spread",
+    "CPU spread",
+];
+
+/// Which of [`HEADER`]'s columns are wall-clock figures: a run marked noisy does not publish
+/// them (the markdown report leaves them out).
+const WALL_CLOCK: [bool; 18] = [
+    false, false, false, true, true, true, true, true, true, false, false, false, false, false,
+    true, true, false, false,
 ];
 
 impl BenchReport {
@@ -316,7 +458,15 @@ impl BenchReport {
                     row.push(pair(m.read.lat_p50_us, m.write.lat_p50_us));
                     row.push(pair(m.read.lat_p99_us, m.write.lat_p99_us));
                     row.push(pair(m.read.lat_p999_us, m.write.lat_p999_us));
-                    row.push(format!("{:.2}", m.cpu_s_per_gb));
+                    row.push(cpu_pair(m.server_cpu_us_per_req, m.client_cpu_us_per_req));
+                    row.push(cpu_pair(m.server_cpu_s_per_gb, m.client_cpu_s_per_gb));
+                    match &r.excess {
+                        Some(e) => {
+                            row.push(format!("{:.2}", e.excess_us_per_req));
+                            row.push(format!("{:.2}", e.cipher_us_per_req));
+                        }
+                        None => row.extend([String::new(), String::new()]),
+                    }
                     match &r.bound {
                         Some(b) => {
                             row.push(format!(
@@ -328,10 +478,8 @@ impl BenchReport {
                         }
                         None => row.extend(["".into(), "".into(), "".into()]),
                     }
-                    row.push(r.spread.map_or(String::new(), |s| {
-                        let mark = if s > NOISY_SPREAD { "!" } else { "" };
-                        format!("{:.0}%{mark}", s * 100.0)
-                    }));
+                    row.push(spread_text(r.spread, Some(NOISY_SPREAD)));
+                    row.push(spread_text(r.cpu_spread, None));
                 }
                 (_, err) => {
                     row.push(format!(
@@ -411,9 +559,24 @@ impl BenchReport {
             out.push('\n');
             out.push_str(&self.noise.summary(&self.host));
             out.push('\n');
+            out.push_str(&self.cpu_check_text());
         }
         if let Some(live) = &self.live {
             out.push_str(&live.summary());
+        }
+        out
+    }
+
+    /// The CPU-time check's heading and lines (empty when no row qualifies).
+    pub fn cpu_check_text(&self) -> String {
+        if self.cpu_check.is_empty() {
+            return String::new();
+        }
+        let mut out = format!("{CPU_CHECK_TITLE}:\n");
+        for c in &self.cpu_check {
+            out.push_str("  ");
+            out.push_str(&c.line());
+            out.push('\n');
         }
         out
     }
@@ -429,9 +592,20 @@ impl BenchReport {
         }
     }
 
-    /// The results table in markdown.
+    /// The results table in markdown; a run marked noisy leaves the wall-clock columns out.
     pub fn markdown_table(&self) -> String {
-        let cells = self.cells();
+        let keep = |i: usize| !(self.noise.noisy && WALL_CLOCK[i]);
+        let cells: Vec<Vec<String>> = self
+            .cells()
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| keep(*i))
+                    .map(|(_, c)| c)
+                    .collect()
+            })
+            .collect();
         let mut out = String::new();
         for (n, row) in cells.iter().enumerate() {
             out.push_str("| ");
@@ -516,13 +690,49 @@ impl BenchReport {
         }
         md.push_str("\n## Results\n\n");
         md.push_str(
-            "`bound` is the reference's `(plain x cipher) / (plain + cipher)` per direction (plain = the `plain` row \
-             of the same workload and transport, cipher = in-memory decrypt for reads, encrypt for writes), summed \
-             over reads and writes; `of bound` = (read + write MB/s) / bound. CPU s/GB counts this process \
-             (engine or server side) plus fio's usr+sys.\n\n",
+            "CPU time is the figure that survives a shared machine: `CPU µs/req srv/cli` is CPU time \
+             (user + system) per request (reads + writes completed), of this process (the in-process engine and the \
+             device stack, or the NBD/FUSE server) and of fio (its usr+sys; `-` in process), and `CPU s/GB srv/cli` \
+             the same per 10^9 bytes moved; each is the median of the repeats' own figures, and `CPU spread` is \
+             (max - min) / median of the server's. `excess µs/req` is a crypt row's server CPU per request minus \
+             its `plain` row's (same workload and transport); `cipher µs/req` is what the cipher alone costs for \
+             those requests at the in-memory speeds below (one CPU, measured in this run).",
         );
+        if self.noise.noisy {
+            md.push_str(
+                " This run was marked NOISY, so its wall-clock columns (MB/s, IOPS, latency, bound) are left \
+                 out here; the JSON report keeps them.\n\n",
+            );
+        } else {
+            md.push_str(
+                " `bound` is the reference's `(plain x cipher) / (plain + cipher)` per direction (plain = the \
+                 `plain` row of the same workload and transport, cipher = in-memory decrypt for reads, encrypt for \
+                 writes), summed over reads and writes; `of bound` = (read + write MB/s) / bound.\n\n",
+            );
+        }
         md.push_str(&self.markdown_table());
-        if let Some(svg) = svg_name {
+        if !self.cpu_check.is_empty() {
+            md.push_str(&format!("\n## {CPU_CHECK_TITLE}\n\n"));
+            md.push_str("| verdict | workload | size | transport | xts-inline µs/req | plain µs/req | excess µs/req | cipher µs/req | excess / cipher | limit µs/req |\n| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+            for c in &self.cpu_check {
+                let e = &c.excess;
+                md.push_str(&format!(
+                    "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2} |\n",
+                    c.verdict(),
+                    c.workload,
+                    size_text(c.block_size),
+                    c.transport,
+                    e.server_us_per_req,
+                    e.plain_server_us_per_req,
+                    e.excess_us_per_req,
+                    e.cipher_us_per_req,
+                    e.excess_over_cipher,
+                    e.limit_us_per_req
+                ));
+            }
+        }
+        // The chart plots MB/s and p99: wall-clock figures a noisy run does not publish.
+        if let Some(svg) = svg_name.filter(|_| !self.noise.noisy) {
             md.push_str(&format!(
                 "\n![throughput and p99 per configuration]({svg})\n"
             ));
@@ -606,8 +816,10 @@ mod tests {
             runs: vec![m.clone()],
             median: Some(m),
             bound,
+            excess: None,
             error: None,
             spread: None,
+            cpu_spread: None,
         }
     }
 
@@ -663,6 +875,124 @@ mod tests {
         assert_eq!(json["results"][1]["bound"]["bound_read_mb_s"], 696.0);
         assert_eq!(rep.failures().len(), 1);
         assert!(t.contains("noise not measured"));
+    }
+
+    /// A row with `server_us` server CPU µs per 4 KiB request (1000 requests) and `client_us`.
+    fn cpu_row(config: &str, workload: &str, server_us: f64, client_us: f64) -> ResultRow {
+        let dir = DirMetrics {
+            ops: 500,
+            bytes: 500 * 4096,
+            mb_s: 100.0,
+            ..Default::default()
+        };
+        let mut m = RunMetrics {
+            read: dir.clone(),
+            write: dir,
+            server_cpu_s: server_us * 1000.0 / 1e6,
+            client_cpu_s: client_us * 1000.0 / 1e6,
+            ..Default::default()
+        };
+        m.compute_cpu_per_gb();
+        let mut r = ResultRow::single(config, workload, "nbd", m);
+        r.runs = vec![r.runs[0].clone(); 3];
+        r.cpu_spread = cpu_spread_of(&r.runs);
+        r
+    }
+
+    #[test]
+    fn cpu_columns_excess_and_the_check() {
+        let wl = |name: &str, bs: u64| Workload {
+            name: name.into(),
+            description: String::new(),
+            pattern: crate::workload::AccessPattern::Random,
+            read_percent: 50,
+            block_size: bs,
+            jobs: 1,
+            iodepth: 1,
+        };
+        let plain = cpu_row("plain", "rw4k", 8.0, 12.0);
+        let mut inline = cpu_row("xts-inline", "rw4k", 9.5, 12.0);
+        // Cipher at 4096 MB/s: 1 µs a 4 KiB request; 1.5 µs over plain <= 2.2: PASS.
+        inline.excess = Some(CpuExcess::new(
+            plain.median.as_ref().unwrap(),
+            inline.median.as_ref().unwrap(),
+            4096.0,
+            4096.0,
+        ));
+        let mut slow = cpu_row("xts-inline", "odd", 11.0, 12.0);
+        // 3 µs over plain against 2.2 allowed: FAIL.
+        slow.excess = Some(CpuExcess::new(
+            plain.median.as_ref().unwrap(),
+            slow.median.as_ref().unwrap(),
+            4096.0,
+            4096.0,
+        ));
+        let mut queued = cpu_row("xts", "rw4k", 30.0, 12.0);
+        queued.excess = Some(CpuExcess::new(
+            plain.median.as_ref().unwrap(),
+            queued.median.as_ref().unwrap(),
+            4096.0,
+            4096.0,
+        ));
+        let mut rep = BenchReport {
+            workloads: vec![wl("rw4k", 4096), wl("odd", 64 << 10), wl("other", 8192)],
+            ..Default::default()
+        };
+        let mut elsewhere = slow.clone();
+        elsewhere.workload = "other".into(); // 8 KiB: not a checked size.
+        rep.results = vec![plain, inline, slow, queued, elsewhere];
+        rep.cpu_check = CpuCheck::of(&rep.results, &rep.workloads);
+        // Only xts-inline rows at 4 KiB / 64 KiB / 1 MiB are checked.
+        assert_eq!(rep.cpu_check.len(), 2, "{:?}", rep.cpu_check);
+        assert_eq!(rep.cpu_check[0].verdict(), "PASS");
+        assert_eq!(rep.cpu_check[1].verdict(), "FAIL");
+        assert_eq!(rep.cpu_check[1].block_size, 64 << 10);
+
+        let t = rep.render_table();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("CPU µs/req srv/cli") && lines[0].contains("excess µs/req"));
+        // Server/client per request and per GB (8 µs over 4096 bytes: 1.95 s/GB).
+        assert!(
+            lines[2].contains("8.00/12.00") && lines[2].contains("1.95/2.93"),
+            "{t}"
+        );
+        assert!(
+            lines[3].contains("1.50") && lines[3].contains("1.00"),
+            "{t}"
+        );
+        assert!(lines[2].contains("0%"), "CPU spread of identical runs: {t}");
+        assert!(t.contains(CPU_CHECK_TITLE));
+        assert!(t.contains("PASS rw4k (4 KiB) nbd: xts-inline - plain server CPU = 9.50 - 8.00 = 1.50 µs/request; cipher 1.00 µs (1.50x); limit 1.2 x cipher + 1 = 2.20 µs"), "{t}");
+        assert!(t.contains("FAIL odd (64 KiB) nbd"), "{t}");
+
+        // A quiet run's markdown keeps MB/s; a noisy one drops every wall-clock column but
+        // keeps CPU time.
+        let md = rep.render_markdown(None);
+        assert!(md.contains("| read MB/s |") && md.contains("| PASS | rw4k | 4 KiB | nbd |"));
+        rep.noise.noisy = true;
+        let md = rep.render_markdown(None);
+        let header = md.lines().find(|l| l.starts_with("| config")).unwrap();
+        assert!(
+            !header.contains("MB/s |") || header.contains("cipher MB/s"),
+            "{header}"
+        );
+        assert!(
+            !header.contains("read MB/s") && !header.contains("p99") && !header.contains("bound")
+        );
+        assert!(header.contains("CPU µs/req srv/cli") && header.contains("excess µs/req"));
+        assert!(
+            md.contains("| plain | rw4k | nbd | 8.00/12.00 | 1.95/2.93 |"),
+            "{md}"
+        );
+        assert!(md.contains("wall-clock columns"));
+        assert!(!rep
+            .render_markdown(Some("bench.svg"))
+            .contains("(bench.svg)"));
+        let json: serde_json::Value = serde_json::from_str(&rep.to_json()).unwrap();
+        assert_eq!(json["cpu_check"][0]["excess"]["within_limit"], true);
+        let fig = |k: &str| json["results"][0]["median"][k].as_f64().unwrap();
+        assert!((fig("server_cpu_us_per_req") - 8.0).abs() < 1e-9);
+        assert!((fig("client_cpu_us_per_req") - 12.0).abs() < 1e-9);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::config::{self, select, Configuration, XTS_CIPHER, XTS_KEY_BYTES};
 use crate::engine::{self, EngineRun};
 use crate::fio::{self, FioJob, FioTarget, FioVerify};
 use crate::live;
-use crate::metrics::{self, BoundFigures, RunMetrics};
+use crate::metrics::{self, BoundFigures, CpuExcess, RunMetrics};
 use crate::peers::{self, PeerImage, PeerKind, PeerServer};
 use crate::placement::{self, Pinned};
 use crate::report::{
@@ -663,11 +663,13 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             runs: cell.runs.clone(),
             median,
             bound: None,
+            excess: None,
             error: cell
                 .error
                 .clone()
                 .or_else(|| cell.runs.is_empty().then(|| "no run completed".to_string())),
             spread: crate::report::spread_of(&cell.runs),
+            cpu_spread: crate::report::cpu_spread_of(&cell.runs),
         });
     }
     report.results.sort_by_key(|r| {
@@ -697,6 +699,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             speed,
         ) {
             r.bound = Some(BoundFigures::new(&p, m, sp.encrypt_mb_s, sp.decrypt_mb_s));
+            r.excess = Some(CpuExcess::new(&p, m, sp.encrypt_mb_s, sp.decrypt_mb_s));
         }
     }
     for s in &subjects {
@@ -727,6 +730,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     ts.append(&mut report.transports);
     report.transports = ts;
     report.noise = crate::report::Noise::of(&report.results);
+    report.cpu_check = crate::report::CpuCheck::of(&report.results, &report.workloads);
     // openssl's own figure beside ours, in the same run (about 2 s; not in a smoke run).
     if !opts.quick && speeds.iter().any(|s| s.cipher == XTS_CIPHER) {
         report.openssl_xts_mb_s = cipher_speed::openssl_xts_speed();

@@ -138,9 +138,36 @@ fn quick_run_moves_verified_data_through_every_configuration() {
                     );
                 }
                 assert!(m["cpu_s_per_gb"].as_f64().unwrap() > 0.0);
+                // CPU time per request and per GB, server and client (fio; none in process).
+                assert!(m["server_cpu_us_per_req"].as_f64().unwrap() > 0.0);
+                assert!(m["server_cpu_s_per_gb"].as_f64().unwrap() > 0.0);
+                let ops = m["read"]["ops"].as_f64().unwrap() + m["write"]["ops"].as_f64().unwrap();
+                let client_us = m["client_cpu_us_per_req"].as_f64().unwrap();
+                if *t == "inproc" {
+                    assert_eq!(client_us, 0.0, "{c}/{w}/{t}: no client in process");
+                }
+                // The per-request figure is the run's own client CPU over its requests (the
+                // median row of one quick repeat is that run).
+                let client_s = m["client_cpu_s"].as_f64().unwrap();
+                assert!(
+                    (client_us * ops / 1e6 - client_s).abs() <= 1e-9 * client_s.max(1.0),
+                    "{c}/{w}/{t}: client {client_us} µs/req x {ops} != {client_s} s"
+                );
                 if c == "plain" {
                     assert!(row["bound"].is_null());
+                    assert!(row["excess"].is_null());
                 } else {
+                    let e = &row["excess"];
+                    assert!(
+                        e["cipher_us_per_req"].as_f64().unwrap() > 0.0,
+                        "{c}/{w}/{t} has no cipher cost"
+                    );
+                    let (srv, plain, excess) = (
+                        e["server_us_per_req"].as_f64().unwrap(),
+                        e["plain_server_us_per_req"].as_f64().unwrap(),
+                        e["excess_us_per_req"].as_f64().unwrap(),
+                    );
+                    assert!((srv - plain - excess).abs() < 1e-9);
                     let b = &row["bound"];
                     assert!(
                         b["bound_read_mb_s"].as_f64().unwrap() > 0.0,
@@ -189,8 +216,23 @@ fn quick_run_moves_verified_data_through_every_configuration() {
     for c in CONFIGS {
         assert!(svg.contains(c), "chart does not name {c}");
     }
+    // The CPU-time check covers xts-inline on each 4 KiB workload and transport that ran
+    // (the verdict is a figure, not asserted: no test asserts a speed).
+    let checks = json["cpu_check"].as_array().unwrap();
+    for w in ["rw4k", "randrw4k-4j-qd16"] {
+        for t in &expected {
+            assert!(
+                checks
+                    .iter()
+                    .any(|c| c["workload"] == w && c["transport"] == *t && c["block_size"] == 4096),
+                "no CPU check for {w}/{t}"
+            );
+        }
+    }
+    assert!(table.contains("CPU-time check (issue 26)"));
     let md = std::fs::read_to_string(opts.markdown.as_ref().unwrap()).unwrap();
     assert!(md.contains("| config | workload | transport |"));
+    assert!(md.contains("CPU µs/req srv/cli") && md.contains("| verdict | workload | size |"));
     assert!(md.contains("(bench.svg)"));
 }
 
