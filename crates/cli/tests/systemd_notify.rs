@@ -249,10 +249,7 @@ fn upgrade_under_a_notify_unit_hands_the_main_process_over() {
     let ready = msgs.iter().position(|s| s.lines().any(|l| l == "READY=1"));
     assert!(first_mainpid < ready, "MAINPID= must come first: {msgs:?}");
     let status = run_ok(cryptblk().args(["status", "--json", name]), b"");
-    assert!(
-        status.contains(&format!("\"pid\":{new_pid}")),
-        "{status}"
-    );
+    assert!(status.contains(&format!("\"pid\":{new_pid}")), "{status}");
     check_ready_and_serving(msgs.last().unwrap(), name, &sock);
 
     run_ok(cryptblk().args(["close", name]), b"");
@@ -260,8 +257,7 @@ fn upgrade_under_a_notify_unit_hands_the_main_process_over() {
     assert!(msgs.iter().all(|s| !s.contains("upgrade notify key")));
     // Its socket goes last before it returns: it ends within moments (zombie or reaped).
     let gone = || {
-        std::fs::read_to_string(format!("/proc/{new_pid}/stat"))
-            .map_or(true, |s| s.contains(") Z"))
+        std::fs::read_to_string(format!("/proc/{new_pid}/stat")).map_or(true, |s| s.contains(") Z"))
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while !gone() {

@@ -354,7 +354,10 @@ impl UblkExport {
         mark_handed_over(Path::new(RECORD_DIR), self.dev_id, Some(std::process::id())).map_err(
             |e| {
                 ExportError::io(
-                    format!("marking the record of ublk device {} handed over", self.dev_id),
+                    format!(
+                        "marking the record of ublk device {} handed over",
+                        self.dev_id
+                    ),
                     e,
                 )
             },

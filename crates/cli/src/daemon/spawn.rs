@@ -248,10 +248,12 @@ pub fn spawn_successor(h: Handover) -> Result<Succession, Failure> {
         return Ok(Succession::TakingOver);
     }
     if let Some(rest) = line.strip_prefix("READY ") {
-        return serde_json::from_str(rest).map(Succession::Serving).map_err(|e| {
-            let _ = child.kill();
-            Failure::device(format!("malformed READY line from the successor: {e}"))
-        });
+        return serde_json::from_str(rest)
+            .map(Succession::Serving)
+            .map_err(|e| {
+                let _ = child.kill();
+                Failure::device(format!("malformed READY line from the successor: {e}"))
+            });
     }
     let status = child.wait();
     let why = match line.strip_prefix("ERROR ") {

@@ -902,7 +902,9 @@ fn upgrade_by_exit(
             )))
         }
     }
-    log::info!("{name}: upgrading to {binary}: flushing, holding I/O until the successor takes over");
+    log::info!(
+        "{name}: upgrading to {binary}: flushing, holding I/O until the successor takes over"
+    );
     if let Err(f) = stack.flush_all() {
         return failed(f);
     }
@@ -919,7 +921,9 @@ fn upgrade_by_exit(
     });
     let why = match outcome {
         Ok(Succession::TakingOver) => {
-            log::info!("{name}: the successor holds the stack; exiting so it takes the device over");
+            log::info!(
+                "{name}: the successor holds the stack; exiting so it takes the device over"
+            );
             closing.handed_over.store(true, Ordering::SeqCst);
             closing.stopping.store(true, Ordering::SeqCst);
             return None;

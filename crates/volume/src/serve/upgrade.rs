@@ -202,7 +202,10 @@ mod refusal_tests {
         });
         assert!(refusal("data", &ublk, false, false).is_none());
         let suspended = refusal("data", &ublk, true, false).expect("suspended is refused");
-        assert!(format!("{suspended:?}").contains("suspended"), "{suspended:?}");
+        assert!(
+            format!("{suspended:?}").contains("suspended"),
+            "{suspended:?}"
+        );
         let fuse = ExportDescription::Fuse(FuseDescription {
             file: "/mnt/x/data".into(),
         });
