@@ -11,7 +11,11 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 WS=$(cd "$HERE/../.." && pwd)
-LAB_DIR=${LAB_DIR:-$WS/../shared/lab}
+# Beside the workspace, or one level further up for a worktree in /work/wt/NAME (as vm.sh).
+if [ -z "${LAB_DIR:-}" ]; then
+  LAB_DIR=$WS/../shared/lab
+  [ -x "$LAB_DIR/run-in-vm.sh" ] || LAB_DIR=$WS/../../shared/lab
+fi
 build=1
 [ "${1:-}" = "--no-build" ] && { build=0; shift; }
 [ $# -ge 1 ] || { sed -n '2,10p' "$0"; exit 2; }

@@ -112,6 +112,13 @@ echo cryptblk-lab > "$R/etc/hostname"
 tunables=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-BMI2
 mkdir -p "$R/etc/systemd/system.conf.d"
 printf '[Manager]\nDefaultEnvironment=GLIBC_TUNABLES=%s\nDefaultTimeoutStartSec=600\n' "$tunables" > "$R/etc/systemd/system.conf.d/lab.conf"
+# fio for the check's crash and upgrade run (the root has no fio): the host's (same Debian
+# release), with the libraries the root lacks beside it.
+install -D -m 755 "$(command -v fio)" "$R/usr/local/bin/fio"
+mkdir -p "$R/usr/local/lib/fio"
+for l in $(ldd "$(command -v fio)" | grep -o '/[^ ]*\.so[^ ]*'); do
+  [ -e "$R$l" ] || [ -e "$R/usr$l" ] || cp -Ln "$l" "$R/usr/local/lib/fio/"
+done
 # The check that ends the boot.
 install -D -m 755 "$HERE/systemd-check.sh" "$R/usr/local/sbin/cryptblk-lab-check"
 cat > "$R/etc/systemd/system/cryptblk-lab-check.service" <<'EOF'

@@ -55,6 +55,61 @@ for name in keyed tanged; do
     pass "dev-cryptblk-$name.device requires cryptblk@$name.service" || fail "dev-cryptblk-$name.device does not require its unit"
 done
 
+# Survive the daemon under systemd (issue 28 item 3): fio --verify=crc32c on a file of the
+# ublk volume's mounted ext4 across a kill -9 of cryptblk@keyed's daemon (Restart= brings it
+# back, and it takes the same /dev/ublkbN over) and across `cryptblk upgrade keyed` (the
+# successor becomes the unit's main process; the unit is not restarted).
+unit=cryptblk@keyed.service
+dev=$(readlink -f /dev/cryptblk/keyed)
+FIO="env LD_LIBRARY_PATH=/usr/local/lib/fio /usr/local/bin/fio"
+main_pid() { systemctl show -P MainPID "$unit"; }
+# wait_main OLD: until the unit is active with a main process other than OLD (bounded).
+wait_main() {
+  for _ in $(seq 1 1200); do
+    p=$(main_pid)
+    [ "$p" != 0 ] && [ "$p" != "$1" ] && [ "$(systemctl show -P ActiveState "$unit")" = active ] &&
+      [ "$(systemctl show -P SubState "$unit")" = running ] && { echo "$p"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+pid0=$(main_pid); restarts0=$(systemctl show -P NRestarts "$unit")
+$FIO --name=sd --filename=/mnt/keyed/fio.dat --size=16M --loops=3 --rw=randwrite --bs=16k --direct=1 \
+  --ioengine=libaio --iodepth=8 --verify=crc32c --verify_fatal=1 > /tmp/fio-sd.log 2>&1 &
+fiopid=$!
+# Kill once fio has laid its file out and writes (not after a fixed time).
+for _ in $(seq 1 1200); do [ "$(stat -c %s /mnt/keyed/fio.dat 2>/dev/null || echo 0)" -ge $((16 << 20)) ] && break; sleep 0.1; done
+kill -0 $fiopid 2>/dev/null && pass "fio running on /mnt/keyed at the kill" || fail "fio ended before the kill: $(tail -3 /tmp/fio-sd.log)"
+t0=$(date +%s%N)
+kill -9 "$pid0"
+if pid1=$(wait_main "$pid0"); then
+  pass "kill -9 of $unit's daemon $pid0: systemd restarted it as $pid1 in $(( ($(date +%s%N) - t0) / 1000000 )) ms (NRestarts $restarts0 -> $(systemctl show -P NRestarts "$unit"))"
+else fail "$unit not active again after kill -9 of $pid0: $(systemctl show -P ActiveState "$unit")"; pid1=0; fi
+[ "$(readlink -f /dev/cryptblk/keyed)" = "$dev" ] && [ -b "$dev" ] && pass "still $dev after the kill" ||
+  fail "after the kill /dev/cryptblk/keyed -> '$(readlink -f /dev/cryptblk/keyed)', was $dev"
+kill -0 $fiopid 2>/dev/null && pass "fio running at the upgrade" || fail "fio ended before the upgrade: $(tail -3 /tmp/fio-sd.log)"
+restarts1=$(systemctl show -P NRestarts "$unit")
+t0=$(date +%s%N)
+if out=$(cryptblk upgrade keyed 2>&1); then
+  pass "cryptblk upgrade keyed exited 0 in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+else fail "cryptblk upgrade keyed: $out"; fi
+if pid2=$(wait_main "$pid1"); then
+  pass "after the upgrade $unit's main process is $pid2 (was $pid1)"
+else fail "after the upgrade $unit: $(systemctl show -P ActiveState "$unit")/$(systemctl show -P SubState "$unit"), main $(main_pid)"; fi
+[ "$(systemctl show -P NRestarts "$unit")" = "$restarts1" ] && pass "the upgrade did not restart $unit" ||
+  fail "the upgrade restarted $unit (NRestarts $restarts1 -> $(systemctl show -P NRestarts "$unit"))"
+st=$(cryptblk status --json keyed 2>&1)
+echo "$st" | grep -q "\"pid\":$pid2[,}]" && echo "$st" | grep -q "\"dev\":\"$dev\"" &&
+  pass "cryptblk status: pid $pid2 serves keyed on $dev" || fail "status after the upgrade: $st"
+for _ in $(seq 1 6000); do kill -0 $fiopid 2>/dev/null || break; sleep 0.1; done
+kill -0 $fiopid 2>/dev/null && { fail "fio still running 10 min after the upgrade"; kill -9 $fiopid; }
+wait $fiopid; frc=$?
+if [ $frc = 0 ] && grep -q 'err= *0' /tmp/fio-sd.log; then
+  pass "fio across kill -9 + Restart= and upgrade: 0 errors, crc32c verified ($(grep -o 'write: IOPS=[^,]*' /tmp/fio-sd.log | head -1))"
+else fail "fio (exit $frc):"; cat /tmp/fio-sd.log; fi
+[ "$(systemctl show -P ActiveState mnt-keyed.mount)" = active ] && [ "$(cat /mnt/keyed/marker 2>&1)" = "marker of keyed" ] &&
+  pass "mnt-keyed.mount still active, marker reads back" || fail "mnt-keyed.mount: $(systemctl show -P ActiveState mnt-keyed.mount)"
+
 echo "----- systemctl status cryptblk@*"
 SYSTEMD_COLORS=0 systemctl status --no-pager --lines=0 'cryptblk@*' 2>&1
 echo "----- journal of the cryptblk units and their mounts"

@@ -663,8 +663,10 @@ pub enum Action {
     /// NBD clients reconnect (new ones wait, never refused),
     /// a vhost-user frontend reconnects, a ublk device stays (user recovery). The old daemon
     /// hands the key over through a pipe only the two share; if the new one fails to start,
-    /// the old one serves on and this exits non-zero. FUSE cannot outlive its daemon:
-    /// refused (close and reopen instead).
+    /// the old one serves on and this exits non-zero. ublk: the old daemon exits once the new
+    /// one holds the volume (the kernel hands the device over only then); should the new one
+    /// fail after that, the device waits with its I/O held until the same open takes it over.
+    /// FUSE cannot outlive its daemon: refused (close and reopen instead).
     #[command(name = "upgrade")]
     Upgrade {
         /// Mapping name.

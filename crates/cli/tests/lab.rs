@@ -8,7 +8,9 @@
 //!   read by kernel dm-crypt and the other way round (sha256, fsck, fio crc32c verify).
 //! - crash.sh: SIGKILL of the daemon under fio load: the ublk device stays, I/O waits, the same
 //!   `open` again takes /dev/ublkbN over and fio (crc32c verify) and a flushing writer finish
-//!   without an error (ublk user recovery).
+//!   without an error (ublk user recovery); then `cryptblk upgrade` twice under a second
+//!   fio and writer (same device, new pid, 0 errors), and an upgrade whose successor dies
+//!   after taking the stack (upgrade exits non-zero naming the same open, which recovers).
 //!
 //! Skipped only when CRYPTBLK_SKIP_LAB=1; otherwise a lab that cannot boot fails the test.
 //! The scripts run one after the other (each VM takes both CPUs); about 5 minutes in all.

@@ -177,6 +177,98 @@ fn notify_unit_with_a_key_file_is_ready_only_when_serving_and_stops_on_close() {
     assert!(st.success(), "{st}");
 }
 
+/// The manager's messages until one has `field` as a line, whoever sends them (the main
+/// process may change), waiting at most `secs`.
+fn messages_until(m: &Manager, field: &str, secs: u64) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    m.sock
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match m.sock.recv(&mut buf) {
+            Ok(n) => {
+                let msg = String::from_utf8(buf[..n].to_vec()).unwrap();
+                let done = msg.lines().any(|l| l == field);
+                seen.push(msg);
+                if done {
+                    return seen;
+                }
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => panic!("notify socket: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {field} within {secs} s; got {seen:?}"
+        );
+    }
+}
+
+/// `cryptblk upgrade` of a unit's `open --foreground` (issue 28): the successor names itself
+/// the unit's main process (`MAINPID=`) before the old one exits (0), then says READY=1;
+/// the volume's data is served by it, and `close` stops it with STOPPING=1. (Before, such
+/// an upgrade was refused: the old main process's exit would have ended the unit.)
+#[test]
+fn upgrade_under_a_notify_unit_hands_the_main_process_over() {
+    tool("qemu-io").expect("qemu-io is needed");
+    let dir = tempdir();
+    let img = dir.path().join("vol.img");
+    let key = write_file(dir.path(), "key", b"upgrade notify key");
+    cryptsetup_luks2(&img, &key, 32 << 20).expect("cryptsetup is needed");
+    let sock = dir.path().join("nbd.sock");
+    let name = "t-sdnotify-upgrade";
+    let argv = exec_start(&format!(
+        "{name} {} {} luks,x-cryptblk.export=nbd:{}",
+        img.display(),
+        key.display(),
+        sock.display()
+    ));
+    let m = Manager::new(dir.path());
+    let mut child = start_service(&argv, &m, None);
+    let _served = Served::volume(name);
+    let msgs = m.until(&mut child, "READY=1", 60);
+    check_ready_and_serving(msgs.last().unwrap(), name, &sock);
+
+    run_ok(cryptblk().args(["upgrade", name]), b"");
+    let st = wait_exit(&mut child);
+    assert!(st.success(), "the old main process: {st}");
+    let msgs = messages_until(&m, "READY=1", 30);
+    let new_pid: u32 = msgs
+        .iter()
+        .flat_map(|s| s.lines())
+        .find_map(|l| l.strip_prefix("MAINPID="))
+        .unwrap_or_else(|| panic!("no MAINPID= before READY=1: {msgs:?}"))
+        .parse()
+        .unwrap();
+    assert_ne!(new_pid, child.id(), "{msgs:?}");
+    let first_mainpid = msgs.iter().position(|s| s.starts_with("MAINPID="));
+    let ready = msgs.iter().position(|s| s.lines().any(|l| l == "READY=1"));
+    assert!(first_mainpid < ready, "MAINPID= must come first: {msgs:?}");
+    let status = run_ok(cryptblk().args(["status", "--json", name]), b"");
+    assert!(status.contains(&format!("\"pid\":{new_pid}")), "{status}");
+    check_ready_and_serving(msgs.last().unwrap(), name, &sock);
+
+    run_ok(cryptblk().args(["close", name]), b"");
+    let msgs = messages_until(&m, "STOPPING=1", 30);
+    assert!(msgs.iter().all(|s| !s.contains("upgrade notify key")));
+    // Its socket goes last before it returns: it ends within moments (zombie or reaped).
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{new_pid}/stat")).map_or(true, |s| s.contains(") Z"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone() {
+        assert!(
+            Instant::now() < deadline,
+            "the new main process {new_pid} still runs 10 s after close"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_detached_open_does_not_notify() {
     let dir = tempdir();

@@ -47,6 +47,25 @@ pub trait Export: Send {
         self.stop()
     }
 
+    /// Announces a hand-over whose successor takes the device over only once this process
+    /// has exited (ublk: the kernel lets a new server start user recovery only then), so the
+    /// successor waits for this process instead of leaving a live device alone. The export
+    /// keeps serving; [`Export::cancel_hand_over`] withdraws the announcement. Default: nothing
+    /// to announce.
+    fn prepare_hand_over(&self) -> Result<(), ExportError> {
+        Ok(())
+    }
+
+    /// Withdraws [`Export::prepare_hand_over`] (the successor failed before taking over).
+    fn cancel_hand_over(&self) {}
+
+    /// True when a successor can take the device over only after this process has exited
+    /// (ublk before Linux 6.15's `QUIESCE_DEV`): an upgrade then ends this process once the
+    /// successor holds the stack, and cannot fall back to it afterwards.
+    fn successor_needs_exit(&self) -> bool {
+        false
+    }
+
     /// The listening socket a successor process inherits when the daemon is upgraded, so
     /// a client connecting meanwhile waits in its backlog instead of being refused; `None`
     /// when the export has none to pass on (its successor binds anew).

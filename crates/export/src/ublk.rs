@@ -313,20 +313,55 @@ impl Export for UblkExport {
     /// remove the disk; exiting is what the crash path does, and is proven.
     fn hand_over(self: Box<Self>) -> Result<(), ExportError> {
         let mut this = *self;
-        this.ctrl.disown();
-        let me = Some(std::process::id());
-        if let Err(e) = mark_handed_over(Path::new(RECORD_DIR), this.dev_id, me) {
+        if let Err(e) = this.mark_mine() {
             // The successor then waits for this process to exit before taking over.
-            log::warn!(
-                "ublk device {}: cannot mark its record handed over: {e}",
-                this.dev_id
-            );
+            log::warn!("{e}");
         }
+        this.ctrl.disown();
         // Dropping the handle detaches the control thread: it ends with the process.
         drop(this.runner.take());
         this.device
             .flush()
             .map_err(|e| ExportError::io("flushing the device on ublk hand-over", e))
+    }
+
+    /// Marks the device's record as handed over by this process: a successor starting the
+    /// same volume then waits for this process to exit (it keeps serving until then) and
+    /// takes the device over, instead of leaving a live device alone.
+    fn prepare_hand_over(&self) -> Result<(), ExportError> {
+        self.mark_mine()
+    }
+
+    fn cancel_hand_over(&self) {
+        if let Err(e) = mark_handed_over(Path::new(RECORD_DIR), self.dev_id, None) {
+            log::warn!(
+                "ublk device {}: cannot clear the hand-over mark of its record: {e}",
+                self.dev_id
+            );
+        }
+    }
+
+    /// `START_USER_RECOVERY` is refused (EBUSY) while this process holds `/dev/ublkcN`.
+    fn successor_needs_exit(&self) -> bool {
+        true
+    }
+}
+
+impl UblkExport {
+    /// Marks the device's record as handed over by this process (see
+    /// [`Export::prepare_hand_over`]).
+    fn mark_mine(&self) -> Result<(), ExportError> {
+        mark_handed_over(Path::new(RECORD_DIR), self.dev_id, Some(std::process::id())).map_err(
+            |e| {
+                ExportError::io(
+                    format!(
+                        "marking the record of ublk device {} handed over",
+                        self.dev_id
+                    ),
+                    e,
+                )
+            },
+        )
     }
 }
 

@@ -24,10 +24,11 @@ pub fn status_line(facts: &ReadyFacts) -> String {
 /// (`WATCHDOG_USEC`, for this process or any). Errors are reported once on stderr: a unit
 /// left "activating" is the manager's to time out, the volume itself serves.
 ///
-/// No `MAINPID=`: the generated units either `exec` cryptblk (it is the main process
+/// No `MAINPID=` here: the generated units either `exec` cryptblk (it is the main process
 /// already) or keep the unlock shell as the main process, whose exit status is cryptblk's;
 /// naming cryptblk instead would make systemd supervise a process that is not its child,
-/// whose exit status it cannot collect for `Restart=on-failure`.
+/// whose exit status it cannot collect for `Restart=on-failure`. Only an upgrade's
+/// successor names itself ([`main_pid`]).
 pub fn ready(facts: &ReadyFacts) {
     if !enabled() {
         return;
@@ -37,6 +38,21 @@ pub fn ready(facts: &ReadyFacts) {
         eprintln!("cryptblk: cannot notify the service manager: {e}");
     }
     start_watchdog();
+}
+
+/// `MAINPID=` this process: the successor of an upgraded daemon (`cryptblk upgrade` of the
+/// unit's `open --foreground`) becomes the unit's main process before its predecessor
+/// exits, so the unit does not see its main process end (which would stop it, or restart it
+/// under `Restart=`). It is in the unit's control group (a child of the predecessor) and
+/// becomes the manager's child when the predecessor exits, so its exit status is collected
+/// as the old main process's was. The units set `NotifyAccess=all`, which lets it say so.
+pub fn main_pid() {
+    if !enabled() {
+        return;
+    }
+    if let Err(e) = sd_notify::notify(false, &[NotifyState::MainPid(std::process::id())]) {
+        eprintln!("cryptblk: cannot tell the service manager the new main process: {e}");
+    }
 }
 
 /// `STOPPING=1` and a `STATUS=` line: the volume is closing.

@@ -44,10 +44,9 @@ pub(super) fn start_stack(
             },
             // STOPPING=1 to a service manager (only `open --foreground` has NOTIFY_SOCKET).
             cryptblk_systemd::notify::stopping,
-            // A service manager's main process cannot hand itself over: its exit would stop
-            // the unit (and `ExecStop=` close the volume under the successor).
-            (!cryptblk_systemd::notify::enabled())
-                .then_some(&daemon::spawn_successor as serve::Successor),
+            // Under a unit the successor (which inherits NOTIFY_SOCKET) names itself the
+            // main process (`MAINPID=`) before this one exits, so the unit carries on.
+            Some(&daemon::spawn_successor as serve::Successor),
         );
     }
     let facts = daemon::spawn_stack(&spec, &lower)?;
@@ -621,6 +620,11 @@ pub fn upgrade(name: &str, binary: Option<&Path>) -> ActionResult {
         // A daemon started by a cryptblk from before `upgrade` cannot decode the request.
         Err(e) if e.message.contains("unknown variant") => Err(Failure::usage(format!(
             "the daemon of {name} predates upgrade; close and reopen the volume once"
+        ))),
+        // A ublk daemon exits once its successor holds the volume; the successor answers,
+        // unless it died first. Then nothing serves the device, which stays (its I/O waits).
+        Err(e) if e.message.starts_with(control::NO_ANSWER) => Err(Failure::device(format!(
+            "upgrade of {name}: no answer from its daemon or successor; if it is served over ublk, its device stays and its I/O waits: run the same open to take it over"
         ))),
         Err(e) => Err(e),
     }

@@ -19,12 +19,21 @@ pub fn daemon_main() -> i32 {
         return ExitCode::WrongParameters as i32;
     }
     crate::logger::install(crate::logger::Process::Daemon);
-    let (spec, lower, inherited) = match spawn::read_handover() {
+    let (spec, lower, mut inherited) = match spawn::read_handover() {
         Ok(s) => s,
         Err(code) => return code,
     };
+    // A successor of a unit's main process (NOTIFY_SOCKET is kept for it; a daemon started
+    // by `open` has none) becomes the main process before its predecessor exits, which is
+    // when it tells the predecessor it takes over (ublk) or serves.
+    inherited.on_take_over(Box::new(|| {
+        cryptblk_systemd::notify::main_pid();
+        spawn::report_taking_over();
+    }));
     let ready = |facts: &serve::ReadyFacts| {
+        cryptblk_systemd::notify::main_pid();
         spawn::report_ready(facts);
+        cryptblk_systemd::notify::ready(facts);
         release_startup_memory();
     };
     match serve::serve_stack_upgradable(
@@ -32,7 +41,7 @@ pub fn daemon_main() -> i32 {
         lower,
         inherited,
         ready,
-        |_| {},
+        cryptblk_systemd::notify::stopping,
         Some(&spawn::spawn_successor),
     ) {
         Ok(()) => 0,

@@ -1,12 +1,13 @@
 //! Starting a daemon: run `cryptblk __serve` detached, hand it the spec through a pipe, and
-//! wait for its one-line verdict, `READY <facts>` or `ERROR <code> <message>`. Both ends of
-//! that pipe are here: the parent's [`spawn_stack`] and the daemon's [`read_handover`],
-//! [`report_ready`] and [`report_error`].
+//! wait for its one-line verdict, `READY <facts>` or `ERROR <code> <message>` (a successor
+//! taking a ublk device over says `TAKING` first: its predecessor exits on it). Both ends of
+//! that pipe are here: the parent's [`spawn_stack`] and [`spawn_successor`], and the
+//! daemon's [`read_handover`], [`report_taking_over`], [`report_ready`] and [`report_error`].
 
 use crate::exit::{ExitCode, Failure};
 use cryptblk_volume::control as client;
 use cryptblk_volume::serve::{
-    check_stack, HandedFd, Handover, Inherited, LowerTable, ReadyFacts, ServeSpec,
+    check_stack, HandedFd, Handover, Inherited, LowerTable, ReadyFacts, ServeSpec, Succession,
 };
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -165,8 +166,9 @@ pub(super) fn read_handover() -> Result<(ServeSpec, Vec<LowerTable>, Inherited),
 /// Starts the successor of this daemon (`upgrade`): `BINARY __serve`, handed the spec
 /// (keys included) through its stdin pipe, which only the two processes share, and the
 /// listening sockets as descriptors 3, 4, ...; waits (at most [`SUCCESSOR_TIMEOUT`]) for
-/// its READY line. Its log is ours: it inherits stderr.
-pub fn spawn_successor(h: Handover) -> Result<ReadyFacts, Failure> {
+/// its READY line, or its TAKING line (it holds the stack and takes a ublk device over once
+/// this process has exited). Its log is ours: it inherits stderr.
+pub fn spawn_successor(h: Handover) -> Result<Succession, Failure> {
     let Handover {
         spec,
         lower,
@@ -241,11 +243,17 @@ pub fn spawn_successor(h: Handover) -> Result<ReadyFacts, Failure> {
             )));
         }
     };
+    if line.trim_end() == TAKING {
+        // It outlives this process (reparented): nobody waits for it here.
+        return Ok(Succession::TakingOver);
+    }
     if let Some(rest) = line.strip_prefix("READY ") {
-        return serde_json::from_str(rest).map_err(|e| {
-            let _ = child.kill();
-            Failure::device(format!("malformed READY line from the successor: {e}"))
-        });
+        return serde_json::from_str(rest)
+            .map(Succession::Serving)
+            .map_err(|e| {
+                let _ = child.kill();
+                Failure::device(format!("malformed READY line from the successor: {e}"))
+            });
     }
     let status = child.wait();
     let why = match line.strip_prefix("ERROR ") {
@@ -283,6 +291,18 @@ fn read_wiped(mut r: impl Read) -> std::io::Result<Zeroizing<Vec<u8>>> {
         }
         out.extend_from_slice(&buf[..n]);
     }
+}
+
+/// The line a successor prints once it holds the stack and is about to take its
+/// predecessor's ublk device over.
+const TAKING: &str = "TAKING";
+
+/// Tells the predecessor that this successor holds the stack and takes its ublk device over
+/// once it has exited (it exits on reading this).
+pub(super) fn report_taking_over() {
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{TAKING}");
+    let _ = out.flush();
 }
 
 /// Tells the parent the daemon serves, with `facts` for it to print.

@@ -329,8 +329,17 @@ fn exchange(path: &Path, name: &str, line: &str) -> Result<String> {
     writer.write_all(line.as_bytes())?;
     let mut answer = String::new();
     BufReader::new(stream).read_line(&mut answer)?;
+    if answer.is_empty() {
+        return Err(VolumeError::device(format!(
+            "{NO_ANSWER} (daemon of {name})"
+        )));
+    }
     Ok(answer)
 }
+
+/// What a request fails with when the daemon closed the connection without answering (it
+/// died, or an upgrade's successor died before it could answer).
+pub const NO_ANSWER: &str = "the connection closed without an answer";
 
 #[cfg(test)]
 mod tests {

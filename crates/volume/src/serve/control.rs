@@ -8,7 +8,7 @@
 //! process is terminating (a signal arrived).
 
 use super::stack::Stack;
-use super::upgrade::{self, HandedFd, Handover, Inherited, Successor};
+use super::upgrade::{self, HandedFd, Handover, Inherited, Succession, Successor};
 use crate::control::{self as client, BackingStatus, Pipeline, Request, Response, Status};
 use crate::facts::{RemoteNbdFacts, VolumeFacts};
 use crate::reencrypt::{ReencryptKeys, RunOptions};
@@ -352,7 +352,11 @@ fn handle_client(
                 // Past the hand-over the successor owns the control socket's backlog; this
                 // answer is the old daemon's last word.
                 let _ = stream.set_read_timeout(None);
-                upgrade_to(binary, stack, closing, target, sockets, successor)
+                match upgrade_to(binary, stack, closing, target, sockets, successor, &stream) {
+                    Some(answer) => answer,
+                    // The successor answers on its copy of the connection.
+                    None => return,
+                }
             }
             Ok(req) => answer(&req, stack, closing, target),
             Err(refusal) => refusal,
@@ -774,7 +778,9 @@ fn run_options(max_hotzone: Option<u64>, device_block: u32) -> RunOptions {
 }
 
 /// `upgrade`: hands the stack over to a successor running `binary` (see
-/// [`super::upgrade`]); on any failure this daemon serves on and the answer says why.
+/// [`super::upgrade`]); on any failure before the successor takes over, this daemon serves
+/// on and the answer says why. `None`: the successor takes over once this process has
+/// exited (ublk) and answers `requester` itself.
 fn upgrade_to(
     binary: &str,
     stack: &Stack,
@@ -782,11 +788,12 @@ fn upgrade_to(
     target: &str,
     sockets: &Sockets,
     successor: Option<Successor>,
-) -> Response {
+    requester: &UnixStream,
+) -> Option<Response> {
     let name = &stack.spec().name;
     let refuse = |f: Failure| {
         log::warn!("{target}: upgrade refused: {}", f.message);
-        Response::error(f.code, f.message)
+        Some(Response::error(f.code, f.message))
     };
     if target != name.as_str() {
         return refuse(Failure::usage(format!(
@@ -839,11 +846,14 @@ fn upgrade_to(
             return refuse(Failure::device(format!("cannot pass the sockets on: {e}")))
         }
     };
+    if stack.successor_needs_exit() {
+        return upgrade_by_exit(binary, stack, closing, successor, requester, fds);
+    }
     log::info!("{name}: upgrading to {binary}: handing the export over");
     let (spec, lower) = stack.successor_spec();
     let handed = stack.hand_over_export().and_then(|()| stack.flush_all());
     if let Err(f) = handed {
-        return serve_on(stack, listener, f);
+        return Some(serve_on(stack, listener, f));
     }
     stack.release_locks();
     match successor(Handover {
@@ -852,13 +862,94 @@ fn upgrade_to(
         binary: binary.into(),
         fds,
     }) {
-        Ok(facts) => {
+        Ok(Succession::Serving(facts)) => {
             log::info!("{name}: upgraded: pid {} serves it now", facts.pid);
             closing.handed_over.store(true, Ordering::SeqCst);
             closing.stopping.store(true, Ordering::SeqCst);
-            Response::Done
+            Some(Response::Done)
         }
-        Err(f) => serve_on(stack, listener, f),
+        // Only a successor handed the request says it waits for this process to exit.
+        Ok(Succession::TakingOver) => Some(serve_on(
+            stack,
+            listener,
+            Failure::device("the successor waits for this daemon to exit, unasked"),
+        )),
+        Err(f) => Some(serve_on(stack, listener, f)),
+    }
+}
+
+/// [`upgrade_to`] for an export a successor takes over only once this process has exited
+/// (ublk): hold the I/O, hand the successor the stack and `requester`, and exit once it
+/// holds the stack (`None`); before that, any failure resumes serving here.
+fn upgrade_by_exit(
+    binary: &str,
+    stack: &Stack,
+    closing: &Closing,
+    successor: Successor,
+    requester: &UnixStream,
+    mut fds: Vec<(HandedFd, OwnedFd)>,
+) -> Option<Response> {
+    let name = &stack.spec().name;
+    let failed = |f: Failure| {
+        let message = format!(
+            "upgrade of {name} failed, pid {} serves on: {}",
+            std::process::id(),
+            f.message
+        );
+        log::error!("{message}");
+        Some(Response::error(f.code, message))
+    };
+    match requester.as_fd().try_clone_to_owned() {
+        Ok(fd) => fds.push((HandedFd::Requester, fd)),
+        Err(e) => {
+            return failed(Failure::device(format!(
+                "cannot pass the request's connection on: {e}"
+            )))
+        }
+    }
+    log::info!(
+        "{name}: upgrading to {binary}: flushing, holding I/O until the successor takes over"
+    );
+    if let Err(f) = stack.flush_all() {
+        return failed(f);
+    }
+    if let Err(f) = stack.hold_for_successor() {
+        return failed(f);
+    }
+    let (spec, lower) = stack.successor_spec();
+    stack.release_locks();
+    let outcome = successor(Handover {
+        spec,
+        lower,
+        binary: binary.into(),
+        fds,
+    });
+    let why = match outcome {
+        Ok(Succession::TakingOver) => {
+            log::info!(
+                "{name}: the successor holds the stack; exiting so it takes the device over"
+            );
+            closing.handed_over.store(true, Ordering::SeqCst);
+            closing.stopping.store(true, Ordering::SeqCst);
+            return None;
+        }
+        // It cannot serve the device before this process exits: something else answered.
+        Ok(Succession::Serving(facts)) => Failure::device(format!(
+            "the successor (pid {}) reported serving before taking the device over",
+            facts.pid
+        )),
+        Err(f) => f,
+    };
+    match stack.resume_after_failed_take_over() {
+        Ok(()) => failed(why),
+        Err(f) => {
+            let message = format!(
+                "upgrade of {name} failed ({}) and serving could not resume: {}",
+                why.message, f.message
+            );
+            log::error!("{message}");
+            Some(Response::error(f.code, message))
+        }
     }
 }
 

@@ -57,4 +57,4 @@ pub use export::start_export;
 pub use facts::ReadyFacts;
 pub use run::{serve_stack, serve_stack_upgradable, serve_stack_with};
 pub use spec::{check_stack, LowerTable, ServeSpec};
-pub use upgrade::{HandedFd, Handover, Inherited, Successor};
+pub use upgrade::{HandedFd, Handover, Inherited, Succession, Successor, TakeOverHook};

@@ -11,8 +11,13 @@ use super::control;
 use super::facts::ReadyFacts;
 use super::spec::{check_stack_taken_over, LowerTable, ServeSpec};
 use super::stack;
-use super::upgrade::{Inherited, Successor};
+use super::upgrade::{Inherited, Successor, TakeOverHook};
+use crate::control::Response;
 use crate::VolumeError as Failure;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Serves `spec` in this process until `close` or SIGTERM/SIGINT. `on_ready` is called once
 /// the export accepts I/O and the control sockets answer. Lower mappings are created first:
@@ -63,16 +68,53 @@ pub fn serve_stack_upgradable(
     if let Some(fd) = inherited.export.take() {
         cryptblk_export::handover::offer(fd);
     }
-    let built = stack::Stack::build(spec, secret_lower);
+    // A successor handed the `upgrade` request answers it (its predecessor exits once this
+    // process says it takes over, before the export can start): from then on, a failure
+    // leaves the device waiting for the same `open`, and the answer says so.
+    let requester = inherited.requester.take();
+    let took_over = Arc::new(AtomicBool::new(false));
+    let hook: Option<TakeOverHook> = match (&requester, inherited.on_take_over.take()) {
+        (Some(_), Some(tell)) => {
+            let took_over = Arc::clone(&took_over);
+            Some(Box::new(move || {
+                took_over.store(true, Ordering::SeqCst);
+                tell();
+            }))
+        }
+        _ => None,
+    };
+    let name = spec.name.clone();
+    let answer_failure = |f: Failure| -> Failure {
+        if let Some(r) = &requester {
+            if took_over.load(Ordering::SeqCst) {
+                let f = Failure::new(
+                    f.code,
+                    format!(
+                        "upgrade of {name} failed after its old daemon exited: {}; its device stays and its I/O waits: run the same open to take it over",
+                        f.message
+                    ),
+                );
+                answer(r, &Response::error(f.code, f.message.clone()));
+                return f;
+            }
+        }
+        f
+    };
+    let built = stack::Stack::build(spec, secret_lower, hook);
     // An inherited listener the export did not adopt is not ours to keep.
     cryptblk_export::handover::discard();
-    let stack = built?;
+    let stack = built.map_err(&answer_failure)?;
     let mut sockets =
         match control::Sockets::bind(&stack.spec().name, stack.lower(), &mut inherited) {
             Ok(s) => s,
             Err(f) => {
-                stack.abandon();
-                return Err(f);
+                // A ublk device taken over stays for the next `open` (user recovery).
+                if took_over.load(Ordering::SeqCst) {
+                    stack.leave_for_recovery();
+                } else {
+                    stack.abandon();
+                }
+                return Err(answer_failure(f));
             }
         };
     control::spawn_signal_watcher(sockets.top_path().to_path_buf());
@@ -84,6 +126,11 @@ pub fn serve_stack_upgradable(
     };
     log::info!("{}: ready, serving {}", facts.name, facts.describe());
     on_ready(&facts);
+    if let Some(r) = &requester {
+        log::info!("{}: upgraded: pid {} serves it now", facts.name, facts.pid);
+        answer(r, &Response::Done);
+    }
+    drop(requester);
     if control::serve(&stack, &mut sockets, successor) {
         log::info!("{}: handed over; this process exits", facts.name);
         // The successor owns the volume, its sockets and their files now: nothing of this
@@ -105,4 +152,13 @@ pub fn serve_stack_upgradable(
         Err(e) => log::error!("{name}: close failed: {e}"),
     }
     closed
+}
+
+/// Answers the `upgrade` request a predecessor handed over (one line, as its control loop
+/// would have); a requester that has gone is not an error of the volume.
+fn answer(requester: &UnixStream, response: &Response) {
+    let _ = requester.set_write_timeout(Some(std::time::Duration::from_secs(10)));
+    let mut w = requester;
+    let _ = w.write_all(response.encode().as_bytes());
+    let _ = requester.shutdown(std::net::Shutdown::Both);
 }

@@ -52,9 +52,12 @@ pub(super) struct Stack {
 impl Stack {
     /// Creates the lower mappings (the keyless ones of `spec.info.lower`, then
     /// `secret_lower`), the top one, and its export.
+    /// `before_export` runs once every mapping is loaded (its files locked), just before the
+    /// export starts: a successor taking a ublk device over tells its predecessor to exit.
     pub(super) fn build(
         mut spec: ServeSpec,
         secret_lower: Vec<LowerTable>,
+        before_export: Option<super::upgrade::TakeOverHook>,
     ) -> Result<Stack, Failure> {
         let lower = lower_names(&spec, &secret_lower);
         // A read-only volume opens every backing O_RDONLY, and its targets load read-only (an
@@ -105,6 +108,9 @@ impl Stack {
         // The live table holds the key from here on; the copy we were handed would outlive
         // a `luksSuspend` key wipe.
         zeroize::Zeroize::zeroize(&mut spec.table);
+        if let Some(hook) = before_export {
+            hook();
+        }
         let export = start_export(&spec, mapping.clone())?;
         // The device exists once its export has started: give it its stable name.
         let dev_link = match export.describe() {
@@ -322,25 +328,64 @@ impl Stack {
         &self,
         listener: Option<std::os::fd::OwnedFd>,
     ) -> Result<(), Failure> {
-        {
-            let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            for name in self.registry.list() {
-                if let Some(m) = self.registry.lookup(&name) {
-                    lock_table_files(
-                        &mut locks,
-                        m.table(false).as_str(),
-                        self.spec.readonly,
-                        &self.lower,
-                    )?;
-                }
-            }
-        }
+        self.relock()?;
         if let Some(l) = listener {
             cryptblk_export::handover::offer(l);
         }
         let started = start_export(&self.spec, self.mapping.clone());
         cryptblk_export::handover::discard();
         *self.export() = started?;
+        Ok(())
+    }
+
+    /// True when a successor can take the export over only once this process has exited
+    /// (ublk, see [`cryptblk_export::Export::successor_needs_exit`]).
+    pub(super) fn successor_needs_exit(&self) -> bool {
+        self.export().successor_needs_exit()
+    }
+
+    /// Holds new I/O for a hand-over to a successor that takes the export over only once
+    /// this process has exited: the top mapping is suspended (requests in flight finish,
+    /// new ones wait, as in the kernel's `dmsetup suspend`) and the export announces the
+    /// hand-over. The caller has flushed the stack first (a flush would wait here too).
+    pub(super) fn hold_for_successor(&self) -> Result<(), Failure> {
+        self.mapping
+            .suspend()
+            .map_err(|e| Failure::device(format!("cannot hold the volume's I/O: {e}")))?;
+        if let Err(e) = self.export().prepare_hand_over() {
+            let _ = self.mapping.resume();
+            return Err(Failure::device(format!("cannot hand the export over: {e}")));
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Stack::hold_for_successor`] after the successor failed before taking over:
+    /// the data locks are taken again, the hand-over withdrawn and the held I/O released.
+    pub(super) fn resume_after_failed_take_over(&self) -> Result<(), Failure> {
+        self.export().cancel_hand_over();
+        let locked = self.relock();
+        // Even without the locks the I/O is released: this process is the one serving.
+        let resumed = self
+            .mapping
+            .resume()
+            .map(drop)
+            .map_err(|e| Failure::device(format!("cannot release the volume's I/O: {e}")));
+        locked.and(resumed)
+    }
+
+    /// Takes the data locks of every mapping again (after a failed upgrade).
+    fn relock(&self) -> Result<(), Failure> {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        for name in self.registry.list() {
+            if let Some(m) = self.registry.lookup(&name) {
+                lock_table_files(
+                    &mut locks,
+                    m.table(false).as_str(),
+                    self.spec.readonly,
+                    &self.lower,
+                )?;
+            }
+        }
         Ok(())
     }
 
@@ -481,6 +526,15 @@ impl Stack {
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
             .stop();
+    }
+
+    /// Gives up before serving a ublk device taken over from a predecessor: the device is
+    /// handed over (left for the next `open` to take over) rather than deleted.
+    pub(super) fn leave_for_recovery(self) {
+        let export = self.export.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = export.hand_over() {
+            log::warn!("{}: {e}", self.spec.name);
+        }
     }
 
     /// Ends the stack in order: flush the top mapping, stop the export, remove the top
