@@ -1,9 +1,10 @@
-//! Generates the librbd/librados bindings from the installed headers (Debian's `librbd-dev`).
+//! Generates the librbd/librados bindings from the installed headers (Debian's `librbd-dev`)
+//! as a table of functions loaded at run time (`libloading`), not linked: a process that
+//! never opens an RBD image never maps librbd and its ~30 libraries (issue 28's memory per
+//! idle served volume), so nothing is linked here.
 
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
-    println!("cargo:rustc-link-lib=rbd");
-    println!("cargo:rustc-link-lib=rados");
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
         // Only what the wrapper calls: the headers pull in much of libc otherwise.
@@ -13,6 +14,9 @@ fn main() {
         .allowlist_type("rbd_lock_mode_t")
         .allowlist_var("RBD_.*")
         .layout_tests(false)
+        // `sys::Librbd::new(path)` loads the library and fails if any function is missing.
+        .dynamic_library_name("Librbd")
+        .dynamic_link_require_all(true)
         .generate()
         .unwrap_or_else(|e| {
             panic!(

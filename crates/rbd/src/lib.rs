@@ -3,6 +3,11 @@
 //! completions, so every caller thread has its own request in flight and one large request
 //! reaches all the objects it covers at once.
 //!
+//! librbd is loaded (`dlopen`) when the first image is opened, not linked: a served volume on
+//! a file or an NBD store never maps librbd, librados, libceph-common and the ~30 libraries
+//! they pull in, whose relocated pages and static initialisers cost every process about
+//! 1.5 MB of private memory (issue 28). A machine without librbd gets one error line then.
+//!
 //! The client configuration is librados's own: `CEPH_CONF`, else the default search
 //! (`/etc/ceph/ceph.conf`, `~/.ceph/config`, `./ceph.conf`), then `CEPH_ARGS`.
 
@@ -10,8 +15,10 @@ use std::ffi::CString;
 use std::io;
 use std::marker::PhantomData;
 use std::ptr;
+use std::sync::OnceLock;
 
-/// The raw librbd and librados functions and types (bindgen output).
+/// The raw librbd and librados functions (as the fields and methods of [`sys::Librbd`], loaded
+/// at run time) and types (bindgen output).
 #[allow(
     non_camel_case_types,
     non_upper_case_globals,
@@ -100,12 +107,34 @@ fn check(ret: libc::c_int, what: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// The file loaded: librbd's soname (Debian's `librbd1`); it brings librados, whose
+/// `rados_*` functions `dlsym` finds through it.
+const LIBRBD: &str = "librbd.so.1";
+
+/// librbd, loaded the first time it is needed and kept for the life of the process (Ceph's
+/// libraries do not support being unloaded).
+fn lib() -> io::Result<&'static sys::Librbd> {
+    static LIB: OnceLock<Result<sys::Librbd, String>> = OnceLock::new();
+    // SAFETY: loading runs librbd's and its dependencies' initialisers, which is what linking
+    // it did before; every function the bindings name must be there (`require_all`).
+    LIB.get_or_init(|| unsafe { sys::Librbd::new(LIBRBD) }.map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| {
+            // Unsupported: this machine cannot open RBD images at all (not a device error).
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("cannot load {LIBRBD} for RBD images (install librbd1): {e}"),
+            )
+        })
+}
+
 fn c_string(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
 /// An open RBD image with its own cluster connection.
 pub struct Image {
+    lib: &'static sys::Librbd,
     cluster: sys::rados_t,
     ioctx: sys::rados_ioctx_t,
     image: sys::rbd_image_t,
@@ -132,7 +161,9 @@ impl Image {
     /// exclusive-lock feature open without it.
     pub fn open(spec: &ImageSpec, read_only: bool) -> io::Result<Image> {
         let read_only = read_only || spec.snapshot.is_some();
+        let api = lib()?;
         let mut img = Image {
+            lib: api,
             cluster: ptr::null_mut(),
             ioctx: ptr::null_mut(),
             image: ptr::null_mut(),
@@ -144,17 +175,17 @@ impl Image {
         // Drop in reverse order, whatever step failed.
         unsafe {
             check(
-                sys::rados_create(&mut img.cluster, ptr::null()),
+                api.rados_create(&mut img.cluster, ptr::null()),
                 "cannot create a Ceph client",
             )?;
             let (k, v) = (c_string("client_mount_timeout")?, c_string("30")?);
-            sys::rados_conf_set(img.cluster, k.as_ptr(), v.as_ptr());
+            api.rados_conf_set(img.cluster, k.as_ptr(), v.as_ptr());
             check(
-                sys::rados_conf_read_file(img.cluster, ptr::null()),
+                api.rados_conf_read_file(img.cluster, ptr::null()),
                 "cannot read the Ceph configuration (CEPH_CONF, /etc/ceph/ceph.conf)",
             )?;
             check(
-                sys::rados_conf_parse_env(img.cluster, ptr::null()),
+                api.rados_conf_parse_env(img.cluster, ptr::null()),
                 "bad CEPH_ARGS",
             )?;
             // Failures come back as errnos and cryptblk reports them in one line; librados's
@@ -162,28 +193,28 @@ impl Image {
             // only add lines to a command's error output. Its log file still gets them.
             for key in ["log_to_stderr", "err_to_stderr"] {
                 let (k, v) = (c_string(key)?, c_string("false")?);
-                sys::rados_conf_set(img.cluster, k.as_ptr(), v.as_ptr());
+                api.rados_conf_set(img.cluster, k.as_ptr(), v.as_ptr());
             }
             check(
-                sys::rados_connect(img.cluster),
+                api.rados_connect(img.cluster),
                 "cannot connect to the Ceph cluster",
             )?;
             let pool = c_string(&spec.pool)?;
             check(
-                sys::rados_ioctx_create(img.cluster, pool.as_ptr(), &mut img.ioctx),
+                api.rados_ioctx_create(img.cluster, pool.as_ptr(), &mut img.ioctx),
                 &format!("cannot open pool {}", spec.pool),
             )?;
             if let Some(ns) = &spec.namespace {
                 let ns = c_string(ns)?;
-                sys::rados_ioctx_set_namespace(img.ioctx, ns.as_ptr());
+                api.rados_ioctx_set_namespace(img.ioctx, ns.as_ptr());
             }
             let name = c_string(&spec.image)?;
             let snap = spec.snapshot.as_deref().map(c_string).transpose()?;
             let snap_ptr = snap.as_ref().map_or(ptr::null(), |s| s.as_ptr());
             let ret = if read_only {
-                sys::rbd_open_read_only(img.ioctx, name.as_ptr(), &mut img.image, snap_ptr)
+                api.rbd_open_read_only(img.ioctx, name.as_ptr(), &mut img.image, snap_ptr)
             } else {
-                sys::rbd_open(img.ioctx, name.as_ptr(), &mut img.image, snap_ptr)
+                api.rbd_open(img.ioctx, name.as_ptr(), &mut img.image, snap_ptr)
             };
             if ret < 0 {
                 img.image = ptr::null_mut();
@@ -191,7 +222,7 @@ impl Image {
             check(ret, &format!("cannot open RBD image {spec}"))?;
             let mut info: sys::rbd_image_info_t = std::mem::zeroed();
             check(
-                sys::rbd_stat(
+                api.rbd_stat(
                     img.image,
                     &mut info,
                     std::mem::size_of::<sys::rbd_image_info_t>(),
@@ -201,7 +232,7 @@ impl Image {
             img.size = info.size;
             img.object_size = info.obj_size;
             if !read_only {
-                match sys::rbd_lock_acquire(img.image, sys::rbd_lock_mode_t_RBD_LOCK_MODE_EXCLUSIVE)
+                match api.rbd_lock_acquire(img.image, sys::rbd_lock_mode_t_RBD_LOCK_MODE_EXCLUSIVE)
                 {
                     r if r >= 0 || r == -libc::EINVAL || r == -libc::EOPNOTSUPP => {}
                     r => {
@@ -236,10 +267,11 @@ impl Image {
     }
 
     fn completion(&self) -> io::Result<sys::rbd_completion_t> {
+        let api = self.lib;
         let mut c: sys::rbd_completion_t = ptr::null_mut();
         // SAFETY: no callback: the completion is waited for and released by `Completion`.
         check(
-            unsafe { sys::rbd_aio_create_completion(ptr::null_mut(), None, &mut c) },
+            unsafe { api.rbd_aio_create_completion(ptr::null_mut(), None, &mut c) },
             "cannot create an RBD completion",
         )?;
         Ok(c)
@@ -255,10 +287,11 @@ impl Image {
         let ret = submit(c);
         if ret < 0 {
             // SAFETY: the request was refused, so the completion will never fire.
-            unsafe { sys::rbd_aio_release(c) };
+            unsafe { self.lib.rbd_aio_release(c) };
             return Err(errno(ret.into()));
         }
         Ok(Completion {
+            lib: self.lib,
             c,
             expected,
             _borrow: PhantomData,
@@ -270,7 +303,7 @@ impl Image {
         let (len, p) = (buf.len(), buf.as_mut_ptr().cast());
         // SAFETY: `buf` stays borrowed until the completion has fired (Completion's lifetime).
         self.submit(Some(len), |c| unsafe {
-            sys::rbd_aio_read(self.image, offset, len, p, c)
+            self.lib.rbd_aio_read(self.image, offset, len, p, c)
         })
     }
 
@@ -279,21 +312,21 @@ impl Image {
         let (len, p) = (buf.len(), buf.as_ptr().cast());
         // SAFETY: as in `aio_read`. A write's completion reports 0, not a length.
         self.submit(None, |c| unsafe {
-            sys::rbd_aio_write(self.image, offset, len, p, c)
+            self.lib.rbd_aio_write(self.image, offset, len, p, c)
         })
     }
 
     /// Starts a flush of every write completed so far.
     pub fn aio_flush(&self) -> io::Result<Completion<'_>> {
         // SAFETY: no buffer involved.
-        self.submit(None, |c| unsafe { sys::rbd_aio_flush(self.image, c) })
+        self.submit(None, |c| unsafe { self.lib.rbd_aio_flush(self.image, c) })
     }
 
     /// Starts a discard (reads of the range return zeros afterwards).
     pub fn aio_discard(&self, offset: u64, len: u64) -> io::Result<Completion<'_>> {
         // SAFETY: no buffer involved.
         self.submit(None, |c| unsafe {
-            sys::rbd_aio_discard(self.image, offset, len, c)
+            self.lib.rbd_aio_discard(self.image, offset, len, c)
         })
     }
 
@@ -302,24 +335,26 @@ impl Image {
         let len = usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: no buffer involved.
         self.submit(None, |c| unsafe {
-            sys::rbd_aio_write_zeroes(self.image, offset, len, c, 0, 0)
+            self.lib
+                .rbd_aio_write_zeroes(self.image, offset, len, c, 0, 0)
         })
     }
 }
 
 impl Drop for Image {
     fn drop(&mut self) {
+        let api = self.lib;
         // SAFETY: each handle was created by the matching call and is released once; no
         // completion can be outstanding (they borrow the image).
         unsafe {
             if !self.image.is_null() {
-                sys::rbd_close(self.image);
+                api.rbd_close(self.image);
             }
             if !self.ioctx.is_null() {
-                sys::rados_ioctx_destroy(self.ioctx);
+                api.rados_ioctx_destroy(self.ioctx);
             }
             if !self.cluster.is_null() {
-                sys::rados_shutdown(self.cluster);
+                api.rados_shutdown(self.cluster);
             }
         }
     }
@@ -328,6 +363,7 @@ impl Drop for Image {
 /// One request in flight; [`Completion::wait`] gives its result. Dropping it waits too, so
 /// the buffer it borrows is never written after the borrow ends.
 pub struct Completion<'a> {
+    lib: &'static sys::Librbd,
     c: sys::rbd_completion_t,
     /// Bytes a read must report (none for writes, flush, discard, zeroing).
     expected: Option<usize>,
@@ -345,10 +381,11 @@ impl Completion<'_> {
     fn finish(&self) -> io::Result<()> {
         // SAFETY: `c` is a live completion of a submitted request; released exactly once
         // here (`wait` forgets self, Drop runs only when `wait` was not called).
+        let api = self.lib;
         let ret = unsafe {
-            sys::rbd_aio_wait_for_complete(self.c);
-            let r = sys::rbd_aio_get_return_value(self.c);
-            sys::rbd_aio_release(self.c);
+            api.rbd_aio_wait_for_complete(self.c);
+            let r = api.rbd_aio_get_return_value(self.c);
+            api.rbd_aio_release(self.c);
             r
         };
         if ret < 0 {
@@ -370,12 +407,12 @@ impl Drop for Completion<'_> {
     }
 }
 
-/// librbd's version as `major.minor.extra`.
-pub fn version() -> String {
+/// librbd's version as `major.minor.extra` (loads librbd).
+pub fn version() -> io::Result<String> {
     let (mut a, mut b, mut c) = (0, 0, 0);
     // SAFETY: writes three ints.
-    unsafe { sys::rbd_version(&mut a, &mut b, &mut c) };
-    format!("{a}.{b}.{c}")
+    unsafe { lib()?.rbd_version(&mut a, &mut b, &mut c) };
+    Ok(format!("{a}.{b}.{c}"))
 }
 
 #[cfg(test)]

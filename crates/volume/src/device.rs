@@ -47,6 +47,10 @@ pub fn open_remote(p: &Path, write: bool) -> Result<std::sync::Arc<dyn cryptblk_
     }
     match cryptblk_dm::backing::open_remote(&spec, !write) {
         Some(Ok(dev)) => Ok(dev),
+        // librbd, loaded on first use, is missing: as if built without it (exit 1).
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+            Err(VolumeError::usage(format!("{e}.")))
+        }
         Some(Err(e)) => Err(VolumeError::new(
             ErrorClass::WrongDevice,
             format!("Device {spec} does not exist or access denied ({e})."),

@@ -13,6 +13,8 @@ pub mod keyring;
 pub mod systemd_recovery;
 #[cfg(feature = "tpm2")]
 pub mod systemd_tpm2;
+#[cfg(feature = "tpm2")]
+mod tss2_load;
 
 use crate::error::{ErrorClass, Result, VolumeError};
 use crate::luks::{not_luks2, Volume};

@@ -304,6 +304,7 @@ fn tpm_err(what: &str, e: tss_esapi::Error) -> VolumeError {
 }
 
 fn connect(tcti: &str) -> Result<Context> {
+    super::tss2_load::load()?;
     let conf = TctiNameConf::from_str(tcti)
         .map_err(|_| VolumeError::usage(format!("TPM2 device {tcti}: not a TCTI")))?;
     Context::new(conf)
@@ -512,6 +513,7 @@ pub struct SealedObject<'a> {
 /// Unseals `o` on the TPM at `tcti`: the sealed bytes, in locked memory.
 pub fn unseal_object(tcti: &str, o: &SealedObject) -> Result<SecretBytes> {
     let private = Private::try_from(o.private.to_vec()).map_err(|e| tpm_err("sealed object", e))?;
+    super::tss2_load::load()?;
     let public = Public::unmarshall(o.public).map_err(|e| tpm_err("sealed object", e))?;
     // Without a recorded policy hash (clevis, systemd before 250) the object's own policy is
     // what the session must reach.
@@ -738,6 +740,7 @@ mod tests {
         assert!(!f.pin);
         let (private, public) = split_blob(&f.blob).unwrap();
         assert_eq!(private.len(), 0x9e);
+        crate::token::tss2_load::load().unwrap();
         let p = Public::unmarshall(public).unwrap();
         // The sealed object's policy is the token's policy hash.
         assert_eq!(p.auth_policy().value(), f.policy_hash.as_deref().unwrap());
