@@ -131,7 +131,9 @@ pub fn measure(round: Duration) -> Result<AeadBound, BenchError> {
 /// 1000 bytes); `None` when the program is missing or prints no figure.
 fn openssl_hmac_speed() -> Option<f64> {
     let out = std::process::Command::new("openssl")
-        .args(["speed", "-seconds", "1", "-bytes", "4096", "-hmac", "sha256"])
+        .args([
+            "speed", "-seconds", "1", "-bytes", "4096", "-hmac", "sha256",
+        ])
         .stderr(std::process::Stdio::null())
         .output()
         .ok()?;

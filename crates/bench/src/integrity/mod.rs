@@ -172,7 +172,9 @@ pub fn run(opts: &IntegrityBenchOptions) -> Result<IntegrityReport, BenchError> 
     let cells = measure::cells(&stacks, &workloads, &transports, opts, &work)?;
     // Measured right after the table, in the same run, when the configuration it bounds ran.
     let bound = if stacks.iter().any(|s| s.config.name == BOUND_AIM.0) {
-        Some(bound::measure(opts.runtime.min(Duration::from_secs(1)) / 5)?)
+        Some(bound::measure(
+            opts.runtime.min(Duration::from_secs(1)) / 5,
+        )?)
     } else {
         None
     };

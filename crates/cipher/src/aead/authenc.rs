@@ -16,9 +16,9 @@
 use super::{AeadPrimitive, EssivInput};
 use crate::hash::{HashAlgorithm, KeyedHmac};
 use crate::secret::{ct_eq, SecretBytes};
+use crate::xts_x86::{XtsAes, XtsPath};
 use crate::CipherError;
 use cipher::{BlockDecryptMut, BlockEncryptMut, InnerIvInit, KeyInit};
-use crate::xts_x86::{XtsAes, XtsPath};
 use xts_mode::Xts128;
 
 /// The encryption mode inside authenc.
@@ -103,14 +103,15 @@ impl Authenc {
             _ => return None,
         };
         let mac = match mac {
-            Some(h) if matches!(
-                h,
-                HashAlgorithm::Sha1
-                    | HashAlgorithm::Sha224
-                    | HashAlgorithm::Sha256
-                    | HashAlgorithm::Sha384
-                    | HashAlgorithm::Sha512
-            ) =>
+            Some(h)
+                if matches!(
+                    h,
+                    HashAlgorithm::Sha1
+                        | HashAlgorithm::Sha224
+                        | HashAlgorithm::Sha256
+                        | HashAlgorithm::Sha384
+                        | HashAlgorithm::Sha512
+                ) =>
             {
                 Some((KeyedHmac::new(h, ak), mac_len))
             }
