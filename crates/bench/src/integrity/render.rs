@@ -301,6 +301,8 @@ mod tests {
         let md = r.render_markdown();
         assert!(md.starts_with("| | plain | integrity crc32c J | overhead | verity | overhead |"));
         assert!(!md.contains("Transport"), "{md}");
+        // No CPU figures measured: no CPU table.
+        assert!(!md.contains("MB/CPU-s"), "{md}");
         assert!(
             md.contains("| write MB/s | 100.0 | 56.7 | -43.3% | - | N/A |"),
             "{md}"
@@ -314,7 +316,7 @@ mod tests {
             "| aim | workload | ratio to plain (inproc) | met (inproc) |\n|---|---|---:|---|\n"
         ));
         assert!(
-            aims.contains("| int-crc32c-j >= 0.45x plain | write | 0.57x | **no** |\n"),
+            aims.contains("| int-crc32c-j >= 0.45x plain | write | 0.57x | yes |\n"),
             "{aims}"
         );
         assert!(
@@ -323,6 +325,66 @@ mod tests {
         );
         assert!(
             aims.contains("| int-crc32c-b >= 0.8x plain | write | not run | - |\n"),
+            "{aims}"
+        );
+        assert!(!aims.contains("bound"), "no bound measured: {aims}");
+    }
+
+    /// CPU figures, where measured, are what the aims compare (not MB/s), and the
+    /// authenticated configuration is set against the bound printed below the aims.
+    #[test]
+    fn aims_use_cpu_figures_and_the_bound() {
+        let mut cells = vec![
+            cell("inproc", "plain", "write", 100.0),
+            cell("inproc", "int-crc32c-j", "write", 90.0),
+            cell("inproc", "crypt-int-hmac-sha256", "write", 10.0),
+            cell("inproc", "crypt-int-hmac-sha256", "read", 10.0),
+        ];
+        for (c, cpu) in cells.iter_mut().zip([1000.0, 400.0, 750.0, 600.0]) {
+            c.cpu_mb_s = Some(cpu);
+        }
+        let mut r = report(&["inproc"], cells);
+        r.bound = Some(AeadBound {
+            block_size: 4096,
+            hmac_mb_s: 1100.0,
+            openssl_hmac_mb_s: Some(1200.0),
+            xts_encrypt_mb_s: 11000.0,
+            xts_decrypt_mb_s: 11000.0,
+            xts_implementation: "aws-lc".into(),
+            write_mb_s: 1000.0,
+            read_mb_s: 1000.0,
+        });
+        let md = r.render_markdown();
+        assert!(
+            md.contains("| write MB/CPU-s | 1000.0 | 400.0 | -60.0% | - | N/A |"),
+            "{md}"
+        );
+        let aims = r.render_aims();
+        // 400 / 1000 CPU-s, although MB/s says 0.90x.
+        assert!(
+            aims.contains("| int-crc32c-j >= 0.45x plain | write | 0.40x | **no** |\n"),
+            "{aims}"
+        );
+        assert!(
+            aims.contains("| crypt-int-hmac-sha256 >= 0.7x bound | write | 0.75x | yes |\n"),
+            "{aims}"
+        );
+        assert!(
+            aims.contains("| crypt-int-hmac-sha256 >= 0.7x bound | read | 0.60x | **no** |\n"),
+            "{aims}"
+        );
+        assert!(
+            aims.contains("| crypt-int-hmac-sha256 >= 0.7x bound | randread | not run | - |\n"),
+            "{aims}"
+        );
+        assert!(
+            aims.contains(
+                "HMAC-SHA256 1100.0 (openssl speed -hmac sha256 -bytes 4096: 1200.0 MB/s)"
+            ),
+            "{aims}"
+        );
+        assert!(
+            aims.contains("one pass of both: writes 1000.0, reads 1000.0"),
             "{aims}"
         );
     }
