@@ -226,6 +226,80 @@ impl HashAlgorithm {
     }
 }
 
+/// HMAC with a fixed key, its inner and outer hash states computed once: a MAC per sector
+/// (dm-integrity's `internal_hash:hmac(...)`, dm-crypt's `authenc(hmac(...),...)`) then costs
+/// a copy of those states instead of two compressions of the padded key, and allocates
+/// nothing. The states are as secret as the key: they live in locked memory, wiped on drop
+/// (the per-call copy lives on the stack, like any key schedule in registers and spills).
+pub struct KeyedHmac {
+    alg: HashAlgorithm,
+    state: crate::locked::LockedBox<KeyedState>,
+}
+
+/// The precomputed states per hash; hashes without an HMAC type of their own keep the key.
+enum KeyedState {
+    Sha1(Hmac<sha1::Sha1>),
+    Sha224(Hmac<sha2::Sha224>),
+    Sha256(Hmac<sha2::Sha256>),
+    Sha384(Hmac<sha2::Sha384>),
+    Sha512(Hmac<sha2::Sha512>),
+    Other(crate::SecretBytes),
+}
+
+impl KeyedHmac {
+    /// Keys HMAC-`alg` with `key` (any length, as RFC 2104 allows).
+    pub fn new(alg: HashAlgorithm, key: &[u8]) -> Self {
+        fn keyed<M: Mac + hmac::digest::KeyInit>(key: &[u8]) -> M {
+            <M as hmac::digest::KeyInit>::new_from_slice(key)
+                .expect("HMAC accepts keys of any length")
+        }
+        let state = match alg {
+            HashAlgorithm::Sha1 => KeyedState::Sha1(keyed(key)),
+            HashAlgorithm::Sha224 => KeyedState::Sha224(keyed(key)),
+            HashAlgorithm::Sha256 => KeyedState::Sha256(keyed(key)),
+            HashAlgorithm::Sha384 => KeyedState::Sha384(keyed(key)),
+            HashAlgorithm::Sha512 => KeyedState::Sha512(keyed(key)),
+            _ => KeyedState::Other(crate::SecretBytes::from_slice(key)),
+        };
+        KeyedHmac {
+            alg,
+            state: crate::locked::LockedBox::new(state),
+        }
+    }
+
+    /// The hash algorithm.
+    pub fn algorithm(&self) -> HashAlgorithm {
+        self.alg
+    }
+
+    /// Writes the HMAC of the concatenation of `parts` to the first
+    /// [`HashAlgorithm::output_len`] bytes of `out` and returns that length.
+    ///
+    /// # Panics
+    /// If `out` is shorter than the digest (at most 64 bytes), a caller's bug.
+    pub fn mac_into(&self, parts: &[&[u8]], out: &mut [u8]) -> usize {
+        fn run<M: Mac + Clone>(m: &M, parts: &[&[u8]], out: &mut [u8]) -> usize {
+            let mut m = m.clone();
+            parts.iter().for_each(|p| m.update(p));
+            let d = m.finalize().into_bytes();
+            out[..d.len()].copy_from_slice(&d);
+            d.len()
+        }
+        match &*self.state {
+            KeyedState::Sha1(m) => run(m, parts, out),
+            KeyedState::Sha224(m) => run(m, parts, out),
+            KeyedState::Sha256(m) => run(m, parts, out),
+            KeyedState::Sha384(m) => run(m, parts, out),
+            KeyedState::Sha512(m) => run(m, parts, out),
+            KeyedState::Other(k) => {
+                let d = self.alg.hmac(k.as_bytes(), &parts.concat());
+                out[..d.len()].copy_from_slice(&d);
+                d.len()
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +380,43 @@ mod tests {
         assert_eq!(
             hex(&out),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn keyed_hmac_equals_hmac_for_every_algorithm() {
+        let all = [
+            HashAlgorithm::Sha1,
+            HashAlgorithm::Sha224,
+            HashAlgorithm::Sha256,
+            HashAlgorithm::Sha384,
+            HashAlgorithm::Sha512,
+            HashAlgorithm::Ripemd160,
+            HashAlgorithm::Wp256,
+        ];
+        for h in all {
+            for key in [&b"k"[..], &[9u8; 64][..], &[3u8; 200][..]] {
+                let k = KeyedHmac::new(h, key);
+                assert_eq!(k.algorithm(), h);
+                // Used twice: the first call must leave the precomputed states untouched.
+                for _ in 0..2 {
+                    let mut out = [0xeeu8; 80];
+                    let n = k.mac_into(&[b"sector", &[7u8; 4096]], &mut out);
+                    assert_eq!(n, h.output_len(), "{}", h.name());
+                    let mut msg = b"sector".to_vec();
+                    msg.extend_from_slice(&[7u8; 4096]);
+                    assert_eq!(out[..n], h.hmac(key, &msg)[..], "{}", h.name());
+                    assert!(out[n..].iter().all(|&b| b == 0xee));
+                }
+            }
+        }
+        // RFC 4231 test case 2 (HMAC-SHA-256, key "Jefe").
+        let mut out = [0u8; 32];
+        KeyedHmac::new(HashAlgorithm::Sha256, b"Jefe")
+            .mac_into(&[b"what do ya want ", b"for nothing?"], &mut out);
+        assert_eq!(
+            hex(&out),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }
 

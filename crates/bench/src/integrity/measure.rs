@@ -35,16 +35,21 @@ pub(super) fn cells(
     for w in workloads {
         for &t in transports {
             let mut samples: Vec<Vec<f64>> = vec![Vec::new(); stacks.len()];
+            let mut cpu_samples: Vec<Vec<f64>> = vec![Vec::new(); stacks.len()];
             for r in 0..opts.repeats.max(1) {
                 for (i, s) in stacks.iter().enumerate() {
                     if w.read_percent < 100 && !s.config.writable() {
                         continue;
                     }
                     let seed = 0x1a7e ^ (u64::from(r) << 16) ^ i as u64;
-                    samples[i].push(one_run(s, w, t, opts, work, seed)?);
+                    let (wall, cpu) = one_run(s, w, t, opts, work, seed)?;
+                    samples[i].push(wall);
+                    if let Some(c) = cpu {
+                        cpu_samples[i].push(c);
+                    }
                 }
             }
-            for (s, v) in stacks.iter().zip(samples) {
+            for ((s, v), c) in stacks.iter().zip(samples).zip(cpu_samples) {
                 if v.is_empty() {
                     continue;
                 }
@@ -54,6 +59,8 @@ pub(super) fn cells(
                     workload: w.name.clone(),
                     mb_s: median(&v),
                     samples: v,
+                    cpu_mb_s: (!c.is_empty()).then(|| median(&c)),
+                    cpu_samples: c,
                 });
             }
         }
@@ -61,7 +68,9 @@ pub(super) fn cells(
     Ok(cells)
 }
 
-/// One run of `w` on `s` over `t`: MB/s read (read workloads) or written (the others).
+/// One run of `w` on `s` over `t`: MB/s read (read workloads) or written (the others), and
+/// (in process) the same bytes per second of the process's CPU time, which a loaded
+/// machine barely moves.
 fn one_run(
     s: &IntegrityStack,
     w: &Workload,
@@ -69,7 +78,7 @@ fn one_run(
     opts: &IntegrityBenchOptions,
     work: &Path,
     seed: u64,
-) -> Result<f64, BenchError> {
+) -> Result<(f64, Option<f64>), BenchError> {
     let what =
         |e: BenchError| BenchError::Io(format!("{} {} {}: {e}", s.config.name, w.name, t.name()));
     let m = match t {
@@ -100,11 +109,14 @@ fn one_run(
             fio::run(&opts.fio, &job, work).map_err(what)?
         }
     };
-    Ok(if w.read_percent == 100 {
-        m.read.mb_s
+    let d = if w.read_percent == 100 {
+        &m.read
     } else {
-        m.write.mb_s
-    })
+        &m.write
+    };
+    let cpu = (t == Transport::Inproc && m.server_cpu_s > 0.0)
+        .then(|| d.bytes as f64 / m.server_cpu_s / crate::metrics::MB);
+    Ok((d.mb_s, cpu))
 }
 
 /// What a transport is, for the report (fails when it cannot run here: a transport that

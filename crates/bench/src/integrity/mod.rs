@@ -34,6 +34,7 @@
 //!
 //! This file holds the public entry: the options, the transport selection and [`run`].
 
+mod bound;
 mod configs;
 mod measure;
 mod render;
@@ -47,8 +48,9 @@ use cryptblk_dm::Registry;
 
 use crate::{BenchError, Transport};
 
+pub use bound::AeadBound;
 pub use configs::{workloads, IntegrityBenchConfig, IntegrityKind};
-pub use render::{IntegrityCell, IntegrityReport, AIMS};
+pub use render::{IntegrityCell, IntegrityReport, AIMS, BOUND_AIM};
 pub use stack::{IntegrityStack, NbdSetup};
 
 /// The transports the integrity report runs over.
@@ -168,6 +170,14 @@ pub fn run(opts: &IntegrityBenchOptions) -> Result<IntegrityReport, BenchError> 
         }
     }
     let cells = measure::cells(&stacks, &workloads, &transports, opts, &work)?;
+    // Measured right after the table, in the same run, when the configuration it bounds ran.
+    let bound = if stacks.iter().any(|s| s.config.name == BOUND_AIM.0) {
+        Some(bound::measure(
+            opts.runtime.min(Duration::from_secs(1)) / 5,
+        )?)
+    } else {
+        None
+    };
     Ok(IntegrityReport {
         configs: stacks.iter().map(|s| s.config.clone()).collect(),
         tables: stacks
@@ -182,6 +192,7 @@ pub fn run(opts: &IntegrityBenchOptions) -> Result<IntegrityReport, BenchError> 
         region: opts.region,
         transports: described,
         load_avg: (load_start, crate::runner::load_avg()),
+        bound,
     })
 }
 

@@ -14,12 +14,12 @@
 //! A tag is computed for every block read or written, so this is the integrity target's
 //! hot path: no allocation per tag, CRC-32C and CRC-32 with the CPU's CRC/carry-less
 //! multiply instructions (crc32c, crc32fast), the SHA family through the sha1/sha2 crates
-//! (SHA-NI where the CPU has it), HMAC without copying the block.
+//! (SHA-NI where the CPU has it), HMAC from inner and outer states keyed once
+//! ([`KeyedHmac`]) without copying the block.
 
 use blake2::digest::consts::U32;
-use cryptblk_cipher::hash::HashAlgorithm;
+use cryptblk_cipher::hash::{HashAlgorithm, KeyedHmac};
 use cryptblk_cipher::SecretBytes;
-use hmac::{Hmac, Mac};
 use sha2::Digest;
 use std::hash::Hasher;
 
@@ -41,8 +41,9 @@ pub enum InternalHash {
     Blake2s256,
     /// A plain digest (`sha1`, `sha256`, ...).
     Digest(HashAlgorithm),
-    /// `hmac(<digest>)` with a key.
-    Hmac(HashAlgorithm, SecretBytes),
+    /// `hmac(<digest>)` with a key, its inner and outer states computed once (no key
+    /// setup per tag).
+    Hmac(KeyedHmac),
 }
 
 /// The names [`InternalHash::new`] accepts, for error messages and `--help`.
@@ -69,7 +70,7 @@ impl InternalHash {
             if key.is_empty() {
                 return Err(format!("internal hash '{name}' needs a non-empty key"));
             }
-            return Ok(InternalHash::Hmac(alg, key));
+            return Ok(InternalHash::Hmac(KeyedHmac::new(alg, key.as_bytes())));
         }
         let hash = match name {
             "crc32c" => InternalHash::Crc32c,
@@ -101,7 +102,7 @@ impl InternalHash {
             InternalHash::Blake2b256 => "blake2b-256".into(),
             InternalHash::Blake2s256 => "blake2s-256".into(),
             InternalHash::Digest(a) => a.name().into(),
-            InternalHash::Hmac(a, _) => format!("hmac({})", a.name()),
+            InternalHash::Hmac(m) => format!("hmac({})", m.algorithm().name()),
         }
     }
 
@@ -111,7 +112,8 @@ impl InternalHash {
             InternalHash::Crc32c | InternalHash::Crc32 => 4,
             InternalHash::XxHash64 => 8,
             InternalHash::Blake2b256 | InternalHash::Blake2s256 => 32,
-            InternalHash::Digest(a) | InternalHash::Hmac(a, _) => a.output_len(),
+            InternalHash::Digest(a) => a.output_len(),
+            InternalHash::Hmac(m) => m.algorithm().output_len(),
         }
     }
 
@@ -152,25 +154,7 @@ impl InternalHash {
                 HashAlgorithm::Sha512 => digest_into::<sha2::Sha512>(&parts, &mut digest),
                 other => copy_into(&other.digest(&parts), &mut digest),
             },
-            InternalHash::Hmac(a, key) => {
-                let k = key.as_bytes();
-                match a {
-                    HashAlgorithm::Sha1 => hmac_into::<Hmac<sha1::Sha1>>(k, &parts, &mut digest),
-                    HashAlgorithm::Sha224 => {
-                        hmac_into::<Hmac<sha2::Sha224>>(k, &parts, &mut digest)
-                    }
-                    HashAlgorithm::Sha256 => {
-                        hmac_into::<Hmac<sha2::Sha256>>(k, &parts, &mut digest)
-                    }
-                    HashAlgorithm::Sha384 => {
-                        hmac_into::<Hmac<sha2::Sha384>>(k, &parts, &mut digest)
-                    }
-                    HashAlgorithm::Sha512 => {
-                        hmac_into::<Hmac<sha2::Sha512>>(k, &parts, &mut digest)
-                    }
-                    other => copy_into(&other.hmac(k, &parts.concat()), &mut digest),
-                }
-            }
+            InternalHash::Hmac(m) => m.mac_into(&parts, &mut digest),
         };
         let n = out.len().min(len);
         out[..n].copy_from_slice(&digest[..n]);
@@ -285,18 +269,6 @@ fn digest_into<D: Digest>(parts: &[&[u8]], out: &mut [u8; MAX_DIGEST]) -> usize 
     let mut d = D::new();
     parts.iter().for_each(|p| d.update(p));
     copy_into(&d.finalize(), out)
-}
-
-/// HMAC of the concatenation of `parts` under `key` into `out`; returns the length.
-fn hmac_into<M: Mac + hmac::digest::KeyInit>(
-    key: &[u8],
-    parts: &[&[u8]],
-    out: &mut [u8; MAX_DIGEST],
-) -> usize {
-    let mut m =
-        <M as hmac::digest::KeyInit>::new_from_slice(key).expect("HMAC accepts keys of any length");
-    parts.iter().for_each(|p| m.update(p));
-    copy_into(&m.finalize().into_bytes(), out)
 }
 
 fn copy_into(d: &[u8], out: &mut [u8; MAX_DIGEST]) -> usize {
