@@ -287,6 +287,10 @@ pub struct CompatOpts {
     /// (not supported yet: refused when the action runs).
     #[arg(long, global = true, value_name = "BYTES")]
     pub device_size: Option<String>,
+    /// open/luksResume: how many times a passphrase typed on a terminal is asked for when
+    /// it opens no keyslot (default 3; a key file or piped input is read once).
+    #[arg(short = 'T', long, global = true)]
+    pub tries: Option<u32>,
 }
 
 impl CompatOpts {
@@ -945,6 +949,9 @@ pub enum VerityAction {
         /// Read the root hash (hex) from this file, as veritysetup's option.
         #[arg(long, value_name = "FILE")]
         root_hash_file: Option<PathBuf>,
+        /// The tree's parameters, for a hash device without a superblock.
+        #[command(flatten)]
+        params: VerityParamArgs,
     },
     /// Print the superblock of a hash device.
     Dump {
@@ -982,10 +989,38 @@ pub enum VerityAction {
         /// Read the root hash (hex) from this file, as veritysetup's option.
         #[arg(long, value_name = "FILE")]
         root_hash_file: Option<PathBuf>,
+        /// The tree's parameters, for a hash device without a superblock.
+        #[command(flatten)]
+        params: VerityParamArgs,
         /// Where to serve it.
         #[command(flatten)]
         export: ExportArgs,
     },
+}
+
+/// Hash tree parameters of `verity verify`/`open` (veritysetup's names; the hash is
+/// `--hash`): used with `--no-superblock`; a superblock's own values count otherwise, as in
+/// veritysetup.
+#[derive(Args, Debug, Clone)]
+pub struct VerityParamArgs {
+    /// Format type: 1 (salt first, padded digests; default) or 0 (Chrome OS).
+    #[arg(long = "format", default_value_t = 1)]
+    pub hash_type: u32,
+    /// Data block size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    pub data_block_size: u32,
+    /// Hash block size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    pub hash_block_size: u32,
+    /// Number of data blocks (default: the whole data device).
+    #[arg(long)]
+    pub data_blocks: Option<u64>,
+    /// Salt in hex, or '-' for none (the default without a superblock).
+    #[arg(long)]
+    pub salt: Option<String>,
+    /// The hash device has no superblock: the tree starts at --hash-offset.
+    #[arg(long)]
+    pub no_superblock: bool,
 }
 
 /// Hash tree parameters of `verity format` (veritysetup's names; the hash is `--hash`).

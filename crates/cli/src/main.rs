@@ -65,7 +65,12 @@ fn main() {
         println!("No action taken. Invoked with --test-args option.");
         return;
     }
-    if let Err(f) = run(cli) {
+    let verbose = cli.opts.verbose;
+    let result = run(cli);
+    if verbose && result.is_ok() {
+        verbose_verdict(&result);
+    }
+    if let Err(f) = result {
         if stdout_reader_gone() {
             // The data went to a reader that stopped reading (`decrypt vol - | head -c 100`):
             // end as `cat` does there, killed by SIGPIPE and silent, so a pipeline with
@@ -77,8 +82,35 @@ fn main() {
             use std::io::Write;
             let _ = writeln!(std::io::stderr(), "{}", f.message);
         }
+        if verbose {
+            let code = f.code;
+            verbose_verdict(&Err(f));
+            std::process::exit(code as i32);
+        }
         std::process::exit(f.code as i32);
     }
+}
+
+/// cryptsetup's last line under `-v`, on standard output: "Command successful." or "Command
+/// failed with code -N (what N means)." (N its exit code). Scripts and expect checks wait
+/// for it.
+fn verbose_verdict(result: &ActionResult) {
+    use std::io::Write;
+    let line = match result {
+        Ok(()) => "Command successful.".to_string(),
+        Err(f) => format!(
+            "Command failed with code -{} ({}).",
+            f.code as i32,
+            match f.code {
+                ExitCode::WrongParameters => "wrong or missing parameters",
+                ExitCode::NoPermission => "no permission or bad passphrase",
+                ExitCode::OutOfMemory => "out of memory",
+                ExitCode::WrongDevice => "wrong device or file specified",
+                ExitCode::Busy => "device already exists or device is busy",
+            }
+        ),
+    };
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// True when standard output is a pipe or socket whose reader has closed it (the kernel

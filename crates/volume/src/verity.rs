@@ -20,6 +20,12 @@ pub fn load(
     let h = open_file(hash_device, false)?;
     let sb = VeritySuperblock::read(&h, hash_offset)?;
     let params = sb.params(hash_offset)?;
+    let root = root_for(&params, root_hex)?;
+    Ok((params, root))
+}
+
+/// The root hash `root_hex` as bytes, checked against the length of `params`' hash.
+pub fn root_for(params: &VerityParams, root_hex: &str) -> Result<Vec<u8>> {
     let root = hex::decode(root_hex).map_err(|_| {
         VolumeError::usage(format!("Invalid root hash '{root_hex}' (expected hex)."))
     })?;
@@ -31,7 +37,7 @@ pub fn load(
             params.algorithm.output_len()
         )));
     }
-    Ok((params, root))
+    Ok(root)
 }
 
 /// Checks every data block against the tree (`verity verify`).

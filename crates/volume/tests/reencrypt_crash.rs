@@ -183,6 +183,7 @@ fn reencrypt_on(io: &dyn HeaderIo, sc: &Scenario) -> cryptblk_volume::Result<()>
             device_block: 4096,
             one_keyslot: false,
             new_key: None,
+            shift: None,
         },
     )?;
     let keys = ReencryptKeys {

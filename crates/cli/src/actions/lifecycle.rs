@@ -4,7 +4,7 @@
 
 use super::volume;
 use crate::args::Opts;
-use crate::exit::ActionResult;
+use crate::exit::{ActionResult, Failure};
 use cryptblk_volume::luks as lib;
 use std::path::Path;
 
@@ -48,6 +48,13 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
         Some(h) => h.clone(),
         None => lib::header_of(&st)?,
     };
+    // cryptsetup reads the header from the data device unless --header names it: a volume
+    // opened with a detached header is refused without it.
+    if opts.header.is_none() && st.info["device"].as_str() != header.to_str() {
+        return Err(Failure::usage(format!(
+            "{name} is not active LUKS device name or header is missing."
+        )));
+    }
     let vol = cryptblk_volume::Volume::load(&header, cryptblk_volume::LuksType::Any, false)?;
     if let Some(p) = &opts.volume_key_file {
         let vk = vol.volume_key_from_file(p, opts.key_size)?;
@@ -61,16 +68,11 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
         }
         return Ok(());
     }
-    let pass = volume::read_secret(
+    let slot = volume::with_tries(
+        opts,
         &volume::key_source(opts, None),
-        volume::limits(opts),
         &format!("Enter passphrase for {}: ", header.display()),
-    )?;
-    let slot = lib::resume(
-        &st,
-        &vol,
-        pass.as_bytes(),
-        opts.key_slot.map(|s| s as usize),
+        |pass| lib::resume(&st, &vol, pass, opts.key_slot.map(|s| s as usize)),
     )?;
     if opts.verbose {
         eprintln!("Key slot {slot} unlocked.");

@@ -285,12 +285,12 @@ pub fn unlock(
     if let Some((slot, key)) = super::token::try_tokens(opts, vol, device, purpose)? {
         return Ok((Some(slot), key));
     }
-    let pass = volume::read_secret(
+    let (slot, key) = volume::with_tries(
+        opts,
         &volume::key_source(opts, None),
-        volume::limits(opts),
         &format!("Enter passphrase for {}: ", device.display()),
+        |pass| Ok(vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose)?),
     )?;
-    let (slot, key) = vol.unlock(pass.as_bytes(), opts.key_slot.map(|s| s as usize), purpose)?;
     Ok((Some(slot), key))
 }
 

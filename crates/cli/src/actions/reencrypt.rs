@@ -118,7 +118,10 @@ fn request(opts: &Opts, device: Option<&Path>, a: &ReencryptArgs) -> ReencryptRe
         init_only: a.init_only,
         resume_only: a.resume_only,
         force_offline: a.force_offline_reencrypt,
-        reduce_device_size: a.reduce_device_size.clone(),
+        // In bytes, so the library need not know cryptsetup's suffixes (`1024S`, `2MiB`).
+        reduce_device_size: a.reduce_device_size.as_deref().map(|v| {
+            crate::args_check::parse_size(v).map_or_else(|| v.to_string(), |n| n.to_string())
+        }),
         hotzone_size: a.hotzone_size.clone(),
         resilience: match a.resilience {
             None | Some(ResilienceArg::Checksum) => ResilienceChoice::Checksum,

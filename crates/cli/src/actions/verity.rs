@@ -1,7 +1,7 @@
 //! `verity format|verify|dump|open`: dm-verity volumes with veritysetup's layout and output.
 
 use super::volume::open_file;
-use crate::args::{Opts, VerityAction, VerityTreeArgs};
+use crate::args::{Opts, VerityAction, VerityParamArgs, VerityTreeArgs};
 use crate::exit::{ActionResult, Failure};
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::verity::{self, VerityParams, VeritySuperblock};
@@ -23,9 +23,11 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             root_hash,
             hash_offset,
             root_hash_file,
+            params,
         } => {
             let root_hash = root_hash_hex(root_hash, root_hash_file, "verify")?;
-            let (params, root) = lib::load(hash_device, *hash_offset, &root_hash)?;
+            let (params, root) =
+                load_params(opts, data, hash_device, *hash_offset, &root_hash, params)?;
             lib::verify(data, hash_device, &params, &root)?;
             if opts.verbose {
                 eprintln!("Verification of data area succeeded.");
@@ -53,11 +55,13 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             root_hash,
             hash_offset,
             root_hash_file,
+            params,
             export,
         } => {
             cryptblk_volume::control::check_name(name)?;
             let root_hash = root_hash_hex(root_hash, root_hash_file, "open")?;
-            let (params, root) = lib::load(hash_device, *hash_offset, &root_hash)?;
+            let (params, root) =
+                load_params(opts, data, hash_device, *hash_offset, &root_hash, params)?;
             let plan = lib::plan(data, hash_device, name, &params, &root)?;
             let spec = ServeSpec {
                 name: plan.name.clone(),
@@ -69,6 +73,38 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             super::serving::start(spec, export, opts.json)
         }
     }
+}
+
+/// The tree's parameters and root hash: from the superblock at `hash_offset`, or with
+/// `--no-superblock` from the options (the tree then starts at `hash_offset`).
+fn load_params(
+    opts: &Opts,
+    data: &Path,
+    hash_device: &Path,
+    hash_offset: u64,
+    root_hex: &str,
+    a: &VerityParamArgs,
+) -> Result<(VerityParams, Vec<u8>), Failure> {
+    if !a.no_superblock {
+        return Ok(lib::load(hash_device, hash_offset, root_hex)?);
+    }
+    let data_blocks = match a.data_blocks {
+        Some(n) => n,
+        None => lib::default_data_blocks(data, hash_device, hash_offset, a.data_block_size)?,
+    };
+    let mut p = VerityParams::defaults(data_blocks);
+    p.hash_type = a.hash_type;
+    p.data_block_size = a.data_block_size;
+    p.hash_block_size = a.hash_block_size;
+    p.hash_offset = hash_offset;
+    p.superblock = false;
+    if let Some(h) = &opts.hash {
+        p.algorithm = HashAlgorithm::from_name(h)
+            .map_err(|_| Failure::usage(format!("Hash algorithm {h} not supported.")))?;
+    }
+    p.salt = verity::parse_salt(a.salt.as_deref().unwrap_or("-"))?;
+    let root = lib::root_for(&p, root_hex)?;
+    Ok((p, root))
 }
 
 /// The root hash: from --root-hash-file when given (veritysetup then ignores the

@@ -71,6 +71,34 @@ pub fn read_secret(
     Ok(keyfile::read_key(source, limits, prompt)?)
 }
 
+/// Reads a passphrase (`prompt`) and hands it to `try_one`; one typed on a terminal is asked
+/// for again after a wrong one, up to `-T/--tries` times (default 3) as cryptsetup does,
+/// each miss printing cryptsetup's line. A key file or piped input is read once.
+pub fn with_tries<T>(
+    opts: &Opts,
+    source: &KeySource,
+    prompt: &str,
+    mut try_one: impl FnMut(&[u8]) -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    let typed = matches!(source, KeySource::Passphrase) && std::io::stdin().is_terminal();
+    let tries = if typed {
+        opts.compat.tries.unwrap_or(3).max(1)
+    } else {
+        1
+    };
+    let mut left = tries;
+    loop {
+        let pass = read_secret(source, limits(opts), prompt)?;
+        left -= 1;
+        match try_one(pass.as_bytes()) {
+            Err(f) if f.code == crate::exit::ExitCode::NoPermission && left > 0 => {
+                eprintln!("{}", f.message);
+            }
+            r => return r,
+        }
+    }
+}
+
 /// A new passphrase from `new_key_file`, else the terminal (asked twice) or standard input.
 pub fn read_new_secret(new_key_file: Option<&Path>, prompt: &str) -> Result<SecretBytes, Failure> {
     read_new_secret_limited(new_key_file, KeyFileLimits::default(), prompt)

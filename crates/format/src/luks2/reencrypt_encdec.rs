@@ -417,24 +417,30 @@ impl Luks2Header {
             // copied to the device start (the moved segment, where the data starts once
             // decrypted); the rest follows in place; the plaintext will start at 0.
             Some(shift) => {
-                if seg.offset != shift || p.data_size <= shift {
+                if seg.offset != shift || p.data_size == 0 {
                     return Err(FormatError::InvalidParameter(
                         "the data shift does not fit the device".into(),
                     ));
                 }
-                let moved = piece(&cur, 0, Some(shift), false).map(|mut m| {
+                // Data no longer than the shift moves whole: then, as cryptsetup writes
+                // it, the moved segment is all there is (no segment after it).
+                let moved_len = shift.min(p.data_size);
+                let moved = piece(&cur, 0, Some(moved_len), false).map(|mut m| {
                     m["offset"] = u64_value(0);
                     m
                 })?;
-                let rest_len = get_u64_str(&cur, "size").map(|n| n - shift);
                 segments.insert("0".into(), moved.clone());
-                segments.insert("1".into(), piece(&cur, shift, rest_len, false)?);
+                if p.data_size > shift {
+                    let rest_len = get_u64_str(&cur, "size").map(|n| n - shift);
+                    segments.insert("1".into(), piece(&cur, shift, rest_len, false)?);
+                }
                 let mut flagged = moved;
                 flagged["flags"] = json!(["backup-moved-segment"]);
-                segments.insert("2".into(), flagged);
-                segments.insert("3".into(), prev);
+                let n = segments.len();
+                segments.insert(n.to_string(), flagged);
+                segments.insert((n + 1).to_string(), prev);
                 segments.insert(
-                    "4".into(),
+                    (n + 2).to_string(),
                     json!({
                         "type": "linear",
                         "offset": "0",

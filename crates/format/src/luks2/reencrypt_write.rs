@@ -71,6 +71,10 @@ pub struct ReencryptInit {
     pub new_digest: String,
     /// Iterations of the reencryption digest (`None`: calibrated to 125 ms).
     pub digest_iterations: Option<u32>,
+    /// `--reduce-device-size` in bytes: the new data starts this much later and the run
+    /// goes backward with `datashift` resilience (whatever `resilience` says, as cryptsetup
+    /// 2.6 does), dropping the old data's last `shift` bytes.
+    pub shift: Option<u64>,
 }
 
 fn bad(msg: impl Into<String>) -> FormatError {
@@ -517,30 +521,41 @@ impl Luks2Header {
         let (area_off, area_len) = self.largest_area_gap().ok_or(FormatError::KeyslotsFull)?;
         let mut area = json!({
             "offset": u64_value(area_off),
-            "size": u64_value(area_len),
+            "size": u64_value(if p.shift.is_some() { 4096.min(area_len) } else { area_len }),
         });
-        area["type"] = json!(match p.resilience {
-            NewResilience::None => "none",
-            NewResilience::Checksum { .. } => "checksum",
-            NewResilience::Journal => "journal",
-        });
-        if let NewResilience::Checksum { hash, block } = p.resilience {
-            area["hash"] = json!(hash.name());
-            area["sector_size"] = json!(block);
+        match (p.shift, p.resilience) {
+            (Some(shift), _) => {
+                area["type"] = json!("datashift");
+                area["shift_size"] = u64_value(shift);
+            }
+            (None, NewResilience::None) => area["type"] = json!("none"),
+            (None, NewResilience::Journal) => area["type"] = json!("journal"),
+            (None, NewResilience::Checksum { hash, block }) => {
+                area["type"] = json!("checksum");
+                area["hash"] = json!(hash.name());
+                area["sector_size"] = json!(block);
+            }
         }
+        // A shifted re-key writes each chunk above where it read it: going backward, no
+        // chunk is overwritten before it is read.
+        let direction = if p.shift.is_some() {
+            "backward"
+        } else {
+            "forward"
+        };
         let keyslot = json!({
             "area": area,
             "type": "reencrypt",
             "key_size": 1,
             "mode": "reencrypt",
-            "direction": "forward",
+            "direction": direction,
             "priority": 0,
         });
         let cur = self.json["segments"][seg.id.to_string()].clone();
         let mut prev = cur.clone();
         prev["flags"] = json!(["backup-previous"]);
         let fin = crypt_segment(
-            seg.offset,
+            seg.offset + p.shift.unwrap_or(0),
             None,
             seg.iv_tweak,
             &p.cipher,

@@ -360,11 +360,34 @@ fn validate_segments(hdr: &Value) -> Result<()> {
         let backups: Vec<&Value> = (first_backup..count)
             .filter_map(|i| segments.get(&i.to_string()))
             .collect();
-        let has = |f: &str| backups.iter().any(|s| segment_has_flag(s, f));
-        if !has("backup-final") || !has("backup-previous") {
+        let find = |f: &str| backups.iter().copied().find(|s| segment_has_flag(s, f));
+        let (Some(fin), Some(prev)) = (find("backup-final"), find("backup-previous")) else {
             return Err(bad(
                 "reencryption requires backup-final and backup-previous segments",
             ));
+        };
+        // As cryptsetup: every data segment is under the old or the new parameters (type,
+        // and for crypt segments cipher and sector size); one in reencryption under the new.
+        let same = |a: &Value, b: &Value| {
+            a.get("type") == b.get("type")
+                && (a.get("type").and_then(Value::as_str) != Some("crypt")
+                    || (a.get("encryption") == b.get("encryption")
+                        && a.get("sector_size") == b.get("sector_size")))
+        };
+        for i in 0..first_backup {
+            let Some(seg) = segments.get(&i.to_string()) else {
+                continue;
+            };
+            let ok = if segment_has_flag(seg, "in-reencryption") {
+                same(seg, fin)
+            } else {
+                same(seg, fin) || same(seg, prev)
+            };
+            if !ok {
+                return Err(bad(format!(
+                    "segment {i} matches neither backup-final nor backup-previous"
+                )));
+            }
         }
     }
     let _ = plain_ids;
@@ -587,7 +610,13 @@ fn validate_keyslot_types(hdr: &Value) -> Result<()> {
                     return Err(bad(format!("{what} is not assigned to exactly one digest")));
                 }
             }
-            Some("reencrypt") => reencrypt += 1,
+            Some("reencrypt") => {
+                reencrypt += 1;
+                // cryptsetup: "Illegal reencrypt key size."
+                if ks.get("key_size").and_then(Value::as_u64) != Some(1) {
+                    return Err(bad(format!("{what}: illegal reencrypt key size")));
+                }
+            }
             _ => {}
         }
     }

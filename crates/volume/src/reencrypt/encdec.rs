@@ -318,7 +318,7 @@ pub fn plan_decrypt_export(
     let shift = seg.offset;
     let data_size = dev.saturating_sub(shift);
     let data_size = seg.size.unwrap_or(data_size).min(data_size);
-    if data_size <= shift {
+    if data_size == 0 {
         return Err(VolumeError::usage("Device is too small."));
     }
     let block = r.device_block.max(seg.sector_size);
@@ -388,9 +388,12 @@ pub fn restore_exported_header(export: &dyn HeaderIo, data: &dyn HeaderIo, len: 
 }
 
 /// The second step of [`init_decrypt_export`]: the first `shift` bytes of ciphertext
-/// (`[shift, 2 shift)`) copied to the device start (the moved segment) and synced.
+/// (`[shift, 2 shift)`, or all of it when the data is shorter) copied to the device start
+/// (the moved segment) and synced.
 pub fn move_first_segment(data: &dyn HeaderIo, shift: u64) -> Result<()> {
-    copy_range(data, shift, data, 0, shift, "moving the first data segment")
+    let dev = data.size().map_err(io_err("reading the device size"))?;
+    let len = shift.min(dev.saturating_sub(shift));
+    copy_range(data, shift, data, 0, len, "moving the first data segment")
 }
 
 /// The volume key the passphrase opens in `h` (keyslot `slot` when given), with

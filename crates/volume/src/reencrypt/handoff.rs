@@ -172,6 +172,13 @@ pub(crate) fn online(
             None => return initialized(None),
         }
     } else {
+        if req.reduce_device_size.is_some() {
+            // The daemon would have to shrink the device it serves as the data moves.
+            return Err(VolumeError::usage(
+                "Online reencryption with --reduce-device-size is not supported by cryptblk; \
+                 close the device or use --force-offline-reencrypt.",
+            ));
+        }
         let init = start_rekey(req, input, &mut h, &file, &header, device_block)?;
         if req.init_only {
             return initialized(Some(init));

@@ -77,6 +77,9 @@ pub struct InitParams {
     /// The new volume key (`--volume-key-file`: its first bytes, as many as the new key
     /// size); `None`: a random one.
     pub new_key: Option<SecretBytes>,
+    /// `--reduce-device-size` in bytes: the new data starts this much later, the run goes
+    /// backward with `datashift` resilience and the old data's last bytes are dropped.
+    pub shift: Option<u64>,
 }
 
 /// What [`init`] made.
@@ -164,7 +167,19 @@ pub fn init(
         },
     )
     .map_err(|e| VolumeError::usage(format!("Cipher {cipher} (key {key_size} bytes): {e}")))?;
-    if let ResilienceChoice::Checksum = p.resilience {
+    if let Some(shift) = p.shift {
+        // cryptsetup checks this after writing the first new keyslot (and takes it back);
+        // checked here, a refusal leaves the header as it was.
+        let ss = seg.sector_size.max(sector_size);
+        if !shift.is_multiple_of(u64::from(ss)) {
+            return Err(VolumeError::usage(format!(
+                "Data shift value is not aligned to encryption sector size ({ss} bytes).\n\
+                 Failed to initialize LUKS2 reencryption in metadata."
+            )));
+        }
+    }
+    // A shifted re-key always uses `datashift` resilience: no checksum blocks.
+    if let (ResilienceChoice::Checksum, None) = (p.resilience, p.shift) {
         let block = p.device_block.max(seg.sector_size).max(sector_size);
         let size = io
             .size()
@@ -263,6 +278,7 @@ pub fn init(
             resilience,
             new_digest,
             digest_iterations,
+            shift: p.shift,
         },
         old_key.as_bytes(),
         new_key.as_bytes(),

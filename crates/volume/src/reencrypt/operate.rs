@@ -63,9 +63,9 @@ fn check_options(req: &ReencryptRequest) -> Result<()> {
             "Options --encrypt and --decrypt cannot be combined.",
         ));
     }
-    if req.reduce_device_size.is_some() && !req.encrypt {
+    if req.reduce_device_size.is_some() && req.decrypt {
         return Err(VolumeError::usage(
-            "Option --reduce-device-size is allowed only for encryption.",
+            "Option --reduce-device-size is allowed only for encryption and reencryption.",
         ));
     }
     Ok(())

@@ -40,6 +40,11 @@ fn init_params(
         device_block,
         one_keyslot: req.key_slot.is_some(),
         new_key: input.volume_key(new_key_bytes)?,
+        shift: req
+            .reduce_device_size
+            .as_deref()
+            .map(|t| crate::format::parse_bytes(t, "--reduce-device-size"))
+            .transpose()?,
     })
 }
 
