@@ -50,7 +50,7 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
     };
     // cryptsetup reads the header from the data device unless --header names it: a volume
     // opened with a detached header is refused without it.
-    if opts.header.is_none() && st.info["device"].as_str() != header.to_str() {
+    if opts.header.is_none() && st.info.device.as_deref() != header.to_str() {
         return Err(Failure::usage(format!(
             "{name} is not active LUKS device name or header is missing."
         )));
