@@ -46,6 +46,7 @@ fn no_build_links_librbd_or_libtss2() {
 
 /// Runs `cmd` with the shared library `soname` replaced by an empty file (a bind mount of
 /// /dev/null in a mount namespace of its own), as on a machine without that library.
+#[cfg(any(feature = "rbd", feature = "tpm2"))]
 fn without_library(soname: &str, cmd: &Command) -> std::process::Output {
     let cache = run_ok(Command::new("ldconfig").arg("-p"), b"");
     let path = cache

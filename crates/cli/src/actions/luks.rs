@@ -289,7 +289,7 @@ pub fn unlock(
         opts,
         &volume::key_source(opts, None),
         &format!("Enter passphrase for {}: ", device.display()),
-        |pass| Ok(vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose)?),
+        |pass| vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose),
     )?;
     Ok((Some(slot), key))
 }

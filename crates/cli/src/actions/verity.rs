@@ -86,7 +86,7 @@ fn load_params(
     a: &VerityParamArgs,
 ) -> Result<(VerityParams, Vec<u8>), Failure> {
     if !a.no_superblock {
-        return Ok(lib::load(hash_device, hash_offset, root_hex)?);
+        return lib::load(hash_device, hash_offset, root_hex);
     }
     let data_blocks = match a.data_blocks {
         Some(n) => n,
