@@ -151,7 +151,11 @@ fn option_combinations_are_refused_before_the_disk_is_touched() {
             ..request(&img)
         },
         ErrorClass::WrongParameters,
-        "Option --reduce-device-size is allowed only for encryption.",
+        &format!(
+            "Reduced device size 4194304 bytes is not smaller than the data area of {} \
+             (1048576 bytes).",
+            img.display()
+        ),
     );
     refused(
         &ReencryptRequest {

@@ -260,17 +260,7 @@ impl Luks2Header {
                         .into(),
                 ));
             }
-            (Some(shift), _) => {
-                area["type"] = json!("datashift");
-                area["shift_size"] = u64_value(shift);
-            }
-            (None, NewResilience::None) => area["type"] = json!("none"),
-            (None, NewResilience::Journal) => area["type"] = json!("journal"),
-            (None, NewResilience::Checksum { hash, block }) => {
-                area["type"] = json!("checksum");
-                area["hash"] = json!(hash.name());
-                area["sector_size"] = json!(block);
-            }
+            (shift, r) => super::reencrypt_write::set_area_resilience(&mut area, shift, r),
         }
         self.json["keyslots"][slot.to_string()] = json!({
             "area": area,

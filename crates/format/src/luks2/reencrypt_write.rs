@@ -77,6 +77,25 @@ pub struct ReencryptInit {
     pub shift: Option<u64>,
 }
 
+/// Sets the reencrypt keyslot area's resilience fields for a re-key or an encryption or
+/// decryption that does not move data back (`datashift` when the data moves by `shift`
+/// bytes, else the hotzone protection asked for), as cryptsetup writes them.
+pub(super) fn set_area_resilience(area: &mut Value, shift: Option<u64>, r: NewResilience) {
+    match (shift, r) {
+        (Some(shift), _) => {
+            area["type"] = json!("datashift");
+            area["shift_size"] = u64_value(shift);
+        }
+        (None, NewResilience::None) => area["type"] = json!("none"),
+        (None, NewResilience::Journal) => area["type"] = json!("journal"),
+        (None, NewResilience::Checksum { hash, block }) => {
+            area["type"] = json!("checksum");
+            area["hash"] = json!(hash.name());
+            area["sector_size"] = json!(block);
+        }
+    }
+}
+
 fn bad(msg: impl Into<String>) -> FormatError {
     FormatError::Corrupt(msg.into())
 }
@@ -523,19 +542,7 @@ impl Luks2Header {
             "offset": u64_value(area_off),
             "size": u64_value(if p.shift.is_some() { 4096.min(area_len) } else { area_len }),
         });
-        match (p.shift, p.resilience) {
-            (Some(shift), _) => {
-                area["type"] = json!("datashift");
-                area["shift_size"] = u64_value(shift);
-            }
-            (None, NewResilience::None) => area["type"] = json!("none"),
-            (None, NewResilience::Journal) => area["type"] = json!("journal"),
-            (None, NewResilience::Checksum { hash, block }) => {
-                area["type"] = json!("checksum");
-                area["hash"] = json!(hash.name());
-                area["sector_size"] = json!(block);
-            }
-        }
+        set_area_resilience(&mut area, p.shift, p.resilience);
         // A shifted re-key writes each chunk above where it read it: going backward, no
         // chunk is overwritten before it is read.
         let direction = if p.shift.is_some() {

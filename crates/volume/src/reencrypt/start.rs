@@ -59,6 +59,20 @@ pub(crate) fn start_rekey(
     device_block: u32,
 ) -> Result<super::InitOutcome> {
     let mut params = init_params(req, input, h, device_block)?;
+    if let Some(shift) = params.shift {
+        // A shift that leaves no data: cryptsetup 2.6.1 writes the reencryption metadata,
+        // then fails ("Failed to load LUKS2 reencryption context.", exit 1); refused here
+        // before anything is asked or written.
+        let size = crate::device::device_size(device)?;
+        let data = size.saturating_sub(h.data_offset());
+        if shift >= data {
+            return Err(VolumeError::usage(format!(
+                "Reduced device size {shift} bytes is not smaller than the data area of {} \
+                 ({data} bytes).",
+                device.display()
+            )));
+        }
+    }
     let (pass, one) = passphrases(req, input, h, file, device)?;
     params.one_keyslot |= one;
     let init = super::init(h, file, &pass, &params)?;
