@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo build --release -q -p cryptblk
-B=$PWD/target/release/cryptblk
+# Where cargo put it: ./target, or $CARGO_TARGET_DIR when set (CI shares one).
+B=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/release/cryptblk
 
 W=$(mktemp -d /tmp/cryptblk-run.XXXXXX)
 export CRYPTBLK_RUNTIME_DIR=$W/run

@@ -57,20 +57,45 @@ fn systemd_token_plugin_opens_cryptblk_tpm2_enrollments_in_the_lab() {
     let s = share.path();
     std::fs::write(s.join("key"), b"tpm2 in the lab").unwrap();
     std::fs::copy(env!("CARGO_BIN_EXE_cryptblk"), s.join("cryptblk")).unwrap();
+    // Library paths from the loader's cache, not a hard-coded multiarch directory.
+    let cache = String::from_utf8(
+        Command::new("ldconfig")
+            .arg("-p")
+            .output()
+            .expect("ldconfig -p")
+            .stdout,
+    )
+    .unwrap();
+    let cached: Vec<PathBuf> = cache
+        .lines()
+        .filter_map(|l| l.split(" => ").nth(1))
+        .map(PathBuf::from)
+        .collect();
+    let libcryptsetup = cached
+        .iter()
+        .find(|p| p.file_name().is_some_and(|n| n == "libcryptsetup.so.12"))
+        .expect("libcryptsetup.so.12 in the loader cache");
     let mut files = vec![
         PathBuf::from(env!("CARGO_BIN_EXE_cryptblk")),
         PathBuf::from("/usr/bin/systemd-cryptenroll"),
-        PathBuf::from("/lib/x86_64-linux-gnu/cryptsetup/libcryptsetup-token-systemd-tpm2.so"),
+        // cryptsetup's token plugins live beside libcryptsetup, in `cryptsetup/`.
+        libcryptsetup
+            .parent()
+            .unwrap()
+            .join("cryptsetup/libcryptsetup-token-systemd-tpm2.so"),
     ];
     // tpm2-tss's libraries are dlopened (by systemd and by the TCTI loader): not in ldd.
-    for d in ["/usr/lib/x86_64-linux-gnu"] {
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("libtss2-") && n.contains(".so.") {
-                files.push(e.path());
-            }
-        }
-    }
+    files.extend(
+        cached
+            .iter()
+            .filter(|p| {
+                p.file_name().is_some_and(|n| {
+                    let n = n.to_string_lossy();
+                    n.starts_with("libtss2-") && n.contains(".so.")
+                })
+            })
+            .cloned(),
+    );
     for f in &files {
         assert!(f.exists(), "{} is needed in the guest", f.display());
     }
