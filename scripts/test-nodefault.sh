@@ -11,7 +11,10 @@
 # artifacts (deps, build scripts, fingerprints): units whose features are the same keep their
 # hash and are reused, only the crates the features change (and what depends on them) are
 # compiled again. Cargo names each unit by a hash of its features, so a changed unit is a new
-# file and the linked ones are never rewritten.
+# file, and rustc replaces an output by renaming, so a linked artifact is never rewritten.
+# Fingerprints and build-script outputs are written in place, though: they are copied, not
+# linked, or a later default build would mark this directory's old artifacts fresh (seen: a
+# reused target, cryptblk-dm built against a cipher rlib from before its change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_INCREMENTAL=0
@@ -19,7 +22,8 @@ base=${CARGO_TARGET_DIR:-target}
 dir=$base/nodefault
 if [ ! -d "$dir/debug/deps" ] && [ -d "$base/debug/deps" ]; then
   mkdir -p "$dir/debug"
-  cp -al "$base/debug/deps" "$base/debug/build" "$base/debug/.fingerprint" "$dir/debug/"
+  cp -al "$base/debug/deps" "$dir/debug/"
+  cp -a "$base/debug/build" "$base/debug/.fingerprint" "$dir/debug/"
 fi
 start=$(date +%s)
 CARGO_TARGET_DIR=$dir cargo test --no-default-features \
