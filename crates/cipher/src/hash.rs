@@ -345,20 +345,22 @@ mod tests {
         }
     }
 
+    /// Every hash the dm targets name.
+    const EVERY_HASH: [HashAlgorithm; 9] = [
+        HashAlgorithm::Sha1,
+        HashAlgorithm::Sha224,
+        HashAlgorithm::Sha256,
+        HashAlgorithm::Sha384,
+        HashAlgorithm::Sha512,
+        HashAlgorithm::Ripemd160,
+        HashAlgorithm::Whirlpool,
+        HashAlgorithm::Wp256,
+        HashAlgorithm::Wp384,
+    ];
+
     #[test]
     fn digest_into_equals_digest_for_every_algorithm() {
-        let all = [
-            HashAlgorithm::Sha1,
-            HashAlgorithm::Sha224,
-            HashAlgorithm::Sha256,
-            HashAlgorithm::Sha384,
-            HashAlgorithm::Sha512,
-            HashAlgorithm::Ripemd160,
-            HashAlgorithm::Whirlpool,
-            HashAlgorithm::Wp256,
-            HashAlgorithm::Wp384,
-        ];
-        for h in all {
+        for h in EVERY_HASH {
             let mut out = [0xeeu8; 80];
             let n = h.digest_into(&[b"salt", &[7u8; 4096]], &mut out);
             assert_eq!(n, h.output_len(), "{}", h.name());
@@ -385,16 +387,7 @@ mod tests {
 
     #[test]
     fn keyed_hmac_equals_hmac_for_every_algorithm() {
-        let all = [
-            HashAlgorithm::Sha1,
-            HashAlgorithm::Sha224,
-            HashAlgorithm::Sha256,
-            HashAlgorithm::Sha384,
-            HashAlgorithm::Sha512,
-            HashAlgorithm::Ripemd160,
-            HashAlgorithm::Wp256,
-        ];
-        for h in all {
+        for h in EVERY_HASH {
             for key in [&b"k"[..], &[9u8; 64][..], &[3u8; 200][..]] {
                 let k = KeyedHmac::new(h, key);
                 assert_eq!(k.algorithm(), h);

@@ -1003,18 +1003,9 @@ pub enum VerityAction {
 /// veritysetup.
 #[derive(Args, Debug, Clone)]
 pub struct VerityParamArgs {
-    /// Format type: 1 (salt first, padded digests; default) or 0 (Chrome OS).
-    #[arg(long = "format", default_value_t = 1)]
-    pub hash_type: u32,
-    /// Data block size in bytes.
-    #[arg(long, default_value_t = 4096)]
-    pub data_block_size: u32,
-    /// Hash block size in bytes.
-    #[arg(long, default_value_t = 4096)]
-    pub hash_block_size: u32,
-    /// Number of data blocks (default: the whole data device).
-    #[arg(long)]
-    pub data_blocks: Option<u64>,
+    /// The tree's geometry.
+    #[command(flatten)]
+    pub geometry: VerityGeometryArgs,
     /// Salt in hex, or '-' for none (the default without a superblock).
     #[arg(long)]
     pub salt: Option<String>,
@@ -1023,9 +1014,10 @@ pub struct VerityParamArgs {
     pub no_superblock: bool,
 }
 
-/// Hash tree parameters of `verity format` (veritysetup's names; the hash is `--hash`).
+/// A hash tree's geometry, as veritysetup names it: shared by `verity format` and by
+/// `verify`/`open --no-superblock`.
 #[derive(Args, Debug, Clone)]
-pub struct VerityTreeArgs {
+pub struct VerityGeometryArgs {
     /// Format type: 1 (salt first, padded digests; default) or 0 (Chrome OS).
     #[arg(long = "format", default_value_t = 1)]
     pub hash_type: u32,
@@ -1038,6 +1030,14 @@ pub struct VerityTreeArgs {
     /// Number of data blocks (default: the whole data device).
     #[arg(long)]
     pub data_blocks: Option<u64>,
+}
+
+/// Hash tree parameters of `verity format` (veritysetup's names; the hash is `--hash`).
+#[derive(Args, Debug, Clone)]
+pub struct VerityTreeArgs {
+    /// The tree's geometry.
+    #[command(flatten)]
+    pub geometry: VerityGeometryArgs,
     /// Salt in hex, or '-' for none (default: 32 random bytes).
     #[arg(long)]
     pub salt: Option<String>,

@@ -1,7 +1,7 @@
 //! `verity format|verify|dump|open`: dm-verity volumes with veritysetup's layout and output.
 
 use super::volume::open_file;
-use crate::args::{Opts, VerityAction, VerityParamArgs, VerityTreeArgs};
+use crate::args::{Opts, VerityAction, VerityGeometryArgs, VerityParamArgs, VerityTreeArgs};
 use crate::exit::{ActionResult, Failure};
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::verity::{self, VerityParams, VeritySuperblock};
@@ -88,15 +88,7 @@ fn load_params(
     if !a.no_superblock {
         return lib::load(hash_device, hash_offset, root_hex);
     }
-    let data_blocks = match a.data_blocks {
-        Some(n) => n,
-        None => lib::default_data_blocks(data, hash_device, hash_offset, a.data_block_size)?,
-    };
-    let mut p = VerityParams::defaults(data_blocks);
-    p.hash_type = a.hash_type;
-    p.data_block_size = a.data_block_size;
-    p.hash_block_size = a.hash_block_size;
-    p.hash_offset = hash_offset;
+    let mut p = tree_params(&a.geometry, data, hash_device, hash_offset)?;
     p.superblock = false;
     if let Some(h) = &opts.hash {
         p.algorithm = HashAlgorithm::from_name(h)
@@ -133,19 +125,31 @@ fn root_hash_hex(
     Ok(text.trim_end().to_string())
 }
 
+/// The parameters of a tree with geometry `g` at `hash_offset` of `hash_device` (the data
+/// blocks default to the whole data device, as veritysetup's).
+fn tree_params(
+    g: &VerityGeometryArgs,
+    data: &Path,
+    hash_device: &Path,
+    hash_offset: u64,
+) -> Result<VerityParams, Failure> {
+    let data_blocks = match g.data_blocks {
+        Some(n) => n,
+        None => lib::default_data_blocks(data, hash_device, hash_offset, g.data_block_size)?,
+    };
+    let mut p = VerityParams::defaults(data_blocks);
+    p.hash_type = g.hash_type;
+    p.data_block_size = g.data_block_size;
+    p.hash_block_size = g.hash_block_size;
+    p.hash_offset = hash_offset;
+    Ok(p)
+}
+
 /// `verity format`: prints what veritysetup prints, the root hash last.
 fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> ActionResult {
     // The hash tree is written: not under a daemon that serves it.
     let _in_use = cryptblk_volume::lock::for_format(&[hash_device])?;
-    let data_blocks = match t.data_blocks {
-        Some(n) => n,
-        None => lib::default_data_blocks(data, hash_device, t.hash_offset, t.data_block_size)?,
-    };
-    let mut p = VerityParams::defaults(data_blocks);
-    p.hash_type = t.hash_type;
-    p.data_block_size = t.data_block_size;
-    p.hash_block_size = t.hash_block_size;
-    p.hash_offset = t.hash_offset;
+    let mut p = tree_params(&t.geometry, data, hash_device, t.hash_offset)?;
     p.superblock = !t.no_superblock;
     if let Some(h) = &opts.hash {
         p.algorithm = HashAlgorithm::from_name(h)
