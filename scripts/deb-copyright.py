@@ -3,7 +3,7 @@
 linked into the cryptblk binary (cargo tree, normal edges, for this target and the default
 features) with its licence expression and the licence texts the crate ships (identical texts
 are printed once), then the C libraries: AWS-LC (built into aws-lc-sys, statically linked)
-and the shared libraries the package depends on (librbd, tpm2-tss), which keep their own
+and the shared libraries the package loads when used and Recommends (librbd, tpm2-tss), which keep their own
 copyright files in their Debian packages.
 
     scripts/deb-copyright.py OUT [cargo tree options, e.g. --no-default-features]

@@ -51,7 +51,7 @@ want useradd passwd
 want runuser util-linux
 # tests/control_protocol.rs and tests/key_hygiene.rs drop to another uid with setpriv.
 want setpriv util-linux
-# rbd: backings link librbd; their tests run a one-node cluster (ceph-mon/osd/mgr, the rbd
+# rbd: backings load librbd at run time (dlopen), so the tests need it installed; their tests run a one-node cluster (ceph-mon/osd/mgr, the rbd
 # and ceph tools) and qemu-img's rbd driver (qemu-block-extra) as librbd's LUKS2 reference.
 want rbd ceph-common
 want ceph-mon ceph-mon
@@ -74,7 +74,7 @@ want curl curl
 want swtpm swtpm
 want swtpm_setup swtpm-tools
 want tpm2_startup tpm2-tools
-# systemd-tpm2 tokens: cryptblk links tpm2-tss (tss-esapi over libtss2-esys/-tctildr/-mu);
+# systemd-tpm2 tokens: cryptblk loads tpm2-tss at run time (tss-esapi over libtss2-esys/-tctildr/-mu);
 # the swtpm TCTI and the device TCTI are loaded at run time.
 [ -e /usr/include/tss2/tss2_esys.h ] || need_pkgs+=(libtss2-dev)
 [ -n "$(ls /usr/lib/*/libtss2-tcti-swtpm.so.0 2>/dev/null)" ] || need_pkgs+=(libtss2-tcti-swtpm0)
