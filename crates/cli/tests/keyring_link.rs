@@ -150,3 +150,40 @@ fn malformed_link_values_are_refused_up_front() {
         assert!(err.contains("--link-vk-to-keyring"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn open_and_resume_link_the_volume_key() {
+    let dir = tempdir();
+    let Some((img, vk)) = image(dir.path()) else {
+        return;
+    };
+    let k = dir.path().join("k");
+    let sock = dir.path().join("nbd.sock");
+    let name = "t-vklink";
+    // Closed on drop, whatever happens below.
+    let _served = Served::volume(name);
+    let script = r#"set -e
+"$1" open --key-file "$3" "$2" t-vklink --nbd "$4" --link-vk-to-keyring "@s::%user:cryptblk-open"
+echo "open=$(keyctl pipe %user:cryptblk-open | od -An -v -tx1 | tr -d ' \n')"
+"$1" luksSuspend t-vklink
+"$1" luksResume t-vklink --key-file "$3" --link-vk-to-keyring "@s::%user:cryptblk-resume"
+echo "resume=$(keyctl pipe %user:cryptblk-resume | od -An -v -tx1 | tr -d ' \n')"
+"#;
+    let out = run(
+        tool("keyctl")
+            .expect("keyctl")
+            .env("CRYPTBLK_RUNTIME_DIR", runtime_dir())
+            .args(["session", "-", "sh", "-c", script, "sh"])
+            .arg(env!("CARGO_BIN_EXE_cryptblk"))
+            .arg(&img)
+            .arg(&k)
+            .arg(&sock),
+        b"",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}{err}");
+    assert!(text.contains(&format!("open={vk}\n")), "{text}");
+    assert!(text.contains(&format!("resume={vk}\n")), "{text}");
+    assert_ne!(status(name)["suspended"], true);
+}
