@@ -976,6 +976,9 @@ pub enum VerityAction {
         /// Where the superblock starts, in bytes.
         #[arg(long, default_value_t = 0)]
         hash_offset: u64,
+        /// The volume's FEC parity (adds veritysetup's FEC lines).
+        #[command(flatten)]
+        fec: VerityFecArgs,
     },
     /// Stop serving a verity volume.
     Close {
@@ -1027,6 +1030,23 @@ pub struct VerityParamArgs {
     /// The hash device has no superblock: the tree starts at --hash-offset.
     #[arg(long)]
     pub no_superblock: bool,
+    /// FEC parity that corrects corrupted blocks.
+    #[command(flatten)]
+    pub fec: VerityFecArgs,
+}
+
+/// Reed-Solomon parity of a verity volume (veritysetup's `--fec-*` options).
+#[derive(Args, Debug, Clone)]
+pub struct VerityFecArgs {
+    /// Device or image holding the FEC parity.
+    #[arg(long, value_name = "DEVICE")]
+    pub fec_device: Option<PathBuf>,
+    /// Where the parity starts on the FEC device, in bytes.
+    #[arg(long, default_value_t = 0)]
+    pub fec_offset: u64,
+    /// Parity bytes per 255-byte Reed-Solomon codeword (2..=24).
+    #[arg(long, default_value_t = 2)]
+    pub fec_roots: u32,
 }
 
 /// A hash tree's geometry, as veritysetup names it: shared by `verity format` and by
@@ -1065,6 +1085,9 @@ pub struct VerityTreeArgs {
     /// Also write the root hash (hex, no newline) to this file, as veritysetup does.
     #[arg(long, value_name = "FILE")]
     pub root_hash_file: Option<PathBuf>,
+    /// Also write FEC parity over the data and the tree.
+    #[command(flatten)]
+    pub fec: VerityFecArgs,
 }
 
 /// `integrity`: dm-integrity devices, as integritysetup.

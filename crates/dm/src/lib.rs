@@ -49,5 +49,5 @@ pub use targets::crypt::{
 };
 pub use targets::flakey::{FlakeyControl, FlakeyTarget, WriteFailure};
 pub use targets::integrity::IntegrityTableConfig;
-pub use targets::verity::VerityTableConfig;
+pub use targets::verity::{VerityFecConfig, VerityTableConfig};
 pub use targets::{target_type_names, StatusType, Target, TargetStats};

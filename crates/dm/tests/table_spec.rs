@@ -191,6 +191,7 @@ fn verity() -> impl Strategy<Value = VerityTableConfig> {
                         ignore_zero_blocks: b[1],
                         check_at_most_once: b[2],
                     },
+                    fec: None,
                 }
             },
         )

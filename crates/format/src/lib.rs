@@ -41,3 +41,4 @@ pub fn luks_version(io: &dyn hdrio::HeaderIo) -> Result<Option<u16>> {
 pub mod integrity;
 pub mod luks2;
 pub mod verity;
+pub mod verity_fec;

@@ -613,6 +613,21 @@ pub fn verify_strict(
 /// `veritysetup dump`-style text for a superblock read from `hash_offset` of a hash
 /// device called `device`.
 pub fn dump(sb: &VeritySuperblock, device: &str, hash_offset: u64) -> Result<String> {
+    dump_with_fec(sb, device, hash_offset, None, false)
+}
+
+/// [`dump`] with veritysetup's FEC lines (roots, parity blocks, parity bytes) when the
+/// volume has a FEC area described by `fec`; `fec_on_hash` tells that the parity shares
+/// the hash device. As veritysetup, the device sizes are only printed where no offset
+/// makes them ambiguous: the hash device's with hash offset 0 (the parity counted in when
+/// it follows the tree), the FEC device's with FEC offset 0 on a device of its own.
+pub fn dump_with_fec(
+    sb: &VeritySuperblock,
+    device: &str,
+    hash_offset: u64,
+    fec: Option<&crate::verity_fec::FecLayout>,
+    fec_on_hash: bool,
+) -> Result<String> {
     let params = sb.params(hash_offset)?;
     let g = params.geometry()?;
     let mut s = String::new();
@@ -624,13 +639,30 @@ pub fn dump(sb: &VeritySuperblock, device: &str, hash_offset: u64) -> Result<Str
     let _ = writeln!(s, "Hash blocks:     \t{}", g.hash_blocks());
     let _ = writeln!(s, "Hash block size: \t{}", sb.hash_block_size);
     let _ = writeln!(s, "Hash algorithm:  \t{}", sb.algorithm);
+    if let Some(f) = fec {
+        let _ = writeln!(s, "FEC RS roots:   \t{}", f.roots);
+        let _ = writeln!(s, "FEC blocks:     \t{}", f.parity_blocks());
+    }
     let salt = if sb.salt.is_empty() {
         "-".to_string()
     } else {
         hex::encode(&sb.salt)
     };
     let _ = writeln!(s, "Salt:            \t{salt}");
-    let _ = writeln!(s, "Hash device size: \t{} [bytes]", g.hash_device_end());
+    if hash_offset == 0 {
+        let parity = match fec {
+            Some(f) if fec_on_hash => f.parity_bytes(),
+            _ => 0,
+        };
+        let _ = writeln!(
+            s,
+            "Hash device size: \t{} [bytes]",
+            g.hash_device_end().saturating_add(parity)
+        );
+    }
+    if let Some(f) = fec.filter(|f| f.fec_offset == 0 && !fec_on_hash) {
+        let _ = writeln!(s, "FEC device size: \t{} [bytes]", f.parity_bytes());
+    }
     Ok(s)
 }
 

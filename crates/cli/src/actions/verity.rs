@@ -1,7 +1,9 @@
 //! `verity format|verify|dump|open`: dm-verity volumes with veritysetup's layout and output.
 
 use super::volume::open_file;
-use crate::args::{Opts, VerityAction, VerityGeometryArgs, VerityParamArgs, VerityTreeArgs};
+use crate::args::{
+    Opts, VerityAction, VerityFecArgs, VerityGeometryArgs, VerityParamArgs, VerityTreeArgs,
+};
 use crate::exit::{ActionResult, Failure};
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::verity::{self, VerityParams, VeritySuperblock};
@@ -26,9 +28,18 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
             params,
         } => {
             let root_hash = root_hash_hex(root_hash, root_hash_file, "verify")?;
+            let fec = fec_options(&params.fec);
             let (params, root) =
                 load_params(opts, data, hash_device, *hash_offset, &root_hash, params)?;
-            lib::verify(data, hash_device, &params, &root)?;
+            match &fec {
+                None => lib::verify(data, hash_device, &params, &root)?,
+                Some(f) => {
+                    let fixed = lib::verify_with_fec(data, hash_device, &params, &root, f)?;
+                    if fixed > 0 {
+                        eprintln!("Found {fixed} repairable errors with FEC device.");
+                    }
+                }
+            }
             if opts.verbose {
                 eprintln!("Verification of data area succeeded.");
             }
@@ -37,12 +48,25 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
         VerityAction::Dump {
             hash_device,
             hash_offset,
+            fec,
         } => {
             let h = open_file(hash_device, false)?;
             let sb = VeritySuperblock::read(&h, *hash_offset)?;
+            let layout = match fec_options(fec) {
+                Some(f) => Some(lib::fec_layout(&sb.params(*hash_offset)?, hash_device, &f)?),
+                None => None,
+            };
             print!(
                 "{}",
-                verity::dump(&sb, &hash_device.display().to_string(), *hash_offset)?
+                verity::dump_with_fec(
+                    &sb,
+                    &hash_device.display().to_string(),
+                    *hash_offset,
+                    layout.as_ref(),
+                    fec.fec_device
+                        .as_ref()
+                        .is_some_and(|d| lib::same_file(d, hash_device)),
+                )?
             );
             Ok(())
         }
@@ -60,9 +84,10 @@ pub fn verity(opts: &Opts, action: &VerityAction) -> ActionResult {
         } => {
             cryptblk_volume::control::check_name(name)?;
             let root_hash = root_hash_hex(root_hash, root_hash_file, "open")?;
+            let fec = fec_options(&params.fec);
             let (params, root) =
                 load_params(opts, data, hash_device, *hash_offset, &root_hash, params)?;
-            let plan = lib::plan(data, hash_device, name, &params, &root)?;
+            let plan = lib::plan(data, hash_device, name, &params, &root, fec.as_ref())?;
             let spec = ServeSpec {
                 name: plan.name.clone(),
                 table: plan.table.to_string(),
@@ -163,16 +188,41 @@ fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> A
             uuid::Uuid::parse_str(u).map_err(|_| Failure::usage(format!("Invalid UUID '{u}'.")))?;
         p.uuid = Some(*parsed.as_bytes());
     }
-    let done = lib::format(data, hash_device, &p)?;
-    print!(
-        "{}",
-        verity::dump(
-            &done.superblock,
-            &hash_device.display().to_string(),
-            t.hash_offset
-        )?
-    );
-    println!("Root hash:      \t{}", hex::encode(&done.root_hash));
+    let fec = fec_options(&t.fec);
+    let (done, layout) = lib::format(data, hash_device, &p, fec.as_ref())?;
+    let dump = verity::dump_with_fec(
+        &done.superblock,
+        &hash_device.display().to_string(),
+        t.hash_offset,
+        layout.as_ref(),
+        fec.as_ref()
+            .is_some_and(|f| lib::same_file(&f.device, hash_device)),
+    )?;
+    // veritysetup prints the root hash right after the salt, before the device sizes.
+    let root_line = format!("Root hash:      \t{}\n", hex::encode(&done.root_hash));
+    let mut out = String::new();
+    for line in dump.split_inclusive('\n') {
+        if t.no_superblock && line.starts_with("UUID:") {
+            // No superblock, so no UUID; and the hash device holds the tree alone.
+            out.push_str("UUID:            \t\n");
+            continue;
+        }
+        if let (true, Some(size)) = (
+            t.no_superblock,
+            line.strip_prefix("Hash device size: \t")
+                .and_then(|r| r.strip_suffix(" [bytes]\n"))
+                .and_then(|n| n.parse::<u64>().ok()),
+        ) {
+            let tree = size.saturating_sub(u64::from(p.hash_block_size));
+            out.push_str(&format!("Hash device size: \t{tree} [bytes]\n"));
+            continue;
+        }
+        out.push_str(line);
+        if line.starts_with("Salt:") {
+            out.push_str(&root_line);
+        }
+    }
+    print!("{out}");
     if let Some(file) = &t.root_hash_file {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
@@ -191,4 +241,13 @@ fn format(opts: &Opts, data: &Path, hash_device: &Path, t: &VerityTreeArgs) -> A
             })?;
     }
     Ok(())
+}
+
+/// The FEC parity the options name, if any.
+fn fec_options(a: &VerityFecArgs) -> Option<lib::FecOptions> {
+    a.fec_device.as_ref().map(|d| lib::FecOptions {
+        device: d.clone(),
+        roots: a.fec_roots,
+        offset: a.fec_offset,
+    })
 }

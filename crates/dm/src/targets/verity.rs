@@ -30,6 +30,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cryptblk_cipher::hash::HashAlgorithm;
 use cryptblk_format::verity::VerityGeometry;
+use cryptblk_format::verity_fec::{FecLayout, ReedSolomon, FEC_RSM};
 use zeroize::Zeroizing;
 
 use super::config::{counted_tail, push_counted, table_params_of, TargetConfig};
@@ -124,6 +125,18 @@ pub struct VerityTarget {
     verified: Vec<AtomicU64>,
     corrupted: AtomicU64,
     failed: AtomicBool,
+    /// Reed-Solomon correction of blocks that fail their digest, as dm-verity-fec.
+    fec: Option<Fec>,
+}
+
+/// The FEC state of a mapping.
+struct Fec {
+    device: Arc<dyn BlockDevice>,
+    spec: VerityFecConfig,
+    layout: FecLayout,
+    rs: ReedSolomon,
+    /// Blocks corrected so far (the kernel's status counter).
+    corrected: AtomicU64,
 }
 
 /// The kernel's block-size limits, as the format code checks them.
@@ -159,6 +172,22 @@ pub struct VerityTableConfig {
     pub hash_device: String,
     /// Tree geometry, digests and options.
     pub config: VerityConfig,
+    /// Forward error correction (`use_fec_from_device` ...), if configured.
+    pub fec: Option<VerityFecConfig>,
+}
+
+/// The FEC options of a verity table line: `use_fec_from_device <dev> fec_blocks <n>
+/// fec_start <block> fec_roots <roots>` (kernel `verity.rst`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerityFecConfig {
+    /// The FEC device as named in the table.
+    pub device: String,
+    /// Blocks the parity covers: the data blocks, then the hash area from the tree start.
+    pub blocks: u64,
+    /// First parity block on the FEC device, in data blocks.
+    pub start: u64,
+    /// Parity bytes per 255-byte Reed-Solomon codeword.
+    pub roots: u32,
 }
 
 impl VerityTableConfig {
@@ -189,6 +218,7 @@ impl VerityTableConfig {
                 ignore_zero_blocks: false,
                 check_at_most_once: false,
             },
+            fec: None,
         })
     }
 }
@@ -245,9 +275,25 @@ impl TargetConfig for VerityTableConfig {
             ignore_zero_blocks: false,
             check_at_most_once: false,
         };
+        let mut fec_dev: Option<String> = None;
+        let (mut fec_blocks, mut fec_start, mut fec_roots) = (None, None, None);
         {
-            for opt in counted_tail(args, 10, "opt_params", "optional arguments")? {
+            let mut opts = counted_tail(args, 10, "opt_params", "optional arguments")?.iter();
+            while let Some(opt) = opts.next() {
+                let mut value = |name: &str| {
+                    opts.next()
+                        .cloned()
+                        .ok_or_else(|| format!("optional argument '{name}' needs a value"))
+                };
+                let number = |v: String, name: &str| {
+                    v.parse::<u64>()
+                        .map_err(|_| format!("invalid {name} '{v}'"))
+                };
                 match opt.as_str() {
+                    "use_fec_from_device" => fec_dev = Some(value(opt.as_str())?),
+                    "fec_blocks" => fec_blocks = Some(number(value(opt.as_str())?, opt)?),
+                    "fec_start" => fec_start = Some(number(value(opt.as_str())?, opt)?),
+                    "fec_roots" => fec_roots = Some(number(value(opt.as_str())?, opt)?),
                     "ignore_corruption" => cfg.mode = CorruptionMode::Ignore,
                     "restart_on_corruption" => cfg.mode = CorruptionMode::Restart,
                     "panic_on_corruption" => cfg.mode = CorruptionMode::Panic,
@@ -256,21 +302,42 @@ impl TargetConfig for VerityTableConfig {
                     "check_at_most_once" => cfg.check_at_most_once = true,
                     // Scheduling hint only; verification is synchronous here anyway.
                     "try_verify_in_tasklet" => {}
-                    "use_fec_from_device"
-                    | "fec_roots"
-                    | "fec_blocks"
-                    | "fec_start"
-                    | "root_hash_sig_key_desc" => {
+                    "root_hash_sig_key_desc" => {
                         return Err(format!("optional argument '{opt}' is not supported"))
                     }
                     other => return Err(format!("unrecognized verity feature request '{other}'")),
                 }
             }
         }
+        let fec = match (fec_dev, fec_blocks, fec_start, fec_roots) {
+            (None, None, None, None) => None,
+            (Some(device), Some(blocks), Some(start), Some(roots)) => {
+                let roots = u32::try_from(roots).unwrap_or(u32::MAX);
+                cryptblk_format::verity_fec::check_roots(roots).map_err(format_msg)?;
+                if data_block_size != hash_block_size {
+                    return Err("Block sizes must match to use FEC".into());
+                }
+                if blocks < num_data_blocks {
+                    return Err(format!("invalid fec_blocks {blocks}"));
+                }
+                Some(VerityFecConfig {
+                    device,
+                    blocks,
+                    start,
+                    roots,
+                })
+            }
+            _ => {
+                return Err(
+                    "FEC needs use_fec_from_device, fec_blocks, fec_start and fec_roots".into(),
+                )
+            }
+        };
         Ok(VerityTableConfig {
             data_device: args[1].clone(),
             hash_device: args[2].clone(),
             config: cfg,
+            fec,
         })
     }
 
@@ -308,11 +375,27 @@ impl TargetConfig for VerityTableConfig {
                 opts.push(name.into());
             }
         }
+        if let Some(f) = &self.fec {
+            opts.extend([
+                "use_fec_from_device".to_string(),
+                f.device.clone(),
+                "fec_blocks".into(),
+                f.blocks.to_string(),
+                "fec_start".into(),
+                f.start.to_string(),
+                "fec_roots".into(),
+                f.roots.to_string(),
+            ]);
+        }
         push_counted(&mut out, opts);
         Zeroizing::new(out)
     }
     fn devices(&self) -> Vec<&str> {
-        vec![self.data_device.as_str(), self.hash_device.as_str()]
+        let mut d = vec![self.data_device.as_str(), self.hash_device.as_str()];
+        if let Some(f) = &self.fec {
+            d.push(f.device.as_str());
+        }
+        d
     }
 }
 
@@ -408,7 +491,122 @@ impl VerityTarget {
             verified,
             corrupted: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            fec: None,
         })
+    }
+
+    /// Adds FEC: blocks that fail their digest are decoded from the parity on `device` and
+    /// served when the corrected block matches (the kernel's `use_fec_from_device`).
+    pub fn with_fec(
+        mut self,
+        device: Arc<dyn BlockDevice>,
+        spec: &VerityFecConfig,
+    ) -> Result<Self, String> {
+        let bs = u64::from(self.cfg.data_block_size);
+        if self.cfg.data_block_size != self.cfg.hash_block_size {
+            return Err("Block sizes must match to use FEC".into());
+        }
+        let hash_blocks = VerityGeometry::new(
+            self.digest_size,
+            self.cfg.version,
+            self.cfg.hash_block_size,
+            self.cfg.num_data_blocks,
+            self.cfg.hash_start_block,
+        )
+        .map_err(format_msg)?
+        .hash_blocks();
+        if spec.blocks < self.cfg.num_data_blocks + hash_blocks {
+            return Err(format!("invalid fec_blocks {}", spec.blocks));
+        }
+        let layout = FecLayout {
+            block_size: self.cfg.data_block_size,
+            roots: spec.roots,
+            data_blocks: self.cfg.num_data_blocks,
+            hash_start: self.cfg.hash_start_block * bs,
+            blocks: spec.blocks,
+            fec_offset: spec.start * bs,
+        };
+        let end = layout.fec_offset + layout.parity_bytes();
+        if device.size() < end {
+            return Err(format!(
+                "FEC device {} is too small: the parity needs {end} bytes",
+                spec.device
+            ));
+        }
+        self.fec = Some(Fec {
+            device,
+            spec: spec.clone(),
+            layout,
+            rs: ReedSolomon::new(spec.roots).map_err(format_msg)?,
+            corrected: AtomicU64::new(0),
+        });
+        Ok(self)
+    }
+
+    /// Decodes covered block `k` (data blocks first, then the hash area) from the FEC
+    /// parity into `out`; false when there is no FEC or a codeword cannot be corrected.
+    fn fec_decode(&self, k: u64, out: &mut [u8]) -> bool {
+        let Some(f) = &self.fec else {
+            return false;
+        };
+        let bs = self.cfg.data_block_size as usize;
+        let roots = f.spec.roots as usize;
+        let rounds = f.layout.rounds();
+        let (n, pos) = (k % rounds, (k / rounds) as usize);
+        let rsn = f.rs.rsn();
+        let mut buf = vec![0u8; rsn * bs];
+        for (i, block) in buf.chunks_exact_mut(bs).enumerate() {
+            let r = match f.layout.locate(i as u64 * rounds + n) {
+                None => Ok(()),
+                Some((true, off)) => self.data.read_at(off, block),
+                Some((false, off)) => self.hash.read_at(off, block),
+            };
+            if r.is_err() {
+                return false;
+            }
+        }
+        let mut parity = vec![0u8; bs * roots];
+        if f.device
+            .read_at(f.layout.fec_offset + n * parity.len() as u64, &mut parity)
+            .is_err()
+        {
+            return false;
+        }
+        let mut cw = [0u8; FEC_RSM as usize];
+        for (b, o) in out.iter_mut().enumerate().take(bs) {
+            for (i, c) in cw[..rsn].iter_mut().enumerate() {
+                *c = buf[i * bs + b];
+            }
+            cw[rsn..].copy_from_slice(&parity[b * roots..(b + 1) * roots]);
+            if f.rs.decode(&mut cw).is_none() {
+                return false;
+            }
+            *o = cw[pos];
+        }
+        true
+    }
+
+    /// Corrects covered block `k` with FEC into `out` when the result has digest `want`.
+    fn fec_correct(&self, k: u64, want: &[u8], out: &mut [u8]) -> bool {
+        if !self.fec_decode(k, out) {
+            return false;
+        }
+        let mut got = [0u8; MAX_DIGEST];
+        digest_with_salt(&self.cfg, out, &mut got);
+        if got[..self.digest_size] != want[..self.digest_size] {
+            return false;
+        }
+        if let Some(f) = &self.fec {
+            f.corrected.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Blocks FEC corrected so far (None without FEC).
+    pub fn fec_corrected(&self) -> Option<u64> {
+        self.fec
+            .as_ref()
+            .map(|f| f.corrected.load(Ordering::Relaxed))
     }
 
     pub(crate) fn from_args(ctx: &BuildContext<'_>, args: &[String]) -> Result<Self, String> {
@@ -425,14 +623,24 @@ impl VerityTarget {
             .resolver
             .open_device(&t.hash_device)
             .map_err(|e| e.to_string())?;
-        Self::new(
+        let target = Self::new(
             data,
             &t.data_device,
             hash,
             &t.hash_device,
             t.config.clone(),
             ctx.len_bytes(),
-        )
+        )?;
+        match &t.fec {
+            None => Ok(target),
+            Some(f) => {
+                let dev = ctx
+                    .resolver
+                    .open_device(&f.device)
+                    .map_err(|e| e.to_string())?;
+                target.with_fec(dev, f)
+            }
+        }
     }
 
     /// The table arguments of this target.
@@ -441,6 +649,7 @@ impl VerityTarget {
             data_device: self.data_spec.clone(),
             hash_device: self.hash_spec.clone(),
             config: self.cfg.clone(),
+            fec: self.fec.as_ref().map(|f| f.spec.clone()),
         }
     }
 
@@ -529,7 +738,10 @@ impl VerityTarget {
             let mut got = [0u8; MAX_DIGEST];
             digest_with_salt(&self.cfg, &slot.data, &mut got);
             if got[..self.digest_size] != want[..self.digest_size] {
-                return Ok(Err(Failure::Hash(block)));
+                let k = self.cfg.num_data_blocks + block - self.cfg.hash_start_block;
+                if !self.fec_correct(k, &want, &mut slot.data) {
+                    return Ok(Err(Failure::Hash(block)));
+                }
             }
             slot.block = block;
         }
@@ -612,6 +824,15 @@ impl VerityTarget {
                                 .fetch_or(1 << (idx % 64), Ordering::Relaxed);
                         }
                     }
+                    Err(Failure::Data(_)) if self.fec.is_some() && fetched.is_ok() => {
+                        let mut fixed = vec![0u8; bs];
+                        let want = &digests[k * self.digest_stride..][..ds];
+                        if self.fec_correct(idx, want, &mut fixed) {
+                            blocks.put(at, &fixed);
+                            continue;
+                        }
+                        self.corruption(Failure::Data(idx))?
+                    }
                     // Returns for EIO; ignore_corruption delivers the block unverified.
                     Err(f) => self.corruption(f)?,
                 }
@@ -693,6 +914,14 @@ impl Blocks<'_> {
             Blocks::InPlace(_) => {}
             Blocks::Copy { dst, .. } if zero => dst[at..at + len].fill(0),
             Blocks::Copy { src, dst } => dst[at..at + len].copy_from_slice(&src[at..at + len]),
+        }
+    }
+
+    /// Puts `block` (a corrected copy) at `at` in the destination.
+    fn put(&mut self, at: usize, block: &[u8]) {
+        match self {
+            Blocks::InPlace(b) => b[at..at + block.len()].copy_from_slice(block),
+            Blocks::Copy { dst, .. } => dst[at..at + block.len()].copy_from_slice(block),
         }
     }
 
@@ -882,10 +1111,15 @@ impl Target for VerityTarget {
 
     /// `V` (verified so far) or `C` (corruption detected), as the kernel reports.
     fn status_params(&self) -> String {
-        if self.corrupted_blocks() > 0 {
-            "C".into()
+        let state = if self.corrupted_blocks() > 0 {
+            "C"
         } else {
-            "V".into()
+            "V"
+        };
+        match self.fec_corrected() {
+            // With FEC the kernel adds the count of corrected blocks.
+            Some(n) => format!("{state} {n}"),
+            None => state.into(),
         }
     }
 
