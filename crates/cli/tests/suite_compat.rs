@@ -99,7 +99,7 @@ fn interactive_luks1_dialogs_on_a_loop_device() {
         );
         run_ok(mk().args(["erase", "-q"]).arg(&lo.0), b"");
         let r = format("pw0", "pw0 x");
-        assert_eq!(r.code, 1, "{who}: {}", r.output);
+        assert_eq!(r.code, 2, "{who}: {}", r.output);
         assert!(
             r.output.contains("Passphrases do not match."),
             "{who}: {}",

@@ -171,7 +171,11 @@ fn read_new_secret_limited(
                     "Verify passphrase: ",
                 )?;
                 if first != again {
-                    return Err(Failure::usage("Passphrases do not match."));
+                    // cryptsetup: EPERM, exit code 2.
+                    return Err(Failure::new(
+                        crate::exit::ExitCode::NoPermission,
+                        "Passphrases do not match.",
+                    ));
                 }
             }
             if first.is_empty() {

@@ -51,7 +51,7 @@ fn memory_hard_keyslot(vol: &Volume, slot: Option<u32>) -> bool {
     };
     slots
         .iter()
-        .filter(|(id, _)| slot.is_none_or(|s| id.as_str() == s.to_string()))
+        .filter(|(id, _)| slot.is_none_or(|s| id.parse::<u32>() == Ok(s)))
         .any(|(_, ks)| {
             ks["kdf"]["type"]
                 .as_str()
