@@ -614,7 +614,9 @@ fn luks_dump_unbound_refusals_as_cryptsetup() {
             .arg(&l1),
         b"pw\n",
     );
-    let cases: [(&[&str], &Path, &[u8], i32, &str); 6] = [
+    // Options, image, standard input, exit code, last line of standard error.
+    type Case<'a> = (&'a [&'a str], &'a Path, &'a [u8], i32, &'a str);
+    let cases: [Case; 6] = [
         (
             &["-S", "0"],
             &l2,
