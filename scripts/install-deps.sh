@@ -79,6 +79,12 @@ want tpm2_startup tpm2-tools
 [ -e /usr/include/tss2/tss2_esys.h ] || need_pkgs+=(libtss2-dev)
 [ -n "$(ls /usr/lib/*/libtss2-tcti-swtpm.so.0 2>/dev/null)" ] || need_pkgs+=(libtss2-tcti-swtpm0)
 want systemd-cryptenroll systemd
+# systemd-pkcs11 tokens (tests/token_pkcs11.rs): SoftHSM2 is the PKCS#11 token (registered with
+# p11-kit, whose proxy cryptblk and systemd load at run time), pkcs11-tool (opensc) stores the
+# certificate on it, openssl makes the key and certificate.
+want softhsm2-util softhsm2
+want pkcs11-tool opensc
+want openssl openssl
 # cryptblk-generator's units are checked by systemd-analyze verify, its names by systemd-escape,
 # and the unlock of a crypttab line without a key asks with systemd-ask-password.
 want systemd-analyze systemd

@@ -288,6 +288,10 @@ pub struct BenchReport {
 /// default pipeline).
 pub const CPU_CHECK_CONFIG: &str = "xts-inline";
 
+/// Fewer repeats than this make the CPU-time verdicts indicative only (see
+/// [`BenchReport::cpu_check_caveat`]).
+pub const CPU_CHECK_MIN_REPEATS: u32 = 3;
+
 /// The request sizes the CPU-time check covers.
 pub const CPU_CHECK_SIZES: [u64; 3] = [4096, 64 << 10, 1 << 20];
 
@@ -578,7 +582,22 @@ impl BenchReport {
             out.push_str(&c.line());
             out.push('\n');
         }
+        if let Some(note) = self.cpu_check_caveat() {
+            out.push_str(&format!("  {note}\n"));
+        }
         out
+    }
+
+    /// Why the CPU-time verdicts of a run with fewer than [`CPU_CHECK_MIN_REPEATS`] repeats
+    /// decide nothing: a `--quick` run (one 0.2 s repeat) once read 8.9 µs of excess for FUSE
+    /// + loop at 4 KiB where five 0.7 s repeats read 0.26-0.85 µs.
+    pub fn cpu_check_caveat(&self) -> Option<String> {
+        (self.settings.repeats < CPU_CHECK_MIN_REPEATS).then(|| {
+            format!(
+                "({} repeat(s) of {} s: these verdicts are indicative only; judge with --repeats 5)",
+                self.settings.repeats, self.settings.runtime_s
+            )
+        })
     }
 
     /// Where the threads ran, and why it matters on this host.
@@ -729,6 +748,9 @@ impl BenchReport {
                     e.excess_over_cipher,
                     e.limit_us_per_req
                 ));
+            }
+            if let Some(note) = self.cpu_check_caveat() {
+                md.push_str(&format!("\n{note}\n"));
             }
         }
         // The chart plots MB/s and p99: wall-clock figures a noisy run does not publish.
@@ -964,6 +986,12 @@ mod tests {
         assert!(t.contains(CPU_CHECK_TITLE));
         assert!(t.contains("PASS rw4k (4 KiB) nbd: xts-inline - plain server CPU = 9.50 - 8.00 = 1.50 µs/request; cipher 1.00 µs (1.50x); limit 1.2 x cipher + 1 = 2.20 µs"), "{t}");
         assert!(t.contains("FAIL odd (64 KiB) nbd"), "{t}");
+        // One repeat (a --quick run) decides nothing; five do.
+        rep.settings.repeats = 1;
+        assert!(rep.cpu_check_text().contains("indicative only"));
+        rep.settings.repeats = 5;
+        assert!(!rep.cpu_check_text().contains("indicative"));
+        assert!(rep.cpu_check_caveat().is_none());
 
         // A quiet run's markdown keeps MB/s; a noisy one drops every wall-clock column but
         // keeps CPU time.

@@ -148,6 +148,13 @@ pub struct Opts {
     /// Use the volume key in this file instead of a keyslot (or as the new key for luksFormat).
     #[arg(long, global = true, alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
+    /// open: also add the volume key to a kernel keyring, `KEYRING::KEY` (cryptsetup 2.7:
+    /// `@s::%user:NAME`, `%:RING::%logon:NAME`...); of several, the first is used.
+    #[arg(long, global = true, value_name = "KEYRING::KEY")]
+    pub link_vk_to_keyring: Vec<String>,
+    /// Use the volume key held by this `user` key in the kernel keyring (cryptsetup 2.7).
+    #[arg(long, global = true, value_name = "KEY")]
+    pub volume_key_keyring: Vec<String>,
     /// Header backup file for luksHeaderBackup / luksHeaderRestore.
     #[arg(long, global = true)]
     pub header_backup_file: Option<PathBuf>,
@@ -757,6 +764,14 @@ pub enum Action {
         /// advertised; otherwise the thumbprints are shown and confirmed (-q trusts them).
         #[arg(long, value_name = "THUMBPRINT")]
         tang_thumbprint: Option<String>,
+        /// PKCS#11: the token's RFC 7512 URI (its RSA key wraps the new keyslot's passphrase;
+        /// a systemd-pkcs11 token as `systemd-cryptenroll --pkcs11-token-uri` writes).
+        #[arg(long, value_name = "URI", conflicts_with_all = ["tang", "tpm2_pcrs", "tpm2_with_pin", "recovery_key"])]
+        pkcs11_token_uri: Option<String>,
+        /// A new recovery key (printed once on standard output) in a new keyslot with a
+        /// systemd-recovery token, as `systemd-cryptenroll --recovery-key`.
+        #[arg(long, conflicts_with_all = ["tang", "tpm2_pcrs", "tpm2_with_pin"])]
+        recovery_key: bool,
         /// Device or header file.
         device: PathBuf,
     },

@@ -275,6 +275,16 @@ fn run(cli: args::Cli) -> ActionResult {
         Action::Refresh { name, perf } => luks::refresh(o, name, perf),
         Action::Token { op, device } => actions::token::token(o, *op, device),
         Action::Enroll {
+            pkcs11_token_uri: Some(uri),
+            device,
+            ..
+        } => actions::token::enroll_pkcs11(o, uri, device),
+        Action::Enroll {
+            recovery_key: true,
+            device,
+            ..
+        } => actions::token::enroll_recovery(o, device),
+        Action::Enroll {
             tang: Some(tang),
             tang_thumbprint,
             device,

@@ -57,9 +57,22 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
         )));
     }
     let vol = cryptblk_volume::Volume::load(&header, cryptblk_volume::LuksType::Any, false)?;
+    // --link-vk-to-keyring: the volume key resumed with is also added to a keyring.
+    let link = super::token::vk_link(opts)?;
+    let linked = |vk: &[u8]| -> ActionResult {
+        if let Some(l) = &link {
+            l.link(vk)?;
+        }
+        Ok(())
+    };
     if let Some(p) = &opts.volume_key_file {
         let vk = vol.volume_key_from_file(p, opts.key_size)?;
-        return lib::resume_with_key(&st, vk.as_bytes());
+        lib::resume_with_key(&st, vk.as_bytes())?;
+        return linked(vk.as_bytes());
+    }
+    if let Some(vk) = super::token::volume_key_from_keyring(opts, &vol)? {
+        lib::resume_with_key(&st, vk.as_bytes())?;
+        return linked(vk.as_bytes());
     }
     let purpose = cryptblk_format::luks2::UnlockPurpose::Activate;
     if let Some((slot, vk)) = super::token::try_tokens(opts, &vol, &header, purpose)? {
@@ -67,7 +80,20 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
         if opts.verbose {
             println!("Key slot {slot} unlocked.");
         }
-        return Ok(());
+        return linked(vk.as_bytes());
+    }
+    if link.is_some() {
+        let (slot, vk) = volume::with_tries(
+            opts,
+            &volume::key_source(opts, None),
+            &format!("Enter passphrase for {}: ", header.display()),
+            |pass| vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose),
+        )?;
+        lib::resume_with_key(&st, vk.as_bytes())?;
+        if opts.verbose {
+            eprintln!("Key slot {slot} unlocked.");
+        }
+        return linked(vk.as_bytes());
     }
     let slot = volume::with_tries(
         opts,

@@ -291,6 +291,9 @@ pub fn unlock(
     if let Some(p) = &opts.volume_key_file {
         return Ok((None, vol.volume_key_from_file(p, opts.key_size)?));
     }
+    if let Some(key) = super::token::volume_key_from_keyring(opts, vol)? {
+        return Ok((None, key));
+    }
     if let Some((slot, key)) = super::token::try_tokens(opts, vol, device, purpose)? {
         return Ok((Some(slot), key));
     }
@@ -322,12 +325,16 @@ pub fn open_luks(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionResult {
     } else {
         UnlockPurpose::Activate
     };
+    let link = super::token::vk_link(opts)?;
     let (slot, vk) = unlock(opts, &vol, &a.device, purpose)?;
     if let Some(s) = slot {
         if opts.verbose {
             // cryptsetup's verbose lines go to standard output.
             println!("Key slot {s} unlocked.");
         }
+    }
+    if let Some(l) = link {
+        l.link(vk.as_bytes())?;
     }
     if opts.test_passphrase {
         return Ok(());

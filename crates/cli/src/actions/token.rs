@@ -212,6 +212,26 @@ pub fn try_tokens_with<T>(
     }
 }
 
+/// `--link-vk-to-keyring`, parsed before any key is asked for (a bad value costs no KDF
+/// run); of several, the first is used, as cryptsetup uses one outside reencryption.
+pub fn vk_link(opts: &Opts) -> Result<Option<lib::keyring::VkLink>, Failure> {
+    match opts.link_vk_to_keyring.first() {
+        Some(spec) => Ok(Some(lib::keyring::VkLink::parse(spec)?)),
+        None => Ok(None),
+    }
+}
+
+/// `--volume-key-keyring`: the volume key from the kernel keyring, checked against the
+/// volume's digest; None when the option is not given.
+pub fn volume_key_from_keyring(opts: &Opts, vol: &Volume) -> Result<Option<SecretBytes>, Failure> {
+    let Some(desc) = opts.volume_key_keyring.first() else {
+        return Ok(None);
+    };
+    let vk = lib::keyring::read_volume_key(desc)?;
+    vol.verify_volume_key(vk.as_bytes())?;
+    Ok(Some(vk))
+}
+
 /// `enroll --tang URL <device>`: checks the server's advertisement (signatures, and the
 /// thumbprint given or confirmed), unlocks with an existing passphrase (or key file or
 /// volume key file), then adds the keyslot and clevis token.
@@ -330,6 +350,78 @@ pub fn enroll_tpm2(opts: &Opts, pcrs: Option<&str>, with_pin: bool, device: &Pat
     )?;
     if opts.verbose {
         eprintln!("Key slot {slot} created.");
+        eprintln!("Token {token} created.");
+    }
+    Ok(())
+}
+
+/// Keyslot parameters of systemd-cryptenroll's machine-made passphrases (its "minimal
+/// PBKDF"): PBKDF2-SHA512, 1000 iterations, SHA-512 for the AF splitter, unless the user
+/// chose otherwise.
+fn systemd_keyslot_params(opts: &Opts) -> Result<cryptblk_format::luks2::KeyslotParams, Failure> {
+    let hash = match &opts.hash {
+        Some(_) => volume::hash_opt(opts)?,
+        None => cryptblk_cipher::hash::HashAlgorithm::Sha512,
+    };
+    let mut params = machine_keyslot_params(opts, hash)?;
+    params.af_hash = hash;
+    Ok(params)
+}
+
+/// `enroll --pkcs11-token-uri URI <device>`: unlocks with an existing passphrase (or key
+/// file or volume key file), wraps a new random key to the token's RSA public key and adds
+/// its keyslot and systemd-pkcs11 token, as `systemd-cryptenroll --pkcs11-token-uri` does.
+pub fn enroll_pkcs11(opts: &Opts, uri: &str, device: &Path) -> ActionResult {
+    let mut vol = load(opts, device, true)?;
+    let vk = existing_volume_key(opts, &vol)?;
+    let params = systemd_keyslot_params(opts)?;
+    let id = opts.token.token_id.map(|i| i as usize);
+    let (slot, token) = lib::systemd_pkcs11::enroll(
+        &mut vol,
+        volume::header_path(opts, device),
+        &vk,
+        &params,
+        uri,
+        id,
+    )?;
+    eprintln!("New PKCS#11 token enrolled as key slot {slot}.");
+    if opts.verbose {
+        eprintln!("Token {token} created.");
+    }
+    Ok(())
+}
+
+/// `enroll --recovery-key <device>`: unlocks with an existing passphrase (or key file or
+/// volume key file), then adds a keyslot for a new recovery key and its systemd-recovery
+/// token, as `systemd-cryptenroll --recovery-key` does. The key goes to standard output (a
+/// line of its own), the words around it to standard error, as systemd prints them.
+pub fn enroll_recovery(opts: &Opts, device: &Path) -> ActionResult {
+    let mut vol = load(opts, device, true)?;
+    let vk = existing_volume_key(opts, &vol)?;
+    let params = systemd_keyslot_params(opts)?;
+    let id = opts.token.token_id.map(|i| i as usize);
+    let (key, slot, token) = lib::systemd_recovery::enroll(
+        &mut vol,
+        volume::header_path(opts, device),
+        &vk,
+        &params,
+        id,
+    )?;
+    eprint!("A secret recovery key has been generated for this volume:\n\n    ");
+    let mut out = std::io::stdout().lock();
+    out.write_all(key.as_bytes())
+        .and_then(|_| out.write_all(b"\n"))
+        .and_then(|_| out.flush())
+        .map_err(|e| Failure::usage(format!("Failed to write the recovery key: {e}")))?;
+    drop(out);
+    eprintln!(
+        "\nPlease save this secret recovery key at a secure location. It may be used to\n\
+         regain access to the volume if the other configured access credentials have\n\
+         been lost or forgotten. The recovery key may be entered in place of a password\n\
+         whenever authentication is requested."
+    );
+    eprintln!("New recovery key enrolled as key slot {slot}.");
+    if opts.verbose {
         eprintln!("Token {token} created.");
     }
     Ok(())

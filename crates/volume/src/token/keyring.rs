@@ -116,3 +116,221 @@ fn describe(e: KeyError) -> String {
     };
     std::io::Error::from_raw_os_error(errno).to_string()
 }
+
+/// Where `--link-vk-to-keyring KEYRING::KEY` puts the volume key: the keyring (a special
+/// one, a serial number, or one found by name) and the key's type and description, as
+/// cryptsetup 2.7 parses them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VkLink {
+    /// The target keyring as keyctl(2) names it: a special id (negative) or a serial.
+    pub keyring: KeyringRef,
+    /// `user` (the default) or `logon`.
+    pub key_type: String,
+    /// The key's description.
+    pub description: String,
+}
+
+/// A keyring named on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyringRef {
+    /// A serial number, or a special keyring's negative id (`@s` is -3...).
+    Id(i32),
+    /// A keyring found by its description (`%:name`, `%keyring:name`) from the session.
+    Named(String),
+}
+
+/// The key types a volume key may be linked as.
+const VK_KEY_TYPES: &[&str] = &["user", "logon"];
+
+impl VkLink {
+    /// Parses `KEYRING::KEY`: KEYRING is `@t`, `@p`, `@s`, `@u`, `@us`, `@g`, `@a`, a
+    /// serial number, or `%:NAME`/`%keyring:NAME`; KEY is `NAME` or `%TYPE:NAME` with TYPE
+    /// `user` or `logon`.
+    pub fn parse(spec: &str) -> Result<VkLink> {
+        let bad = || {
+            VolumeError::usage(format!(
+                "Invalid --link-vk-to-keyring value '{spec}' (expected <keyring>::<key>)."
+            ))
+        };
+        let (ring, key) = spec.split_once("::").ok_or_else(bad)?;
+        let keyring = parse_keyring(ring).ok_or_else(bad)?;
+        let (key_type, description) = match key.strip_prefix('%') {
+            Some(rest) => {
+                let (t, d) = rest.split_once(':').ok_or_else(bad)?;
+                if !VK_KEY_TYPES.contains(&t) {
+                    return Err(bad());
+                }
+                (t, d)
+            }
+            None => ("user", key),
+        };
+        if description.is_empty() || description.contains('\0') {
+            return Err(bad());
+        }
+        Ok(VkLink {
+            keyring,
+            key_type: key_type.to_string(),
+            description: description.to_string(),
+        })
+    }
+
+    /// Adds the volume key `vk` as this key (replacing a key of the same type and
+    /// description there) in the keyring. The key stays after cryptblk exits, as
+    /// cryptsetup's does: that is what the option asks for.
+    pub fn link(&self, vk: &[u8]) -> Result<()> {
+        let ring = match &self.keyring {
+            KeyringRef::Id(id) => *id,
+            KeyringRef::Named(name) => find_keyring(name)?,
+        };
+        let fail = |e: std::io::Error| {
+            VolumeError::usage(format!(
+                "Failed to link volume key as {} key '{}' to the keyring: {e}",
+                self.key_type, self.description
+            ))
+        };
+        let ty = std::ffi::CString::new(self.key_type.as_str()).map_err(|_| fail(einval()))?;
+        let desc = std::ffi::CString::new(self.description.as_str()).map_err(|_| fail(einval()))?;
+        // linux-keyutils adds only `user` keys; a `logon` key (readable by the kernel only)
+        // needs add_key(2) itself.
+        // SAFETY: the strings are NUL-terminated and outlive the call; `vk` is a valid
+        // buffer of its length.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_add_key,
+                ty.as_ptr(),
+                desc.as_ptr(),
+                vk.as_ptr(),
+                vk.len(),
+                ring,
+            )
+        };
+        if r < 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+fn einval() -> std::io::Error {
+    std::io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+/// A keyring part of `--link-vk-to-keyring`, as keyctl(1) names keyrings.
+fn parse_keyring(s: &str) -> Option<KeyringRef> {
+    let special = |n: &str| -> Option<i32> {
+        Some(match n {
+            "t" => -1,
+            "p" => -2,
+            "s" => -3,
+            "u" => -4,
+            "us" => -5,
+            "g" => -6,
+            "a" => -7,
+            _ => return None,
+        })
+    };
+    if let Some(n) = s.strip_prefix('@') {
+        return special(n).map(KeyringRef::Id);
+    }
+    if let Some(rest) = s.strip_prefix('%') {
+        let (t, name) = rest.split_once(':')?;
+        if !(t.is_empty() || t == "keyring") || name.is_empty() {
+            return None;
+        }
+        return Some(KeyringRef::Named(name.to_string()));
+    }
+    s.parse::<i32>()
+        .ok()
+        .filter(|&n| n != 0)
+        .map(KeyringRef::Id)
+}
+
+/// The serial of keyring `name`, searched from the session keyring as keyctl(1) finds
+/// `%:name` (the thread and process keyrings first, as request_key does).
+fn find_keyring(name: &str) -> Result<i32> {
+    let n =
+        std::ffi::CString::new(name).map_err(|_| VolumeError::usage("keyring name holds NUL"))?;
+    let ty = c"keyring";
+    let mut last = std::io::Error::from_raw_os_error(libc::ENOKEY);
+    for ring in [-1i32, -2, -3] {
+        // SAFETY: KEYCTL_SEARCH reads two NUL-terminated strings that outlive the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_keyctl,
+                libc::KEYCTL_SEARCH,
+                ring,
+                ty.as_ptr(),
+                n.as_ptr(),
+                0,
+            )
+        };
+        if r > 0 {
+            return Ok(r as i32);
+        }
+        last = std::io::Error::last_os_error();
+    }
+    Err(VolumeError::usage(format!(
+        "Keyring '{name}' not found: {last}"
+    )))
+}
+
+/// `--volume-key-keyring DESC`: the volume key from a `user` key in the caller's keyrings
+/// (`NAME` or `%user:NAME`). A `logon` key cannot be read from userspace, so cryptblk, which
+/// must read the key, refuses it in one line.
+pub fn read_volume_key(desc: &str) -> Result<SecretBytes> {
+    let name = match desc.strip_prefix('%') {
+        Some(rest) => match rest.split_once(':') {
+            Some(("user", n)) if !n.is_empty() => n,
+            Some(("logon", _)) => {
+                return Err(VolumeError::usage(
+                    "A logon key cannot be read from userspace; cryptblk needs the volume key \
+                     as a user key.",
+                ))
+            }
+            _ => {
+                return Err(VolumeError::usage(format!(
+                    "Invalid --volume-key-keyring value '{desc}'."
+                )))
+            }
+        },
+        None => desc,
+    };
+    read_user_key(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_link_specs_as_cryptsetup() {
+        let l = VkLink::parse("@s::%logon:cs:vk").unwrap();
+        assert_eq!(l.keyring, KeyringRef::Id(-3));
+        assert_eq!(
+            (l.key_type.as_str(), l.description.as_str()),
+            ("logon", "cs:vk")
+        );
+        let l = VkLink::parse("-5::name").unwrap();
+        assert_eq!(l.keyring, KeyringRef::Id(-5));
+        assert_eq!(l.key_type, "user");
+        for ring in ["%:ring", "%keyring:ring"] {
+            let l = VkLink::parse(&format!("{ring}::%user:k")).unwrap();
+            assert_eq!(l.keyring, KeyringRef::Named("ring".into()));
+        }
+        // The refusals compat-test2 checks.
+        for bad in [
+            "%ring::",
+            ":ring::k",
+            "@uuu::k",
+            "@usu::k",
+            "ring::%user",
+            "ring::%user:",
+            "%user:k",
+            "@t::%0:k",
+            "@t::%blah:k",
+            "@t::%userlogon:k",
+        ] {
+            assert!(VkLink::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

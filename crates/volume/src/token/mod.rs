@@ -10,6 +10,7 @@
 
 pub mod clevis;
 pub mod keyring;
+pub mod systemd_pkcs11;
 pub mod systemd_recovery;
 #[cfg(feature = "tpm2")]
 pub mod systemd_tpm2;
@@ -28,8 +29,7 @@ pub const TOKENS_MAX: usize = 32;
 
 /// Token types cryptblk knows by name but cannot open (their secret lives in hardware or a
 /// service cryptblk does not speak to yet); listed and refused with a clear message.
-pub const RECOGNISED_WITHOUT_HANDLER: &[&str] =
-    &["systemd-fido2", "systemd-pkcs11", "systemd-tpm2"];
+pub const RECOGNISED_WITHOUT_HANDLER: &[&str] = &["systemd-fido2", "systemd-tpm2"];
 
 /// What a handler needs from the user before it can open its token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +70,7 @@ fn handler_for(type_name: &str, choice: &TokenChoice) -> Option<Box<dyn TokenHan
     match type_name {
         keyring::TYPE => Some(Box::new(keyring::Keyring)),
         systemd_recovery::TYPE => Some(Box::new(systemd_recovery::Recovery)),
+        systemd_pkcs11::TYPE => Some(Box::new(systemd_pkcs11::SystemdPkcs11)),
         clevis::TYPE => Some(Box::new(clevis::Clevis {
             tpm2_device: choice.tpm2_device.clone(),
         })),

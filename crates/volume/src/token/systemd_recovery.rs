@@ -74,6 +74,46 @@ pub fn normalize(typed: &[u8]) -> Result<SecretBytes> {
     Ok(out)
 }
 
+/// A new recovery key as systemd makes one: 32 random bytes, each as two modhex characters
+/// (high nibble first), a dash after every 8 characters.
+pub fn make_key() -> SecretBytes {
+    let raw = SecretBytes::random(32);
+    let mut out = SecretBytes::zeroed(71);
+    let o = out.as_mut_bytes();
+    let mut n = 0;
+    for (i, &b) in raw.as_bytes().iter().enumerate() {
+        if i > 0 && i % 4 == 0 {
+            o[n] = b'-';
+            n += 1;
+        }
+        o[n] = MODHEX[usize::from(b >> 4)];
+        o[n + 1] = MODHEX[usize::from(b & 15)];
+        n += 2;
+    }
+    out
+}
+
+/// `enroll --recovery-key`: a new keyslot (parameters `params`) whose passphrase is a new
+/// recovery key, and a `systemd-recovery` token at `id` (None: the first free) naming it, as
+/// `systemd-cryptenroll --recovery-key` writes them. Returns (key, keyslot, token id): the
+/// key is shown to the user once and stored nowhere else.
+pub fn enroll(
+    vol: &mut crate::luks::Volume,
+    device: &std::path::Path,
+    vk: &SecretBytes,
+    params: &cryptblk_format::luks2::KeyslotParams,
+    id: Option<usize>,
+) -> Result<(SecretBytes, usize, usize)> {
+    let (h, f) = super::luks2_mut(vol, device)?;
+    super::place(h, id, false)?;
+    let key = make_key();
+    let slot = h.add_keyslot(f, vk, key.as_bytes(), params)?;
+    let token = serde_json::json!({"type": TYPE, "keyslots": [slot.to_string()]});
+    let id = h.import_token(id, token)?;
+    h.write(f)?;
+    Ok((key, slot, id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +136,13 @@ mod tests {
             normalize(loud.as_bytes()).unwrap().as_bytes(),
             KEY.as_bytes()
         );
+    }
+
+    #[test]
+    fn made_keys_have_the_canonical_form() {
+        let a = make_key();
+        assert_eq!(normalize(a.as_bytes()).unwrap().as_bytes(), a.as_bytes());
+        assert_ne!(make_key().as_bytes(), a.as_bytes());
     }
 
     #[test]
