@@ -86,12 +86,12 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
         let (slot, vk) = volume::with_tries(
             opts,
             &volume::key_source(opts, None),
-            &format!("Enter passphrase for {}: ", header.display()),
+            &volume::passphrase_prompt(&header),
             |pass| vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose),
         )?;
         lib::resume_with_key(&st, vk.as_bytes())?;
         if opts.verbose {
-            eprintln!("Key slot {slot} unlocked.");
+            println!("Key slot {slot} unlocked.");
         }
         return linked(vk.as_bytes());
     }
