@@ -207,8 +207,9 @@ pub struct Opts {
     /// Print progress as cryptsetup's JSON lines on standard output (long operations).
     #[arg(long, global = true)]
     pub progress_json: bool,
-    /// Device-mapper style debug output (never contains secrets).
-    #[arg(long, global = true)]
+    /// Device-mapper style debug output (never contains secrets); `--debug-json` is the
+    /// same here (cryptsetup's adds its JSON metadata, which luksDump shows).
+    #[arg(long, global = true, alias = "debug-json")]
     pub debug: bool,
     /// Integrity options (integritysetup's names; `--integrity` is cryptsetup's too).
     #[command(flatten)]
@@ -237,7 +238,8 @@ pub struct CompatOpts {
     /// device exclusively, so this changes nothing).
     #[arg(long, global = true)]
     pub shared: bool,
-    /// open: accepted, no effect (cryptblk takes no global lock around memory-hard PBKDFs).
+    /// open: unlock Argon2 keyslots one process at a time, under cryptsetup's global lock
+    /// (/run/cryptsetup/LN_memory-hard-access), so parallel opens do not exhaust memory.
     #[arg(long, global = true)]
     pub serialize_memory_hard_pbkdf: bool,
     /// luksFormat/reencrypt: accepted; new volume keys always come from getrandom(2), which
@@ -254,7 +256,9 @@ pub struct CompatOpts {
     /// cryptsetup's lock files) stay on.
     #[arg(long, global = true)]
     pub disable_locks: bool,
-    /// Accepted; cryptblk does not load volume keys into the kernel keyring.
+    /// open: the LUKS2 volume key counts as held by the mapping, not the kernel keyring, as
+    /// cryptsetup's option means (`status` says "key location: dm-crypt" and `resize` needs
+    /// no passphrase); resize: refused for a volume whose key is in the keyring.
     #[arg(long, global = true)]
     pub disable_keyring: bool,
     /// Accepted; cryptblk loads no external token plugins.
@@ -545,8 +549,9 @@ pub enum Action {
     LuksConvertKey {
         /// Device.
         device: PathBuf,
-        /// File with the passphrase of the keyslot (alternative to --key-file).
-        #[arg(id = "positional_key_file", value_name = "KEY_FILE")]
+        /// Ignored, as cryptsetup ignores it (the passphrase comes from --key-file or the
+        /// terminal).
+        #[arg(id = "positional_key_file", value_name = "IGNORED", hide = true)]
         key_file: Option<PathBuf>,
     },
     /// Hold all I/O to a served LUKS volume and wipe its key from memory.
@@ -784,7 +789,7 @@ pub enum Action {
 }
 
 /// `open`: unlock a volume and serve it.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct OpenArgs {
     /// Device or image file.
     pub device: PathBuf,

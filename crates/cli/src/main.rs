@@ -9,6 +9,7 @@ mod exit;
 mod features;
 mod logger;
 mod progress;
+mod usage;
 
 use args::Action;
 use clap::Parser;
@@ -25,6 +26,15 @@ fn main() {
         std::process::exit(docs::main(&args));
     }
     quiet_on_closed_stdout();
+    // cryptsetup's `--usage` answers wherever it stands, before any other check.
+    if usage::asked(&std::env::args().skip(1).collect::<Vec<_>>()) {
+        let argv0 = std::env::args().next().unwrap_or_default();
+        let program = std::path::Path::new(&argv0)
+            .file_name()
+            .map_or("cryptblk".into(), |n| n.to_string_lossy().into_owned());
+        eprint!("{}", usage::text(&program));
+        return;
+    }
     // tpm2-tss prints its own warnings and errors to stderr; cryptblk reports a TPM failure in
     // one line of its own. Set here, before any thread exists (TSS2_LOG=... overrides).
     if std::env::var_os("TSS2_LOG").is_none() {

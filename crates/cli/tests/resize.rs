@@ -18,8 +18,16 @@ fn grow(img: &Path, len: u64) {
         .unwrap();
 }
 
-fn resize_json(name: &str, extra: &[&str]) -> serde_json::Value {
-    let out = run_ok(cryptblk().args(["resize", name, "--json"]).args(extra), b"");
+/// `resize NAME --json --key-file KEY EXTRA..`: a LUKS2 volume opened without
+/// `--disable-keyring` needs its key to resize, as with cryptsetup.
+fn resize_json(name: &str, key: &Path, extra: &[&str]) -> serde_json::Value {
+    let out = run_ok(
+        cryptblk()
+            .args(["resize", name, "--json", "--key-file"])
+            .arg(key)
+            .args(extra),
+        b"",
+    );
     serde_json::from_str(&out).unwrap()
 }
 
@@ -52,7 +60,7 @@ fn resize2fs_grows_ext4_on_a_loop_over_the_fuse_export() {
     sh("umount", &[fs]);
 
     grow(&img, 64 << 20);
-    let r = resize_json(name, &[]);
+    let r = resize_json(name, &key, &[]);
     // The LUKS2 `dynamic` segment follows the device: its size less the data offset.
     let want = ((64u64 << 20) - offset as u64) / 512;
     assert_eq!(r["old_sectors"], ((32u64 << 20) - offset as u64) / 512);
@@ -137,14 +145,14 @@ fn nbd_clients_see_the_new_size_and_refusals_match_cryptsetup() {
     );
 
     grow(&img, 40 << 20);
-    let r = resize_json(name, &[]);
+    let r = resize_json(name, &key, &[]);
     assert_eq!(r["new_sectors"], full(40 << 20) / 512);
     assert_eq!(nbd_size(&sock), full(40 << 20));
 
     // Shrink to 4 MiB, then by bytes to 2 MiB.
-    resize_json(name, &["--size", "8192"]);
+    resize_json(name, &key, &["--size", "8192"]);
     assert_eq!(nbd_size(&sock), 4 << 20);
-    resize_json(name, &["--device-size", "2097152"]);
+    resize_json(name, &key, &["--device-size", "2097152"]);
     assert_eq!(nbd_size(&sock), 2 << 20);
 
     let refusals: [(&[&str], &str); 3] = [
@@ -159,7 +167,13 @@ fn nbd_clients_see_the_new_size_and_refusals_match_cryptsetup() {
         ),
     ];
     for (extra, msg) in refusals {
-        let out = run(cryptblk().args(["resize", name]).args(extra), b"");
+        let out = run(
+            cryptblk()
+                .args(["resize", name, "--key-file"])
+                .arg(&key)
+                .args(extra),
+            b"",
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
         assert!(err.contains(msg), "{extra:?}: {err}");
@@ -167,7 +181,7 @@ fn nbd_clients_see_the_new_size_and_refusals_match_cryptsetup() {
     }
 
     // Back to the whole device: the data written before is still there.
-    resize_json(name, &["--size", "0"]);
+    resize_json(name, &key, &["--size", "0"]);
     assert_eq!(nbd_size(&sock), full(40 << 20));
     let back = dir.path().join("back.bin");
     run_ok(Command::new("nbdcopy").arg(nbd_uri(&sock)).arg(&back), b"");

@@ -159,7 +159,7 @@ fn systemd_cryptenroll_pkcs11_volume_opens_in_cryptblk() {
     assert_eq!(parse_volume_key(&out).unwrap(), theirs);
 
     // The PIN from $PIN, as systemd reads it; the token is tried unasked and opens keyslot 1.
-    let (c, _, err) = outcome(
+    let (c, out, err) = outcome(
         ours(&hsm)
             .env("PIN", PIN)
             .args(["open", "--test-passphrase", "-v"])
@@ -167,7 +167,8 @@ fn systemd_cryptenroll_pkcs11_volume_opens_in_cryptblk() {
         b"",
     );
     assert_eq!(c, 0, "{err}");
-    assert!(err.contains("Key slot 1 unlocked."), "{err}");
+    // cryptsetup's verbose lines are on standard output.
+    assert!(out.contains("Key slot 1 unlocked."), "{out}{err}");
 
     // A wrong PIN: cryptsetup (systemd's plugin) exits 1; cryptblk too, in one line.
     let (theirs_code, _, theirs_err) = outcome(
@@ -192,7 +193,7 @@ fn systemd_cryptenroll_pkcs11_volume_opens_in_cryptblk() {
     );
 
     // Without --token-only, the passphrase still opens it after the token's line.
-    let (c, _, err) = outcome(
+    let (c, out, err) = outcome(
         ours(&hsm)
             .env("PIN", "0000")
             .args(["open", "--test-passphrase", "-v"])
@@ -201,8 +202,8 @@ fn systemd_cryptenroll_pkcs11_volume_opens_in_cryptblk() {
     );
     assert_eq!(c, 0, "{err}");
     assert!(
-        err.contains("incorrect") && err.contains("Key slot 0 unlocked."),
-        "{err}"
+        err.contains("incorrect") && out.contains("Key slot 0 unlocked."),
+        "{out}{err}"
     );
 }
 

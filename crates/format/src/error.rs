@@ -37,8 +37,9 @@ pub enum FormatError {
     /// (cryptsetup: EPERM, exit code 2).
     #[error("No key available with this passphrase.")]
     WrongPassphrase,
-    /// No active keyslot could be tried at all (cryptsetup: ENOENT, exit code 1).
-    #[error("no active keyslot available{0}")]
+    /// No active keyslot could be tried at all (cryptsetup: ENOENT, exit code 1). Without a
+    /// detail (no keyslot named) the text is cryptsetup's.
+    #[error("{}", no_keyslot_text(.0))]
     NoKeyslot(String),
     /// The requested keyslot number is out of range or its metadata is invalid.
     #[error("keyslot {slot} is invalid: {reason}")]
@@ -122,3 +123,13 @@ impl FormatError {
 
 /// Shorthand for results in this crate.
 pub type Result<T, E = FormatError> = std::result::Result<T, E>;
+
+/// [`FormatError::NoKeyslot`]'s text: cryptsetup's "No usable keyslot is available." when no
+/// keyslot was named, else which one was not usable.
+fn no_keyslot_text(detail: &str) -> String {
+    if detail.is_empty() {
+        "No usable keyslot is available.".to_string()
+    } else {
+        format!("no active keyslot available{detail}")
+    }
+}

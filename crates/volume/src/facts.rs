@@ -80,6 +80,11 @@ pub struct VolumeFacts {
     /// For a lower mapping: the top mapping whose daemon serves it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stacked_under: Option<String>,
+    /// Where cryptsetup would keep the volume key: `keyring` for a LUKS2 volume opened
+    /// without `--disable-keyring` (then, as with cryptsetup, `resize` needs the key again:
+    /// a passphrase, token or key file), else absent (`dm-crypt`, the table holds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_location: Option<String>,
     /// The remote NBD backings of the stack and their failures since opening.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remote_nbd: Vec<RemoteNbdFacts>,

@@ -250,6 +250,23 @@ impl Volume {
         }
     }
 
+    /// [`Self::add_unbound_key`] with the given `key` (`--volume-key-file`) as the keyslot's key.
+    pub fn add_unbound_key_with(
+        &mut self,
+        key: SecretBytes,
+        passphrase: &[u8],
+        params: &KeyslotParams,
+    ) -> Result<usize> {
+        match self {
+            Volume::Luks1(_) => Err(VolumeError::usage(
+                "Unbound keyslots exist only in LUKS2 devices.",
+            )),
+            Volume::Luks2(h, f) => Ok(h
+                .add_unbound_keyslot_with_key(&*f, key, passphrase, params)?
+                .0),
+        }
+    }
+
     /// Replaces the passphrase of the keyslot `old` opens (from `slot` if given).
     pub fn change_key(
         &mut self,

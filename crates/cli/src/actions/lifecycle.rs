@@ -8,24 +8,25 @@ use crate::exit::{ActionResult, Failure};
 use cryptblk_volume::luks as lib;
 use std::path::Path;
 
-/// `luksConvertKey <device> [<key file>]`: LUKS2 only; the passphrase of the keyslot to
-/// convert (only `--key-slot` when given) from `--key-file`, the positional key file, or
-/// the terminal.
-pub fn convert_key(opts: &Opts, device: &Path, key_file: Option<&Path>) -> ActionResult {
+/// `luksConvertKey <device>`: LUKS2 only; the passphrase of the keyslot to convert (only
+/// `--key-slot` when given) from `--key-file` or the terminal. A second positional argument
+/// is ignored, as cryptsetup ignores it (its suite passes the device there twice).
+pub fn convert_key(opts: &Opts, device: &Path, _ignored: Option<&Path>) -> ActionResult {
     let mut vol = volume::load(opts, device, true)?;
     if vol.luks2().is_none() {
         return Err(lib::not_luks2(device));
     }
     let params = volume::keyslot_params(opts)?;
     let pass = volume::read_secret(
-        &volume::key_source(opts, key_file),
+        &volume::key_source(opts, None),
         volume::limits(opts),
         "Enter passphrase for keyslot to be converted: ",
     )?;
     let slot = opts.key_slot.map(|s| s as usize);
     let converted = lib::convert_key(&mut vol, device, pass.as_bytes(), slot, &params)?;
     if opts.verbose {
-        eprintln!("Key slot {converted} created.");
+        // cryptsetup's verbose lines go to standard output.
+        println!("Key slot {converted} created.");
     }
     if opts.json {
         println!("{}", serde_json::json!({ "keyslot": converted }));
@@ -77,7 +78,7 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
     if let Some((slot, vk)) = super::token::try_tokens(opts, &vol, &header, purpose)? {
         lib::resume_with_key(&st, vk.as_bytes())?;
         if opts.verbose {
-            eprintln!("Key slot {slot} unlocked.");
+            println!("Key slot {slot} unlocked.");
         }
         return linked(vk.as_bytes());
     }
@@ -85,23 +86,70 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
         let (slot, vk) = volume::with_tries(
             opts,
             &volume::key_source(opts, None),
-            &format!("Enter passphrase for {}: ", header.display()),
+            &volume::passphrase_prompt(&header),
             |pass| vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose),
         )?;
         lib::resume_with_key(&st, vk.as_bytes())?;
         if opts.verbose {
-            eprintln!("Key slot {slot} unlocked.");
+            println!("Key slot {slot} unlocked.");
         }
         return linked(vk.as_bytes());
     }
     let slot = volume::with_tries(
         opts,
         &volume::key_source(opts, None),
-        &format!("Enter passphrase for {}: ", header.display()),
+        &volume::passphrase_prompt(&header),
         |pass| lib::resume(&st, &vol, pass, opts.key_slot.map(|s| s as usize)),
     )?;
     if opts.verbose {
-        eprintln!("Key slot {slot} unlocked.");
+        println!("Key slot {slot} unlocked.");
+    }
+    Ok(())
+}
+
+/// cryptsetup's resize of a LUKS2 volume whose key is in the kernel keyring (opened without
+/// `--disable-keyring`) needs the volume key again: a token, else the passphrase (key file,
+/// terminal or standard input), checked against the volume's header; with
+/// `--disable-keyring` it is refused. cryptblk keeps the same contract, so scripts behave
+/// alike. A suspended volume is left to the resize's own refusal.
+fn key_for_resize(opts: &Opts, name: &str) -> Result<(), Failure> {
+    use cryptblk_format::luks2::UnlockPurpose;
+    let st = cryptblk_volume::control::status(name)?;
+    if st.suspended || st.info.key_location.as_deref() != Some("keyring") {
+        return Ok(());
+    }
+    if opts.compat.disable_keyring {
+        return Err(Failure::usage(
+            "Resize of active device requires volume key in keyring but --disable-keyring option is set.",
+        ));
+    }
+    let header = match (&opts.header, &st.info.header) {
+        (Some(h), _) => h.clone(),
+        (None, Some(h)) => std::path::PathBuf::from(h),
+        (None, None) => return Ok(()),
+    };
+    let vol = cryptblk_volume::Volume::load(&header, cryptblk_volume::LuksType::Any, false)?;
+    let purpose = UnlockPurpose::Activate;
+    let slot = match super::token::try_tokens(opts, &vol, &header, purpose)? {
+        Some((slot, _)) => slot,
+        None => {
+            volume::with_tries(
+                opts,
+                &volume::key_source(opts, None),
+                // cryptsetup names the active device's data device.
+                &volume::passphrase_prompt(
+                    st.info
+                        .device
+                        .as_deref()
+                        .map_or(header.as_path(), std::path::Path::new),
+                ),
+                |pass| vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose),
+            )?
+            .0
+        }
+    };
+    if opts.verbose {
+        println!("Key slot {slot} unlocked.");
     }
     Ok(())
 }
@@ -110,6 +158,7 @@ pub fn resume(opts: &Opts, name: &str) -> ActionResult {
 /// sizes.
 pub fn resize(opts: &Opts, name: &str, device_size: Option<u64>) -> ActionResult {
     use cryptblk_volume::resize::{self as lib, ResizeRequest};
+    key_for_resize(opts, name)?;
     let req = ResizeRequest {
         size_sectors: opts.size,
         device_size,

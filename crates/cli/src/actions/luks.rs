@@ -1,6 +1,7 @@
 //! cryptsetup's LUKS actions: luksFormat, open, luksDump, key management, header backup,
 //! uuid, isLuks, erase, config.
 
+mod memory_hard;
 pub(super) mod persistent;
 
 use super::activate;
@@ -220,7 +221,7 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             device.display()
         ),
     )?;
-    let pass = new_passphrase_for_format(opts, key_file)?;
+    let pass = new_passphrase_for_format(opts, volume::header_path(opts, device), key_file)?;
     // As cryptsetup: an empty device is refused; a LUKS1 header grows a too small file, which
     // then has no room for data (a warning, not a failure).
     let device_size = cryptblk_volume::device::device_size(device)?;
@@ -244,6 +245,9 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             device.display()
         );
     }
+    if opts.verbose {
+        println!("Key slot {} created.", opts.key_slot.unwrap_or(0));
+    }
     if opts.integrity.integrity.is_some() {
         let h = Luks2Header::read(&f)?;
         let how = luks2_integrity::DataFormat {
@@ -260,14 +264,19 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
     Ok(())
 }
 
-fn new_passphrase_for_format(opts: &Opts, key_file: Option<&Path>) -> Result<SecretBytes, Failure> {
+/// The new volume's passphrase; asked for as cryptsetup asks, naming the header's device.
+fn new_passphrase_for_format(
+    opts: &Opts,
+    header: &Path,
+    key_file: Option<&Path>,
+) -> Result<SecretBytes, Failure> {
     match opts.key_file.as_deref().or(key_file) {
         Some(_) => volume::read_secret(
             &volume::key_source(opts, key_file),
             volume::limits(opts),
             "",
         ),
-        None => volume::read_new_secret(None, "Enter passphrase for the new volume: "),
+        None => volume::read_new_secret(None, &volume::passphrase_prompt(header)),
     }
 }
 
@@ -291,8 +300,17 @@ pub fn unlock(
     let (slot, key) = volume::with_tries(
         opts,
         &volume::key_source(opts, None),
-        &format!("Enter passphrase for {}: ", device.display()),
-        |pass| vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose),
+        // cryptsetup names the data device here, even with --header.
+        &volume::passphrase_prompt(device),
+        |pass| {
+            // Held for the KDFs only, never while a prompt waits for the user.
+            let _serialized = memory_hard::take_if_needed(
+                opts.compat.serialize_memory_hard_pbkdf,
+                vol,
+                opts.key_slot,
+            )?;
+            vol.unlock(pass, opts.key_slot.map(|s| s as usize), purpose)
+        },
     )?;
     Ok((Some(slot), key))
 }
@@ -311,7 +329,8 @@ pub fn open_luks(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionResult {
     let (slot, vk) = unlock(opts, &vol, &a.device, purpose)?;
     if let Some(s) = slot {
         if opts.verbose {
-            eprintln!("Key slot {s} unlocked.");
+            // cryptsetup's verbose lines go to standard output.
+            println!("Key slot {s} unlocked.");
         }
     }
     if let Some(l) = link {
@@ -332,7 +351,12 @@ pub fn open_luks(opts: &Opts, a: &OpenArgs, vol: Volume) -> ActionResult {
         device: &a.device,
         header: Path::new(&header),
     };
-    let plan = plan::luks(&vol, &vk, at, name, &flags.library())?;
+    let mut plan = plan::luks(&vol, &vk, at, name, &flags.library())?;
+    if vol.luks2().is_some() && !opts.compat.disable_keyring {
+        // cryptsetup puts a LUKS2 volume key in the kernel keyring and then needs it again
+        // to resize; cryptblk keeps that contract (see lifecycle::resize).
+        plan.info.key_location = Some("keyring".into());
+    }
     let spec = activate::serve_spec(plan, opts, a)?;
     start_persistent(opts, a, &vol, spec, &flags)
 }
@@ -460,15 +484,40 @@ pub fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
 /// `luksDump`.
 pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
     let vol = volume::load(opts, device, false)?;
-    if opts.dump_json_metadata && vol.luks2().is_none() {
+    // cryptsetup's precedence: --dump-volume-key, then --unbound, then --dump-json-metadata.
+    let unbound = opts.unbound && !opts.dump_volume_key;
+    let json = opts.dump_json_metadata && !opts.dump_volume_key && !unbound;
+    if json && vol.luks2().is_none() {
         return Err(Failure::usage(
             "Dump operation is not supported for this device type.",
         ));
     }
-    // `--unbound -S N` prints that keyslot's unbound key, as cryptsetup does.
-    let (slot_unlocked, vk) = if opts.dump_volume_key || opts.unbound {
+    if unbound {
+        // `--unbound -S N` prints that keyslot's unbound key, as cryptsetup does: only for a
+        // LUKS2 keyslot that exists and is unbound (args_check made sure -S is given).
+        let slot = opts.key_slot.unwrap_or_default() as usize;
+        let is_unbound = vol
+            .luks2()
+            .is_some_and(|h| h.keyslots().iter().any(|k| k.id == slot && k.unbound));
+        if !is_unbound {
+            return Err(Failure::usage(format!(
+                "Keyslot {slot} does not contain unbound key."
+            )));
+        }
+    }
+    if opts.dump_volume_key {
+        // An unbound keyslot holds no volume key (cryptsetup: ENOENT, exit 1).
+        let named_unbound = opts.key_slot.is_some_and(|s| {
+            vol.luks2()
+                .is_some_and(|h| h.keyslots().iter().any(|k| k.id == s as usize && k.unbound))
+        });
+        if named_unbound {
+            return Err(Failure::usage("No usable keyslot is available."));
+        }
+    }
+    let (slot_unlocked, vk) = if opts.dump_volume_key || unbound {
         volume::confirm(opts, "Header dump with volume key is sensitive information\nwhich allows access to encrypted partition without a passphrase.")?;
-        let purpose = if opts.unbound {
+        let purpose = if unbound {
             UnlockPurpose::Unbound
         } else {
             UnlockPurpose::Verify
@@ -492,7 +541,7 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
             }
         }
         Volume::Luks2(h, _) => {
-            if opts.dump_json_metadata {
+            if json {
                 // cryptsetup ends the JSON without a newline.
                 print!("{}", h.dump_json());
                 return Ok(());
@@ -500,7 +549,7 @@ pub fn dump(opts: &Opts, device: &Path) -> ActionResult {
             let dev = device.display().to_string();
             match (&vk, slot_unlocked) {
                 (None, _) => print!("{}", h.dump()),
-                (Some(k), Some(slot)) if opts.unbound => volume::print_dump_with_volume_key(
+                (Some(k), Some(slot)) if unbound => volume::print_dump_with_volume_key(
                     opts,
                     &h.dump_unbound_key(&dev, slot, k),
                     k.as_bytes(),
@@ -548,13 +597,15 @@ pub fn add_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> Actio
             (Some(s), k)
         }
     };
-    let _ = existing_slot;
+    if let (Some(s), true) = (existing_slot, opts.verbose) {
+        println!("Key slot {s} unlocked.");
+    }
     let new = volume::read_new_key(opts, new_key_file, "Enter new passphrase for key slot: ")?;
     let (kdf1, mut params2) = new_keyslot_kdf(opts, &vol)?;
     params2.slot = slot;
     let added = vol.add_key(&vk, new.as_bytes(), slot, &kdf1, &params2)?;
     if opts.verbose {
-        eprintln!("Key slot {added} created.");
+        println!("Key slot {added} created.");
     }
     Ok(())
 }
@@ -578,6 +629,12 @@ fn add_unbound_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> A
             device.display()
         )));
     }
+    // cryptsetup: with --volume-key-file the unbound keyslot holds that key (its first
+    // key-size bytes, a shorter file refused before any prompt), else a new random one.
+    let given_key = match &opts.volume_key_file {
+        Some(p) => Some(volume::read_volume_key_file(p, bits as usize / 8)?),
+        None => None,
+    };
     let new = match new_key_file.or(opts.key_file.as_deref()) {
         Some(p) => volume::read_secret(
             &cryptblk_format::keyfile::KeySource::File(p.to_path_buf()),
@@ -586,13 +643,13 @@ fn add_unbound_key(opts: &Opts, device: &Path, new_key_file: Option<&Path>) -> A
         )?,
         None => volume::read_new_secret(None, "Enter new passphrase for key slot: ")?,
     };
-    let slot = vol.add_unbound_key(
-        bits as usize / 8,
-        new.as_bytes(),
-        &volume::keyslot_params(opts)?,
-    )?;
+    let params = volume::keyslot_params(opts)?;
+    let slot = match given_key {
+        Some(key) => vol.add_unbound_key_with(key, new.as_bytes(), &params)?,
+        None => vol.add_unbound_key(bits as usize / 8, new.as_bytes(), &params)?,
+    };
     if opts.verbose {
-        eprintln!("Key slot {slot} created.");
+        println!("Key slot {slot} created.");
     }
     Ok(())
 }
@@ -630,7 +687,10 @@ pub fn remove_key(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Action
         &mut input,
     )?;
     if opts.verbose {
-        eprintln!("Key slot {slot} removed.");
+        // cryptsetup's lines: the passphrase opened the keyslot it removes.
+        println!("Key slot {slot} unlocked.");
+        println!("Keyslot {slot} is selected for deletion.");
+        println!("Key slot {slot} removed.");
     }
     Ok(())
 }
@@ -678,7 +738,7 @@ pub fn kill_slot(opts: &Opts, device: &Path, slot: u32, key_file: Option<&Path>)
     let mut input = RemovalPrompts { opts, key_file };
     cryptblk_volume::keyslots::kill_slot(&mut vol, &req, &mut input)?;
     if opts.verbose {
-        eprintln!("Key slot {slot} removed.");
+        println!("Key slot {slot} removed.");
     }
     Ok(())
 }

@@ -654,8 +654,11 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         line("keysize: ", v);
     }
     if cipher.is_some() {
-        // The key is held by the crypt target itself (not a kernel keyring).
-        line("key location: ", "dm-crypt");
+        // cryptsetup's word for where the key is (see VolumeFacts::key_location).
+        line(
+            "key location: ",
+            info.key_location.as_deref().unwrap_or("dm-crypt"),
+        );
     }
     if let Some(v) = &info.integrity {
         line("integrity: ", v);

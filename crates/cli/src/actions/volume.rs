@@ -62,6 +62,37 @@ pub fn limits(opts: &Opts) -> KeyFileLimits {
     }
 }
 
+/// The passphrase prompt for `device`, as cryptsetup words it: "Enter passphrase for
+/// DEVICE: ", where a loop device is named by its backing file (what `losetup` shows), since
+/// that is the name the user knows.
+pub fn passphrase_prompt(device: &Path) -> String {
+    format!("Enter passphrase for {}: ", prompt_name(device))
+}
+
+/// `device`, or the backing file of the loop device it is (cryptsetup's
+/// `crypt_loop_backing_file`, read from sysfs).
+fn prompt_name(device: &Path) -> String {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    const LOOP_MAJOR: u32 = 7;
+    let backing = std::fs::metadata(device)
+        .ok()
+        .filter(|m| m.file_type().is_block_device())
+        .filter(|m| libc::major(m.rdev() as libc::dev_t) == LOOP_MAJOR)
+        .and_then(|m| {
+            let rdev = m.rdev() as libc::dev_t;
+            std::fs::read_to_string(format!(
+                "/sys/dev/block/{}:{}/loop/backing_file",
+                libc::major(rdev),
+                libc::minor(rdev)
+            ))
+            .ok()
+        });
+    match backing {
+        Some(file) if !file.trim_end().is_empty() => file.trim_end().to_string(),
+        _ => device.display().to_string(),
+    }
+}
+
 /// Reads a passphrase or key as cryptsetup would.
 pub fn read_secret(
     source: &KeySource,
@@ -140,7 +171,11 @@ fn read_new_secret_limited(
                     "Verify passphrase: ",
                 )?;
                 if first != again {
-                    return Err(Failure::usage("Passphrases do not match."));
+                    // cryptsetup: EPERM, exit code 2.
+                    return Err(Failure::new(
+                        crate::exit::ExitCode::NoPermission,
+                        "Passphrases do not match.",
+                    ));
                 }
             }
             if first.is_empty() {
@@ -226,9 +261,17 @@ pub fn ask_yes(opts: &Opts, question: &str) -> Result<bool, Failure> {
     if opts.batch_mode || !std::io::stdin().is_terminal() {
         return Ok(true);
     }
-    eprintln!(
-        "\nWARNING!\n========\n{question}\n\nAre you sure? (Type 'yes' in capital letters): "
-    );
+    // cryptsetup writes the dialog to standard output and leaves the cursor after the
+    // question (expect scripts and `2>/dev/null` users see it there).
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = write!(
+            out,
+            "\nWARNING!\n========\n{question}\n\nAre you sure? (Type 'yes' in capital letters): "
+        );
+        let _ = out.flush();
+    }
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     Ok(line.trim_end() == "YES")

@@ -597,7 +597,24 @@ impl Luks2Header {
                 "unbound key size {key_size}"
             )));
         }
-        let key = SecretBytes::random(key_size);
+        self.add_unbound_keyslot_with_key(io, SecretBytes::random(key_size), passphrase, params)
+    }
+
+    /// [`Self::add_unbound_keyslot`] for a given key (cryptsetup's `luksAddKey --unbound
+    /// --volume-key-file`) instead of a random one.
+    pub fn add_unbound_keyslot_with_key(
+        &mut self,
+        io: &dyn HeaderIo,
+        key: SecretBytes,
+        passphrase: &[u8],
+        params: &KeyslotParams,
+    ) -> Result<(usize, SecretBytes)> {
+        let key_size = key.len();
+        if key_size == 0 || key_size > 512 {
+            return Err(FormatError::InvalidParameter(format!(
+                "unbound key size {key_size}"
+            )));
+        }
         let digests = self.json["digests"]
             .as_object()
             .cloned()
