@@ -11,12 +11,14 @@
 #![warn(missing_docs)]
 
 pub mod aead;
+mod adiantum_mode;
 mod awslc;
 mod block;
 mod cpu;
 mod dmcipher;
 mod elephant;
 pub mod hash;
+mod hctr2;
 mod iv;
 mod lmk;
 mod locked;
