@@ -80,7 +80,11 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
     let v = match spec.chain_mode() {
         ChainMode::AdiantumXChaCha12 => Variant::XChaCha12(keyed::<XChaCha12>(key)?),
         ChainMode::AdiantumXChaCha20 => Variant::XChaCha20(keyed::<XChaCha20>(key)?),
-        _ => return Err(CipherError::NoImplementation(format!("adiantum for {spec}"))),
+        _ => {
+            return Err(CipherError::NoImplementation(format!(
+                "adiantum for {spec}"
+            )))
+        }
     };
     Ok(Box::new(LockedBox::new(v)))
 }

@@ -10,8 +10,8 @@
 
 #![warn(missing_docs)]
 
-pub mod aead;
 mod adiantum_mode;
+pub mod aead;
 mod awslc;
 mod block;
 mod cpu;

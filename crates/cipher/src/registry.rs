@@ -148,8 +148,16 @@ static REGISTRY: &[Implementation] = &[
         name: "adiantum",
         description: "Adiantum: the adiantum crate over RustCrypto chacha20 (XChaCha) + aes",
         algorithms: &[
-            ("adiantum(xchacha12,aes)", "xchacha12,aes-adiantum-plain64", 32),
-            ("adiantum(xchacha20,aes)", "xchacha20,aes-adiantum-plain64", 32),
+            (
+                "adiantum(xchacha12,aes)",
+                "xchacha12,aes-adiantum-plain64",
+                32,
+            ),
+            (
+                "adiantum(xchacha20,aes)",
+                "xchacha20,aes-adiantum-plain64",
+                32,
+            ),
         ],
         priority: || 200,
         available: || true,

@@ -698,7 +698,10 @@ mod tests {
             assert_eq!(CipherSpec::from_parts(name, "adiantum-plain64").unwrap(), a);
         }
         let x = p("aria-xts-plain64");
-        assert_eq!((x.cipher(), x.valid_key_sizes()), (BlockCipherName::Aria, vec![32, 48, 64]));
+        assert_eq!(
+            (x.cipher(), x.valid_key_sizes()),
+            (BlockCipherName::Aria, vec![32, 48, 64])
+        );
         assert_eq!(p("aria-cbc-essiv:sha256").kernel_api_name(), "cbc(aria)");
         for bad in [
             "xchacha8,aes-adiantum-plain64",

@@ -56,8 +56,7 @@ fn mul_x(t: u128) -> u128 {
 /// over OpenSSL's ARIA, and decrypts back.
 #[test]
 fn aria_xts_plain64_equals_openssl_aria_by_hand() {
-    for (key_len, sector_size, first) in [(32usize, 512usize, 5u64), (64, 512, 77), (64, 4096, 8)]
-    {
+    for (key_len, sector_size, first) in [(32usize, 512usize, 5u64), (64, 512, 77), (64, 4096, 8)] {
         let key = bytes(key_len as u8, key_len);
         let (k1, k2) = key.split_at(key_len / 2);
         let sectors = 3;
