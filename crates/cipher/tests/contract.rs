@@ -124,6 +124,8 @@ fn registry_lists_and_prefers_the_fastest() {
             "vaes-avx2-xts",
             "aesni-xts",
             "rustcrypto",
+            "hctr2",
+            "adiantum",
             "null"
         ]
     );
@@ -361,6 +363,9 @@ fn copying_calls_equal_in_place_calls() {
         ("serpent-xts-plain64", 64),
         ("twofish-cbc-plain64", 32),
         ("cipher_null-ecb", 0),
+        ("aes-hctr2-plain64", 32),
+        ("xchacha12,aes-adiantum-plain64", 32),
+        ("aria-xts-plain64", 64),
     ];
     let mut checked = 0;
     for imp in implementations() {
