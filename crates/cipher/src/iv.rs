@@ -25,6 +25,9 @@ pub(crate) enum EssivCipher {
     Aes256(aes::Aes256),
     Serpent(Box<crate::serpent_fast::Serpent>),
     Twofish(Box<crate::twofish_fast::Twofish>),
+    Aria128(Box<aria::Aria128>),
+    Aria192(Box<aria::Aria192>),
+    Aria256(Box<aria::Aria256>),
 }
 
 impl EssivCipher {
@@ -47,6 +50,9 @@ impl EssivCipher {
             Self::Aes256(c) => c.encrypt_block(b),
             Self::Serpent(c) => c.encrypt_block(b),
             Self::Twofish(c) => c.encrypt_block(b),
+            Self::Aria128(c) => c.encrypt_block(b),
+            Self::Aria192(c) => c.encrypt_block(b),
+            Self::Aria256(c) => c.encrypt_block(b),
         }
     }
 }
@@ -169,6 +175,19 @@ fn essiv_cipher(
         BlockCipherName::Twofish => EssivCipher::Twofish(Box::new(
             crate::twofish_fast::Twofish::new_from_slice(salt).map_err(|_| bad())?,
         )),
+        // aria-cbc-essiv:sha256 (cryptsetup 2.7+): ARIA keyed by the digest, as for AES.
+        BlockCipherName::Aria => match salt.len() {
+            16 => EssivCipher::Aria128(Box::new(
+                aria::Aria128::new_from_slice(salt).map_err(|_| bad())?,
+            )),
+            24 => EssivCipher::Aria192(Box::new(
+                aria::Aria192::new_from_slice(salt).map_err(|_| bad())?,
+            )),
+            32 => EssivCipher::Aria256(Box::new(
+                aria::Aria256::new_from_slice(salt).map_err(|_| bad())?,
+            )),
+            _ => return Err(bad()),
+        },
         // No cryptsetup format pairs ESSIV with the VeraCrypt-only ciphers.
         BlockCipherName::Camellia
         | BlockCipherName::Kuznyechik

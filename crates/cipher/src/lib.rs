@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+mod adiantum_mode;
 pub mod aead;
 mod awslc;
 mod block;
@@ -17,6 +18,7 @@ mod cpu;
 mod dmcipher;
 mod elephant;
 pub mod hash;
+mod hctr2;
 mod iv;
 mod lmk;
 mod locked;

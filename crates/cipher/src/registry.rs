@@ -69,6 +69,8 @@ const RUSTCRYPTO_ALGS: &[(&str, &str, usize)] = &[
     ("cbc(camellia)", "camellia-cbc-plain64", 32),
     ("xts(kuznyechik)", "kuznyechik-xts-plain64", 64),
     ("cbc(kuznyechik)", "kuznyechik-cbc-plain64", 32),
+    ("xts(aria)", "aria-xts-plain64", 64),
+    ("cbc(aria)", "aria-cbc-plain64", 32),
 ];
 
 static REGISTRY: &[Implementation] = &[
@@ -132,6 +134,35 @@ static REGISTRY: &[Implementation] = &[
         available: || true,
         supports: |spec, _| rustcrypto::supports(spec),
         build: rustcrypto::engine,
+    },
+    Implementation {
+        name: "hctr2",
+        description: "HCTR2 over RustCrypto aes + polyval (the mode hand-written: crate::hctr2)",
+        algorithms: &[("hctr2(aes)", "aes-hctr2-plain64", 32)],
+        priority: || 200,
+        available: || true,
+        supports: |spec, _| crate::hctr2::supports(spec),
+        build: crate::hctr2::engine,
+    },
+    Implementation {
+        name: "adiantum",
+        description: "Adiantum: the adiantum crate over RustCrypto chacha20 (XChaCha) + aes",
+        algorithms: &[
+            (
+                "adiantum(xchacha12,aes)",
+                "xchacha12,aes-adiantum-plain64",
+                32,
+            ),
+            (
+                "adiantum(xchacha20,aes)",
+                "xchacha20,aes-adiantum-plain64",
+                32,
+            ),
+        ],
+        priority: || 200,
+        available: || true,
+        supports: |spec, _| crate::adiantum_mode::supports(spec),
+        build: crate::adiantum_mode::engine,
     },
     Implementation {
         name: "null",

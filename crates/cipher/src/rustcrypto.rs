@@ -199,6 +199,13 @@ fn build_with_xts<C: Block16>(
         }
         ChainMode::Cbc => locked(CbcEngine(new_cipher::<C>(key)?)),
         ChainMode::Ecb => locked(EcbEngine(new_cipher::<C>(key)?)),
+        // The wide-block modes have engines of their own (crate::hctr2, crate::adiantum_mode).
+        ChainMode::Hctr2 | ChainMode::AdiantumXChaCha12 | ChainMode::AdiantumXChaCha20 => {
+            return Err(CipherError::NoImplementation(format!(
+                "rustcrypto for {} mode",
+                chain.name()
+            )))
+        }
         ChainMode::Lrw => {
             // Kernel lrw: the last 16 bytes are the tweak multiplier, the rest the cipher key.
             let (k1, k2) = key.split_at(key.len() - 16);
@@ -237,6 +244,15 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
             }),
         },
         BlockCipherName::Kuznyechik => build::<kuznyechik::Kuznyechik>(chain, key),
+        BlockCipherName::Aria => match cipher_key_len {
+            16 => build::<aria::Aria128>(chain, key),
+            24 => build::<aria::Aria192>(chain, key),
+            32 => build::<aria::Aria256>(chain, key),
+            _ => Err(CipherError::KeySize {
+                spec: spec.spec_string(),
+                got: key.len(),
+            }),
+        },
         BlockCipherName::Null => Ok(Box::new(crate::dmcipher::NullEngine)),
         // 64-bit-block ciphers run only in TrueCrypt's CBC engine (crate::tcrypt_cbc).
         BlockCipherName::Blowfish | BlockCipherName::Cast5 | BlockCipherName::Des3Ede => Err(
@@ -245,9 +261,10 @@ pub(crate) fn engine(spec: &CipherSpec, key: &[u8]) -> Result<Box<dyn ModeEngine
     }
 }
 
-/// Everything except `cipher_null` (which belongs to the "null" implementation).
+/// Everything except `cipher_null` (which belongs to the "null" implementation) and the
+/// wide-block modes (the "hctr2" and "adiantum" implementations).
 pub(crate) fn supports(spec: &CipherSpec) -> bool {
-    !spec.is_null()
+    !spec.is_null() && !spec.chain_mode().is_wide_block()
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@ pub enum BlockCipherName {
     Camellia,
     /// Kuznyechik (GOST R 34.12-2015, 256-bit keys only), a VeraCrypt cipher.
     Kuznyechik,
+    /// ARIA (RFC 5794, KS X 1213), kernel `aria` (cryptsetup 2.7+ lists it).
+    Aria,
     /// Blowfish (64-bit blocks), only in TrueCrypt's `cbc-tcw` mode.
     Blowfish,
     /// CAST5 (64-bit blocks), only in TrueCrypt's `cbc-tcw` mode.
@@ -43,6 +45,7 @@ impl BlockCipherName {
             Self::Twofish => "twofish",
             Self::Camellia => "camellia",
             Self::Kuznyechik => "kuznyechik",
+            Self::Aria => "aria",
             Self::Blowfish => "blowfish",
             Self::Cast5 => "cast5",
             Self::Des3Ede => "des3_ede",
@@ -57,6 +60,7 @@ impl BlockCipherName {
             "twofish" => Self::Twofish,
             "camellia" => Self::Camellia,
             "kuznyechik" => Self::Kuznyechik,
+            "aria" => Self::Aria,
             "blowfish" => Self::Blowfish,
             "cast5" => Self::Cast5,
             "des3_ede" => Self::Des3Ede,
@@ -68,7 +72,7 @@ impl BlockCipherName {
     /// Key sizes the bare block cipher accepts, in bytes.
     pub fn key_sizes(self) -> &'static [usize] {
         match self {
-            Self::Aes | Self::Twofish | Self::Camellia => &[16, 24, 32],
+            Self::Aes | Self::Twofish | Self::Camellia | Self::Aria => &[16, 24, 32],
             Self::Kuznyechik => &[32],
             // The kernel pads shorter Serpent keys; RustCrypto accepts 16..=32 and cryptsetup
             // never creates shorter ones.
@@ -102,6 +106,14 @@ pub enum ChainMode {
     Ecb,
     /// Liskov-Rivest-Wagner tweakable mode (kernel `lrw`, LRW-32-AES).
     Lrw,
+    /// HCTR2 (kernel `hctr2(aes)`): a wide-block tweakable cipher over the whole sector,
+    /// with a 32-byte tweak (the IV); the crate's hctr2 module.
+    Hctr2,
+    /// Adiantum with XChaCha12 (kernel `adiantum(xchacha12,aes)`, cryptsetup's
+    /// `xchacha12,aes-adiantum-plain64`): wide-block, 32-byte tweak, 256-bit key.
+    AdiantumXChaCha12,
+    /// Adiantum with XChaCha20 (`xchacha20,aes-adiantum-plain64`).
+    AdiantumXChaCha20,
 }
 
 impl ChainMode {
@@ -112,7 +124,18 @@ impl ChainMode {
             Self::Cbc => "cbc",
             Self::Ecb => "ecb",
             Self::Lrw => "lrw",
+            Self::Hctr2 => "hctr2",
+            Self::AdiantumXChaCha12 | Self::AdiantumXChaCha20 => "adiantum",
         }
+    }
+
+    /// True for the wide-block modes (HCTR2, Adiantum): one tweakable permutation of the
+    /// whole sector, with the kernel's 32-byte IV.
+    pub fn is_wide_block(self) -> bool {
+        matches!(
+            self,
+            Self::Hctr2 | Self::AdiantumXChaCha12 | Self::AdiantumXChaCha20
+        )
     }
 
     fn from_name(name: &str) -> Option<Self> {
@@ -121,6 +144,7 @@ impl ChainMode {
             "cbc" => Self::Cbc,
             "ecb" => Self::Ecb,
             "lrw" => Self::Lrw,
+            "hctr2" => Self::Hctr2,
             _ => return None,
         })
     }
@@ -259,8 +283,20 @@ impl CipherSpec {
             },
             None => (cipher, 1),
         };
-        let cipher = BlockCipherName::from_name(cipher).ok_or_else(unknown)?;
-        let chain = ChainMode::from_name(chain).ok_or_else(unknown)?;
+        // Adiantum names its stream cipher beside the block cipher (`xchacha12,aes`), as the
+        // kernel's `adiantum(xchacha12,aes)` template does; AES is the only block cipher.
+        let (cipher, chain) = match (chain, cipher) {
+            ("adiantum", "xchacha12,aes") => (BlockCipherName::Aes, ChainMode::AdiantumXChaCha12),
+            ("adiantum", "xchacha20,aes") => (BlockCipherName::Aes, ChainMode::AdiantumXChaCha20),
+            ("adiantum", _) => return Err(unknown()),
+            (chain, cipher) => (
+                BlockCipherName::from_name(cipher).ok_or_else(unknown)?,
+                ChainMode::from_name(chain).ok_or_else(unknown)?,
+            ),
+        };
+        if chain == ChainMode::Hctr2 && cipher != BlockCipherName::Aes {
+            return Err(unknown());
+        }
         let iv = match (chain, iv) {
             // The kernel ignores an IV mode given with ECB (with a warning).
             (ChainMode::Ecb, _) => IvMode::None,
@@ -304,6 +340,21 @@ impl CipherSpec {
         }
         if keys > 1 && cipher == BlockCipherName::Null {
             return Err(unknown());
+        }
+        // The wide-block modes take the kernel's 32-byte IV; cryptblk builds it for the IV
+        // modes that leave its upper half zero (plain, plain64, null), the ones cryptsetup
+        // documents for them.
+        if chain.is_wide_block() {
+            if keys > 1 {
+                return Err(unknown());
+            }
+            if !matches!(iv, IvMode::Plain | IvMode::Plain64 | IvMode::Null) {
+                return Err(CipherError::Unsupported(format!(
+                    "{} with {} IVs (cryptblk runs it with plain, plain64 or null IVs)",
+                    chain.name(),
+                    iv.spec_name()
+                )));
+            }
         }
         Ok(Self {
             cipher,
@@ -365,7 +416,11 @@ impl CipherSpec {
 
     /// Cipher name as LUKS1 stores it (`aes`, `serpent`, `cipher_null`).
     pub fn cipher_name(&self) -> &'static str {
-        self.cipher.name()
+        match self.chain {
+            ChainMode::AdiantumXChaCha12 => "xchacha12,aes",
+            ChainMode::AdiantumXChaCha20 => "xchacha20,aes",
+            _ => self.cipher.name(),
+        }
     }
 
     /// Mode string as LUKS1 stores it: `xts-plain64`, `cbc-essiv:sha256`, `ecb`.
@@ -393,7 +448,7 @@ impl CipherSpec {
 
     /// The kernel crypto API name of the data transform (`xts(aes)`, `ecb(cipher_null)`).
     pub fn kernel_api_name(&self) -> String {
-        format!("{}({})", self.chain.name(), self.cipher.name())
+        format!("{}({})", self.chain.name(), self.cipher_name())
     }
 
     /// True for `cipher_null` (no encryption).
@@ -405,6 +460,7 @@ impl CipherSpec {
     pub fn iv_size(&self) -> usize {
         match self.chain {
             ChainMode::Ecb => 0,
+            c if c.is_wide_block() => 32,
             _ => self.cipher.block_size(),
         }
     }
@@ -438,6 +494,8 @@ impl CipherSpec {
         }
         match (self.cipher, self.chain) {
             (BlockCipherName::Null, _) => vec![0],
+            // Adiantum's key is the XChaCha key, from which the AES and hash keys derive.
+            (_, ChainMode::AdiantumXChaCha12 | ChainMode::AdiantumXChaCha20) => vec![32],
             (_, ChainMode::Xts) => base.iter().map(|k| 2 * k).collect(),
             (_, ChainMode::Lrw) => base.iter().map(|k| k + 16).collect(),
             _ => base.to_vec(),
@@ -611,6 +669,52 @@ mod tests {
         assert_eq!(p("capi:cbc(aes)-essiv:sha256"), p("aes-cbc-essiv:sha256"));
         assert_eq!(p("capi:ecb(cipher_null)"), CipherSpec::null());
         assert_eq!(p("capi:xts(aes)-plain64").kernel_api_name(), "xts(aes)");
+    }
+
+    /// cryptsetup 2.7/2.8's ciphers, as cryptsetup and the kernel spell them.
+    #[test]
+    fn hctr2_adiantum_aria_specs() {
+        let h = p("aes-hctr2-plain64");
+        assert_eq!(h.chain_mode(), ChainMode::Hctr2);
+        assert_eq!(h.kernel_api_name(), "hctr2(aes)");
+        assert_eq!((h.iv_size(), h.default_key_size()), (32, 32));
+        assert_eq!(h.valid_key_sizes(), vec![16, 24, 32]);
+        assert_eq!(p("capi:hctr2(aes)-plain64"), h);
+        for (name, mode) in [
+            ("xchacha12,aes", ChainMode::AdiantumXChaCha12),
+            ("xchacha20,aes", ChainMode::AdiantumXChaCha20),
+        ] {
+            let a = p(&format!("{name}-adiantum-plain64"));
+            assert_eq!(a.chain_mode(), mode);
+            assert_eq!(a.spec_string(), format!("{name}-adiantum-plain64"));
+            assert_eq!(
+                (a.cipher_name(), a.cipher_mode()),
+                (name, "adiantum-plain64".into())
+            );
+            assert_eq!(a.kernel_api_name(), format!("adiantum({name})"));
+            assert_eq!(a.valid_key_sizes(), vec![32]);
+            assert_eq!((a.iv_size(), a.default_key_size()), (32, 32));
+            assert_eq!(p(&format!("capi:adiantum({name})-plain64")), a);
+            assert_eq!(CipherSpec::from_parts(name, "adiantum-plain64").unwrap(), a);
+        }
+        let x = p("aria-xts-plain64");
+        assert_eq!(
+            (x.cipher(), x.valid_key_sizes()),
+            (BlockCipherName::Aria, vec![32, 48, 64])
+        );
+        assert_eq!(p("aria-cbc-essiv:sha256").kernel_api_name(), "cbc(aria)");
+        for bad in [
+            "xchacha8,aes-adiantum-plain64",
+            "aes-adiantum-plain64",
+            "serpent-hctr2-plain64",
+            "aes:2-hctr2-plain64",
+        ] {
+            assert!(CipherSpec::parse(bad).is_err(), "{bad} was accepted");
+        }
+        assert!(matches!(
+            CipherSpec::parse("aes-hctr2-essiv:sha256"),
+            Err(CipherError::Unsupported(_))
+        ));
     }
 
     #[test]

@@ -124,6 +124,8 @@ fn registry_lists_and_prefers_the_fastest() {
             "vaes-avx2-xts",
             "aesni-xts",
             "rustcrypto",
+            "hctr2",
+            "adiantum",
             "null"
         ]
     );
@@ -158,9 +160,23 @@ fn registry_lists_and_prefers_the_fastest() {
         default_implementation("cipher_null-ecb", 0).unwrap(),
         "null"
     );
+    assert_eq!(
+        default_implementation("aes-hctr2-plain64", 32).unwrap(),
+        "hctr2"
+    );
+    assert_eq!(
+        default_implementation("xchacha20,aes-adiantum-plain64", 32).unwrap(),
+        "adiantum"
+    );
+    assert_eq!(
+        default_implementation("aria-xts-plain64", 64).unwrap(),
+        "rustcrypto"
+    );
     for i in &list {
-        let expect = matches!(i.name.as_str(), "aws-lc" | "rustcrypto" | "null")
-            || i.name == best_xts_path();
+        let expect = matches!(
+            i.name.as_str(),
+            "aws-lc" | "rustcrypto" | "hctr2" | "adiantum" | "null"
+        ) || i.name == best_xts_path();
         assert_eq!(i.selected_by_default, expect, "{}", i.name);
     }
     let c = open_cipher(
@@ -361,6 +377,9 @@ fn copying_calls_equal_in_place_calls() {
         ("serpent-xts-plain64", 64),
         ("twofish-cbc-plain64", 32),
         ("cipher_null-ecb", 0),
+        ("aes-hctr2-plain64", 32),
+        ("xchacha12,aes-adiantum-plain64", 32),
+        ("aria-xts-plain64", 64),
     ];
     let mut checked = 0;
     for imp in implementations() {

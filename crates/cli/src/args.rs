@@ -833,6 +833,12 @@ pub struct PerfArgs {
     /// Encrypt writes inline on the submitting thread.
     #[arg(long = "perf-no_write_workqueue")]
     pub no_write_workqueue: bool,
+    /// Run the pipeline's worker threads (kcryptd, kcryptd_io, dmcrypt_write) at nice -20,
+    /// as dm-crypt's high-priority workqueues (needs CAP_SYS_NICE; without it they keep
+    /// their priority and a warning is logged). Like any --perf-* flag, selects the queued
+    /// model.
+    #[arg(long = "perf-high_priority")]
+    pub high_priority: bool,
     /// Use the kernel's default queued model (kcryptd, kcryptd_io, dmcrypt_write); cannot
     /// be stored with --persistent.
     #[arg(long = "perf-queued")]
@@ -861,6 +867,7 @@ impl PerfArgs {
             submit_from_crypt_cpus: self.submit_from_crypt_cpus,
             no_read_workqueue: self.no_read_workqueue,
             no_write_workqueue: self.no_write_workqueue,
+            high_priority: self.high_priority,
             queued: self.queued,
         }
     }
@@ -873,6 +880,7 @@ impl PerfArgs {
             submit_from_crypt_cpus: a.submit_from_crypt_cpus,
             no_read_workqueue: a.no_read_workqueue,
             no_write_workqueue: a.no_write_workqueue,
+            high_priority: a.high_priority,
             queued: a.queued,
         }
     }

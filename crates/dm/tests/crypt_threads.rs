@@ -14,7 +14,20 @@ use cryptblk_dm::{BlockDevice, CryptFlags, CryptParams, CryptTarget, RamDisk, Wr
 struct Recorder {
     inner: RamDisk,
     log: Mutex<Vec<(String, &'static str, u64)>>,
+    /// (thread name, nice value) of every request's submitter.
+    nice: Mutex<Vec<(String, i32)>>,
     write_delay: Duration,
+}
+
+/// The calling thread's nice value.
+fn own_nice() -> i32 {
+    // SAFETY: no memory preconditions; errno tells -1 from an error.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let v = libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t);
+        assert_eq!(*libc::__errno_location(), 0, "getpriority failed");
+        v
+    }
 }
 
 impl Recorder {
@@ -22,11 +35,13 @@ impl Recorder {
         Arc::new(Recorder {
             inner: RamDisk::new(1 << 20).unwrap(),
             log: Mutex::new(Vec::new()),
+            nice: Mutex::new(Vec::new()),
             write_delay,
         })
     }
     fn record(&self, op: &'static str, offset: u64) {
         let name = std::thread::current().name().unwrap_or("?").to_string();
+        self.nice.lock().unwrap().push((name.clone(), own_nice()));
         self.log.lock().unwrap().push((name, op, offset));
     }
     fn take(&self) -> Vec<(String, &'static str, u64)> {
@@ -148,4 +163,47 @@ fn dmcrypt_write_sorts_a_backlog_by_sector() {
         descents <= 3,
         "backlog not submitted in sector order: {offsets:?}"
     );
+}
+
+/// `high_priority` (dm-crypt 1.25, cryptsetup 2.8's --perf-high_priority): the threads that
+/// stand in for dm-crypt's workqueues and writer thread run at nice -20, as the kernel's
+/// do; without the flag they keep the creator's priority, and creating the target leaves
+/// the creating thread's own priority as it was. Tests run as root (CAP_SYS_NICE).
+#[test]
+fn high_priority_raises_the_pipeline_threads_to_nice_minus_20() {
+    assert_eq!(
+        CryptFlags::parse(&["same_cpu_crypt".into(), "high_priority".into()])
+            .unwrap()
+            .format(),
+        ["same_cpu_crypt", "high_priority"],
+        "the kernel's order"
+    );
+    for high in [true, false] {
+        let rec = Recorder::new(Duration::ZERO);
+        let before = own_nice();
+        let want = if high { -20 } else { before };
+        let t = target(
+            rec.clone(),
+            CryptFlags {
+                high_priority: high,
+                ..CryptFlags::default()
+            },
+        );
+        assert_eq!(own_nice(), before, "the creator's priority is restored");
+        let t2 = t.clone();
+        on_thread("caller", move || {
+            t2.write_at(0, &[7u8; 4096], WriteFlags::default()).unwrap();
+            let mut b = [0u8; 4096];
+            t2.read_at(0, &mut b).unwrap();
+        });
+        let seen = std::mem::take(&mut *rec.nice.lock().unwrap());
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        for (thread, nice) in &seen {
+            assert!(
+                thread == "dmcrypt_write" || thread == "kcryptd_io",
+                "submitted by {thread}"
+            );
+            assert_eq!(*nice, want, "{thread} with high_priority={high}");
+        }
+    }
 }

@@ -57,7 +57,7 @@ fn crypt_key() -> impl Strategy<Value = CryptKey> {
 
 fn crypt_flags() -> impl Strategy<Value = CryptFlags> {
     (
-        prop::array::uniform6(any::<bool>()),
+        prop::array::uniform7(any::<bool>()),
         prop::sample::select(vec![512u32, 1024, 2048, 4096]),
         prop::option::of((1u32..=480, any::<bool>())),
         prop::option::of(1u32..=1024),
@@ -69,6 +69,7 @@ fn crypt_flags() -> impl Strategy<Value = CryptFlags> {
                 submit_from_crypt_cpus: b[2],
                 no_read_workqueue: b[3],
                 no_write_workqueue: b[4],
+                high_priority: b[6],
                 sector_size,
                 iv_large_sectors: b[5],
                 integrity: integrity.map(|(tuple_size, aead)| CryptIntegrity {

@@ -25,6 +25,8 @@ pub struct CryptActivation {
     pub no_read_workqueue: bool,
     /// `--perf-no_write_workqueue`.
     pub no_write_workqueue: bool,
+    /// `--perf-high_priority` (cryptsetup 2.8): the pipeline's worker threads at nice -20.
+    pub high_priority: bool,
     /// `--perf-queued`: the kernel's queued model on purpose (no header flag expresses it).
     pub queued: bool,
 }
@@ -38,13 +40,15 @@ impl CryptActivation {
             || self.same_cpu_crypt
             || self.submit_from_crypt_cpus
             || self.no_read_workqueue
-            || self.no_write_workqueue;
+            || self.no_write_workqueue
+            || self.high_priority;
         cryptblk_dm::CryptFlags {
             allow_discards: self.allow_discards,
             same_cpu_crypt: self.same_cpu_crypt,
             submit_from_crypt_cpus: self.submit_from_crypt_cpus,
             no_read_workqueue: self.no_read_workqueue || !explicit,
             no_write_workqueue: self.no_write_workqueue || !explicit,
+            high_priority: self.high_priority,
             ..Default::default()
         }
         .format()
@@ -71,6 +75,7 @@ impl Activation {
             self.no_journal,
             p.no_read_workqueue,
             p.no_write_workqueue,
+            p.high_priority,
         ];
         PERSISTENT_FLAGS
             .iter()
@@ -92,6 +97,7 @@ impl Activation {
                 "submit-from-crypt-cpus" => p.submit_from_crypt_cpus = true,
                 "no-read-workqueue" => p.no_read_workqueue = true,
                 "no-write-workqueue" => p.no_write_workqueue = true,
+                "high_priority" => p.high_priority = true,
                 "no-journal" => self.no_journal = true,
                 other => unknown.push(other.to_string()),
             }

@@ -434,16 +434,25 @@ pub fn refresh(opts: &Opts, name: &str, perf: &PerfArgs) -> ActionResult {
     Ok(())
 }
 
+/// Plain mode's defaults as cryptsetup 2.7+ has them (2.6.1 and older: aes-cbc-essiv:sha256
+/// and ripemd160; the key size stays 256 bits, so the default is AES-128 in XTS).
+const PLAIN_DEFAULT_CIPHER: &str = "aes-xts-plain64";
+const PLAIN_DEFAULT_KEY_BITS: u32 = 256;
+const PLAIN_DEFAULT_HASH: &str = "sha256";
+
 fn plain_params(opts: &Opts) -> Result<PlainParams, Failure> {
     let cipher = opts
         .cipher
         .clone()
-        .unwrap_or_else(|| "aes-cbc-essiv:sha256".into());
-    let bits = opts.key_size.unwrap_or(256);
+        .unwrap_or_else(|| PLAIN_DEFAULT_CIPHER.into());
+    let bits = opts.key_size.unwrap_or(PLAIN_DEFAULT_KEY_BITS);
     Ok(PlainParams {
         cipher_spec: cipher,
         key_bytes: bits as usize / 8,
-        hash: opts.hash.clone().unwrap_or_else(|| "ripemd160".into()),
+        hash: opts
+            .hash
+            .clone()
+            .unwrap_or_else(|| PLAIN_DEFAULT_HASH.into()),
         offset_sectors: opts.offset.unwrap_or(0),
         iv_offset_sectors: opts.skip.unwrap_or(0),
         size_sectors: opts.size,
@@ -472,6 +481,7 @@ fn plain_volume(opts: &Opts, device: &Path) -> Result<PlainVolume, Failure> {
 
 /// `open --type plain`.
 pub fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
+    plain_default_warnings(opts);
     let pv = plain_volume(opts, &a.device)?;
     if opts.test_passphrase {
         return Ok(());
@@ -479,6 +489,30 @@ pub fn open_plain(opts: &Opts, a: &OpenArgs) -> ActionResult {
     let name = activate::mapping_name(a)?;
     let plan = plan::plain(&pv, &a.device, name, &a.perf.table_flags())?;
     activate::serve_plan(plan, opts, a)
+}
+
+/// cryptsetup 2.7+'s warnings when plain mode runs on defaults (on stderr, even with
+/// `--batch-mode`): the defaults changed in 2.7 and may change again, and nothing on the
+/// disk records them.
+fn plain_default_warnings(opts: &Opts) {
+    let mut warned = false;
+    if opts.cipher.is_none() || opts.key_size.is_none() {
+        let cipher = opts.cipher.as_deref().unwrap_or(PLAIN_DEFAULT_CIPHER);
+        // cryptsetup prints the spec as it parsed it (cipher-mode).
+        let cipher = cryptblk_cipher::CipherSpec::parse(cipher)
+            .map(|s| s.spec_string())
+            .unwrap_or_else(|_| cipher.to_string());
+        let bits = opts.key_size.unwrap_or(PLAIN_DEFAULT_KEY_BITS);
+        eprintln!("WARNING: Using default options for cipher ({cipher}, key size {bits} bits) that could be incompatible with older versions.");
+        warned = true;
+    }
+    if opts.hash.is_none() && opts.key_file.is_none() {
+        eprintln!("WARNING: Using default options for hash ({PLAIN_DEFAULT_HASH}) that could be incompatible with older versions.");
+        warned = true;
+    }
+    if warned {
+        eprintln!("For plain mode, always use options --cipher, --key-size and if no keyfile or keyring is used, then also --hash.");
+    }
 }
 
 /// `luksDump`.

@@ -692,6 +692,7 @@ pub fn status(name: &str, json_out: bool) -> ActionResult {
         ("submit_from_crypt_cpus", "submit_from_crypt_cpus "),
         ("no_read_workqueue", "no_read_workqueue "),
         ("no_write_workqueue", "no_write_workqueue"),
+        ("high_priority", "high_priority"),
     ]
     .into_iter()
     .filter(|(opt, _)| a.pipeline.iter().any(|p| p.flags.iter().any(|f| f == opt)))

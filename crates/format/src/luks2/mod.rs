@@ -95,14 +95,16 @@ pub struct KeyslotInfo {
 /// The activation flags cryptsetup can store in `config.flags` (`--persistent`), in the
 /// order it writes them: `--allow-discards`, `--perf-same_cpu_crypt`,
 /// `--perf-submit_from_crypt_cpus`, `--integrity-no-journal`, `--perf-no_read_workqueue`,
-/// `--perf-no_write_workqueue`.
-pub const PERSISTENT_FLAGS: [&str; 6] = [
+/// `--perf-no_write_workqueue` and (cryptsetup 2.8, spelt with an underscore)
+/// `--perf-high_priority`.
+pub const PERSISTENT_FLAGS: [&str; 7] = [
     "allow-discards",
     "same-cpu-crypt",
     "submit-from-crypt-cpus",
     "no-journal",
     "no-read-workqueue",
     "no-write-workqueue",
+    "high_priority",
 ];
 
 /// An in-memory LUKS2 header (both copies share it; they differ only in magic, offset and
@@ -996,6 +998,10 @@ mod tests {
         assert_eq!(h.config_flags(), ["no-journal"]);
         h.set_persistent_flags(&[]).unwrap();
         assert_eq!(h.json()["config"]["flags"], serde_json::json!([]));
-        assert!(h.set_persistent_flags(&["high_priority"]).is_err());
+        // cryptsetup 2.8 stores --perf-high_priority last, with its underscore.
+        h.set_persistent_flags(&["high_priority", "allow-discards"])
+            .unwrap();
+        assert_eq!(h.config_flags(), ["allow-discards", "high_priority"]);
+        assert!(h.set_persistent_flags(&["high-priority"]).is_err());
     }
 }

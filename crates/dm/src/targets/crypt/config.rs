@@ -227,6 +227,7 @@ impl CryptFlags {
             submit_from_crypt_cpus: self.submit_from_crypt_cpus,
             no_read_workqueue: self.no_read_workqueue,
             no_write_workqueue: self.no_write_workqueue,
+            high_priority: self.high_priority,
             ..CryptFlags::default()
         }
     }
@@ -243,6 +244,7 @@ impl CryptFlags {
             submit_from_crypt_cpus: has("submit-from-crypt-cpus"),
             no_read_workqueue: has("no-read-workqueue"),
             no_write_workqueue: has("no-write-workqueue"),
+            high_priority: has("high_priority"),
             ..CryptFlags::default()
         }
     }

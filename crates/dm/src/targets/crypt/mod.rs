@@ -65,6 +65,8 @@ pub struct CryptFlags {
     pub no_read_workqueue: bool,
     /// Encrypt and submit writes inline (`no_write_workqueue`).
     pub no_write_workqueue: bool,
+    /// The worker threads at nice -20 (`high_priority`, dm-crypt 1.25 / Linux 6.10).
+    pub high_priority: bool,
     /// Encryption sector size (`sector_size:<n>`), 512 by default.
     pub sector_size: u32,
     /// IVs count in `sector_size` units instead of 512-byte units (`iv_large_sectors`).
@@ -85,6 +87,7 @@ impl Default for CryptFlags {
             submit_from_crypt_cpus: false,
             no_read_workqueue: false,
             no_write_workqueue: false,
+            high_priority: false,
             sector_size: SECTOR_SIZE as u32,
             iv_large_sectors: false,
             integrity: None,
@@ -113,6 +116,7 @@ impl CryptFlags {
                 "submit_from_crypt_cpus" => f.submit_from_crypt_cpus = true,
                 "no_read_workqueue" => f.no_read_workqueue = true,
                 "no_write_workqueue" => f.no_write_workqueue = true,
+                "high_priority" => f.high_priority = true,
                 "iv_large_sectors" => f.iv_large_sectors = true,
                 s if s.starts_with("sector_size:") => {
                     let v = &s["sector_size:".len()..];
@@ -153,6 +157,10 @@ impl CryptFlags {
         }
         if self.same_cpu_crypt {
             v.push("same_cpu_crypt".to_string());
+        }
+        // The kernel prints high_priority right after same_cpu_crypt.
+        if self.high_priority {
+            v.push("high_priority".to_string());
         }
         if self.submit_from_crypt_cpus {
             v.push("submit_from_crypt_cpus".to_string());

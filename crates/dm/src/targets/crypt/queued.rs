@@ -218,6 +218,55 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// dm-crypt's `high_priority` runs its workqueues as `WQ_HIGHPRI` (nice -20) and its writer
+/// thread at nice -20 (`MIN_NICE`); this is the same for the threads that stand in for them.
+const HIGH_PRIORITY_NICE: libc::c_int = -20;
+
+/// The calling thread at [`HIGH_PRIORITY_NICE`] while the pipeline's threads are spawned,
+/// its own nice value restored on drop.
+///
+/// Raising priority needs CAP_SYS_NICE (or an RLIMIT_NICE that allows it). Without it
+/// `setpriority` fails with EPERM: the threads keep the caller's priority, the mapping works
+/// as without the flag, and one warning says so.
+struct RaisedNice {
+    tid: libc::id_t,
+    before: Option<libc::c_int>,
+}
+
+impl RaisedNice {
+    fn for_spawning() -> Self {
+        // SAFETY: gettid/getpriority/setpriority have no memory preconditions.
+        let tid = unsafe { libc::gettid() } as libc::id_t;
+        // getpriority may legitimately return -1: errno tells errors apart.
+        let before = unsafe {
+            *libc::__errno_location() = 0;
+            let v = libc::getpriority(libc::PRIO_PROCESS, tid);
+            (*libc::__errno_location() == 0).then_some(v)
+        };
+        let raised = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, HIGH_PRIORITY_NICE) } == 0;
+        if !raised {
+            log::warn!(
+                "high_priority: cannot raise the crypt threads to nice {HIGH_PRIORITY_NICE} \
+                 ({}); they run at normal priority (needs CAP_SYS_NICE)",
+                io::Error::last_os_error()
+            );
+        }
+        RaisedNice {
+            tid,
+            before: if raised { before } else { None },
+        }
+    }
+}
+
+impl Drop for RaisedNice {
+    fn drop(&mut self) {
+        if let Some(v) = self.before {
+            // SAFETY: as above. Lowering priority back never needs a capability.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, v) };
+        }
+    }
+}
+
 fn pin_to_cpu(cpu: usize) {
     // SAFETY: cpu_set_t is plain data; CPU_SET stays inside it for cpu < CPU_SETSIZE.
     unsafe {
@@ -261,6 +310,10 @@ impl QueuedEngine {
             shared: shared.clone(),
             threads: Vec::new(),
         };
+        // high_priority: the threads are created at nice -20 (a new thread inherits its
+        // creator's nice value), so they run at it from their first instruction and no
+        // request can reach one before it was raised.
+        let _raised = flags.high_priority.then(RaisedNice::for_spawning);
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> io::Result<()> {
             let h = std::thread::Builder::new().name(name).spawn(f)?;
             engine.threads.push(h);
