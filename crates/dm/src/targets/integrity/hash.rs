@@ -205,7 +205,7 @@ impl InternalHash {
             };
             while k < n {
                 let left = n - k;
-                if left >= 4 && left % 3 != 0 && left != 5 {
+                if left >= 4 && !left.is_multiple_of(3) && left != 5 {
                     // SAFETY: SSE4.2 was detected at run time just above.
                     let c =
                         unsafe { self.crc_group::<4>(seed, sector, spb, block_size, data, k, n) };
