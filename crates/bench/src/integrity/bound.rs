@@ -2,7 +2,9 @@
 //! `authenc(hmac(sha256),xts(aes))` must at least run every byte once through HMAC-SHA256
 //! and once through AES-XTS, so no such stack can beat `1 / (1 / hmac + 1 / xts)`. Both
 //! speeds are measured here, in the same run as the table, on 4 KiB buffers (one request of
-//! the workloads): HMAC-SHA256 with its key states prepared once (the sha2 crate, SHA-NI
+//! the workloads, and one sector of the 4096-byte-sector row; the 512-byte row needs eight
+//! MACs, each over 24 bytes of associated data and 512 of data, so about 1.2x the
+//! compressions: that row cannot reach more than about 0.83x of this bound): HMAC-SHA256 with its key states prepared once (the sha2 crate, SHA-NI
 //! where the CPU has it), AES-XTS with the implementation a crypt target opens by default
 //! (the registry's pick for a 64-byte `aes-xts-plain64` key), encrypt for the write bound and
 //! decrypt for the read bound. `openssl speed -hmac sha256 -bytes 4096` is printed beside

@@ -9,9 +9,13 @@
 //!   integritysetup default hash in journal, bitmap and direct mode;
 //! - `int-hmac-sha256-j`: keyed tags (`internal_hash:hmac(sha256):<key>`), journal mode;
 //! - `crypt-int-hmac-sha256`: what `cryptsetup luksFormat --cipher aes-xts-plain64
-//!   --integrity hmac-sha256` activates: an `integrity` target with 32-byte external tags
-//!   and above it `crypt capi:authenc(hmac(sha256),xts(aes))-plain64 ... integrity:32:aead`
-//!   (skipped, with the loader's message, while crates/dm cannot load that table);
+//!   --integrity hmac-sha256` activates on an image file or a 4K device: an `integrity`
+//!   target with 32-byte external tags and 4096-byte blocks, and above it `crypt
+//!   capi:authenc(hmac(sha256),xts(aes))-plain64 ... integrity:32:aead sector_size:4096`
+//!   (cryptsetup 2.4+ picks 4096-byte sectors there, `--integrity` or not);
+//!   `crypt-int-hmac-sha256-512` the same on a 512-byte device (one MAC per 512 bytes,
+//!   eight per 4 KiB request). Either is skipped, with the loader's message, while
+//!   crates/dm cannot load its tables;
 //! - `verity`: a `verity` target over a data RAM disk whose sha256 tree cryptblk built
 //!   (read workloads only, as the reference's dm-verity column); `verity-once` the same
 //!   with `check_at_most_once`.

@@ -17,6 +17,7 @@ use cryptblk_cipher::{CipherError, SectorCipher};
 use super::{cipher_io, CryptParams, CryptTarget, WriteData};
 use crate::device::{BlockDevice, WriteFlags};
 use crate::error::{errno, DmError};
+use crate::targets::integrity::with_scratch;
 use crate::SECTOR_SIZE;
 
 /// The kernel's limit on `integrity:<bytes>` (dm-crypt's `MAX_TAG_SIZE`).
@@ -178,10 +179,11 @@ pub(super) fn stand_in(aead: &dyn AeadSectorCipher) -> Arc<dyn SectorCipher> {
 }
 
 impl CryptTarget {
-    fn tags_for(&self, len: usize) -> Vec<u8> {
+    /// Metadata bytes of a `len`-byte request.
+    fn tags_len(&self, len: usize) -> usize {
         let ss = self.params.flags.sector_size as usize;
         let tuple = self.params.flags.integrity.map_or(0, |i| i.tuple_size) as usize;
-        vec![0u8; len / ss * tuple]
+        len / ss * tuple
     }
 
     pub(super) fn read_aead(
@@ -190,10 +192,20 @@ impl CryptTarget {
         offset: u64,
         buf: &mut [u8],
     ) -> io::Result<()> {
-        let mut tags = self.tags_for(buf.len());
-        self.dev
-            .read_with_tags(self.base() + offset, buf, &mut tags)?;
-        match aead.decrypt(offset / SECTOR_SIZE, buf, &tags) {
+        with_scratch(self.tags_len(buf.len()), |tags| {
+            self.dev.read_with_tags(self.base() + offset, buf, tags)?;
+            self.open_sectors(aead, offset, buf, tags)
+        })
+    }
+
+    fn open_sectors(
+        &self,
+        aead: &dyn AeadSectorCipher,
+        offset: u64,
+        buf: &mut [u8],
+        tags: &[u8],
+    ) -> io::Result<()> {
+        match aead.decrypt(offset / SECTOR_SIZE, buf, tags) {
             Ok(()) => Ok(()),
             Err(AeadError::Auth { sector }) => {
                 self.stats.integrity_error();
@@ -224,14 +236,15 @@ impl CryptTarget {
                 &mut owned
             }
         };
-        let mut tags = self.tags_for(buf.len());
-        aead.encrypt(offset / SECTOR_SIZE, buf, &mut tags)
-            .map_err(|e| match e {
-                AeadError::Cipher(c) => cipher_io(c),
-                AeadError::Auth { .. } => errno(libc::EIO),
-            })?;
-        self.dev
-            .write_with_tags(self.base() + offset, buf, &tags, flags)
+        with_scratch(self.tags_len(buf.len()), |tags| {
+            aead.encrypt(offset / SECTOR_SIZE, buf, tags)
+                .map_err(|e| match e {
+                    AeadError::Cipher(c) => cipher_io(c),
+                    AeadError::Auth { .. } => errno(libc::EIO),
+                })?;
+            self.dev
+                .write_with_tags(self.base() + offset, buf, tags, flags)
+        })
     }
 }
 

@@ -126,6 +126,20 @@ impl Hasher for U64Hasher {
     }
 }
 
+/// Runs `f` on a zeroed scratch buffer of `len` bytes: on the stack when it is small (the
+/// tags of one request: 32 bytes for a 4 KiB request of 4096-byte blocks, 256 for 512-byte
+/// ones), so the per-request paths allocate nothing; on the heap for larger requests.
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    /// Largest buffer kept on the stack.
+    const STACK: usize = 1024;
+    if len <= STACK {
+        let mut b = [0u8; STACK];
+        f(&mut b[..len])
+    } else {
+        f(&mut vec![0u8; len])
+    }
+}
+
 /// The integrity target: the device ([`Core`], shared with the timer thread) plus the
 /// thread that runs its commit / bitmap flush timer.
 pub struct IntegrityTarget {

@@ -21,7 +21,26 @@ impl Core {
         st: &State,
         sector: u64,
         buf: &mut [u8],
+        tags_out: Option<&mut [u8]>,
+    ) -> io::Result<()> {
+        // Scratch for the stored and the computed tags: on the stack for usual request
+        // sizes, so a read allocates nothing.
+        let most = buf.len() / self.cfg.block_size as usize * self.layout.tag_size as usize;
+        super::with_scratch(most, |stored| {
+            super::with_scratch(most, |computed| {
+                self.read_home_with(st, sector, buf, tags_out, stored, computed)
+            })
+        })
+    }
+
+    fn read_home_with(
+        &self,
+        st: &State,
+        sector: u64,
+        buf: &mut [u8],
         mut tags_out: Option<&mut [u8]>,
+        stored: &mut [u8],
+        computed: &mut [u8],
     ) -> io::Result<()> {
         let bs = self.cfg.block_size as usize;
         let ts = self.layout.tag_size as usize;
@@ -29,8 +48,6 @@ impl Core {
         let verify = self.cfg.mode != IntegrityMode::Recovery && self.hash.is_some();
         let checked_below = self.checked_below(st);
         let spb = self.layout.sectors_per_block as u64;
-        let mut stored = Vec::new();
-        let mut computed = Vec::new();
         let mut cache = None;
         let mut done = 0usize;
         while done < buf.len() {
@@ -46,10 +63,7 @@ impl Core {
                 let at = done / bs * ts;
                 let tagbuf: &mut [u8] = match tags_out.as_deref_mut() {
                     Some(out) => &mut out[at..at + nblocks * ts],
-                    None => {
-                        stored.resize(nblocks * ts, 0);
-                        &mut stored[..]
-                    }
+                    None => &mut stored[..nblocks * ts],
                 };
                 cache.read(
                     self.mdev().as_ref(),
@@ -60,8 +74,8 @@ impl Core {
                 // Blocks at or past `recalc_sector` have no valid tags yet: not checked.
                 let nchecked = (checked_below.saturating_sub(s) / spb).min(nblocks as u64) as usize;
                 if let (Some(hash), true) = (&self.hash, verify && nchecked > 0) {
-                    computed.resize(nchecked * ts, 0);
-                    hash.tags(salt.as_ref(), s, bs, &chunk[..nchecked * bs], &mut computed);
+                    let computed = &mut computed[..nchecked * ts];
+                    hash.tags(salt.as_ref(), s, bs, &chunk[..nchecked * bs], computed);
                     let tagbuf = &tagbuf[..nchecked * ts];
                     if computed[..] != tagbuf[..] {
                         let k = (0..nchecked)

@@ -25,11 +25,29 @@ impl Core {
         data: &[u8],
         given: Option<&[u8]>,
     ) -> io::Result<()> {
+        let salt = self.salt(&st.sb);
+        self.with_tags(salt.as_ref(), sector, data, given, |tags| {
+            self.journal_put(st, sector, data, tags)
+        })?;
+        // `journal_watermark`: once this share of the journal holds uncommitted sections,
+        // commit, so unflushed writes reach the disk without waiting for a full journal.
+        // (The kernel starts that commit in the background; here the write that crosses the
+        // watermark does it.)
+        // Counted in entries, as the kernel's free-sectors threshold is.
+        let per_section = u64::from(st.journal.section_entries);
+        let used = u64::from(st.n_uncommitted) * per_section + u64::from(st.free_entry);
+        let total = u64::from(st.journal.sections) * per_section;
+        if used > 0 && used * 100 >= total * u64::from(self.cfg.journal_watermark) {
+            self.commit(st)?;
+        }
+        Ok(())
+    }
+
+    /// Puts whole blocks and their `tags` into the next free journal entries, committing
+    /// first whenever the journal is full.
+    fn journal_put(&self, st: &mut State, sector: u64, data: &[u8], tags: &[u8]) -> io::Result<()> {
         let bs = self.cfg.block_size as usize;
         let ts = self.layout.tag_size as usize;
-        let salt = self.salt(&st.sb);
-        let mut tags = Vec::new();
-        self.compute_tags(salt.as_ref(), sector, data, given, &mut tags);
         for (k, block) in data.chunks_exact(bs).enumerate() {
             if st.free_entry == 0 && st.n_uncommitted == st.journal.sections {
                 self.commit(st)?;
@@ -44,17 +62,6 @@ impl Core {
                 st.free_section = (st.free_section + 1) % st.journal.sections;
                 st.n_uncommitted += 1;
             }
-        }
-        // `journal_watermark`: once this share of the journal holds uncommitted sections,
-        // commit, so unflushed writes reach the disk without waiting for a full journal.
-        // (The kernel starts that commit in the background; here the write that crosses the
-        // watermark does it.)
-        // Counted in entries, as the kernel's free-sectors threshold is.
-        let per_section = u64::from(st.journal.section_entries);
-        let used = u64::from(st.n_uncommitted) * per_section + u64::from(st.free_entry);
-        let total = u64::from(st.journal.sections) * per_section;
-        if used > 0 && used * 100 >= total * u64::from(self.cfg.journal_watermark) {
-            self.commit(st)?;
         }
         Ok(())
     }
@@ -71,7 +78,6 @@ impl Core {
         let ts = self.layout.tag_size as usize;
         let salt = self.salt(&st.sb);
         let mut done = 0usize;
-        let mut tags = Vec::new();
         let mut cache = self.lock_tags();
         while done < data.len() {
             let s = sector + (done / 512) as u64;
@@ -83,35 +89,37 @@ impl Core {
                 WriteFlags::default(),
             )?;
             let g = given.map(|t| &t[done / bs * ts..(done + n) / bs * ts]);
-            self.compute_tags(salt.as_ref(), s, chunk, g, &mut tags);
-            self.store_tags(&mut cache, s, &tags)?;
+            self.with_tags(salt.as_ref(), s, chunk, g, |tags| {
+                self.store_tags(&mut cache, s, tags)
+            })?;
             done += n;
         }
         Ok(())
     }
 
-    /// The tags of the whole blocks in `data` (the first at logical `sector`) into `out`:
-    /// the caller's (`given`, one per block), else the internal hash's, else zeros (an
-    /// untagged write to an external-tag device).
-    pub(super) fn compute_tags(
+    /// Calls `f` with the tags of the whole blocks in `data` (the first at logical
+    /// `sector`): the caller's (`given`, one per block, used as they are), else the
+    /// internal hash's, else zeros (an untagged write to an external-tag device); computed
+    /// tags live in a scratch buffer on the stack for requests of usual sizes.
+    pub(super) fn with_tags<R>(
         &self,
         salt: Option<&[u8; 16]>,
         sector: u64,
         data: &[u8],
         given: Option<&[u8]>,
-        out: &mut Vec<u8>,
-    ) {
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> R {
         let bs = self.cfg.block_size as usize;
         let ts = self.layout.tag_size as usize;
-        out.clear();
-        match (given, &self.hash) {
-            (Some(t), _) => out.extend_from_slice(t),
-            (None, Some(h)) => {
-                out.resize(data.len() / bs * ts, 0);
+        if let Some(t) = given {
+            return f(t);
+        }
+        super::with_scratch(data.len() / bs * ts, |out| {
+            if let Some(h) = &self.hash {
                 h.tags(salt, sector, bs, data, out);
             }
-            (None, None) => out.resize(data.len() / bs * ts, 0),
-        }
+            f(out)
+        })
     }
 
     /// Writes the tags of consecutive blocks from logical `sector` (all in one area)
