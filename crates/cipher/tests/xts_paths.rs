@@ -39,6 +39,29 @@ fn paths() -> Vec<XtsPath> {
     v
 }
 
+/// Every keyed variant of every path: the AES-NI path twice where the CPU has AVX (VEX
+/// encodings, and the legacy SSE ones a CPU without AVX runs).
+fn keyed(key: &[u8]) -> Vec<(String, XtsAes)> {
+    let mut v = Vec::new();
+    for p in paths() {
+        let x = XtsAes::new(p, key).unwrap();
+        if p == XtsPath::AesNi {
+            assert_eq!(
+                x.uses_vex(),
+                std::arch::is_x86_feature_detected!("avx"),
+                "aesni-xts: VEX exactly when the CPU has AVX"
+            );
+            if x.uses_vex() {
+                let sse = XtsAes::new(p, key).unwrap().with_sse_encoding();
+                assert!(!sse.uses_vex());
+                v.push(("aesni-xts (sse)".to_string(), sse));
+            }
+        }
+        v.push((p.name().to_string(), x));
+    }
+    v
+}
+
 fn pattern() -> String {
     let p: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
     hex::encode(p)
@@ -158,6 +181,17 @@ fn ieee1619_vectors_every_path() {
         let key = hex::decode(key).unwrap();
         let (pt, ct) = (hex::decode(pt).unwrap(), hex::decode(ct).unwrap());
         let tweak = seq.to_le_bytes();
+        for (label, x) in keyed(&key) {
+            let mut buf = pt.clone();
+            x.encrypt_unit(&tweak, &mut buf).unwrap();
+            assert_eq!(
+                hex::encode(&buf),
+                hex::encode(&ct),
+                "{name} encrypt, {label}"
+            );
+            x.decrypt_unit(&tweak, &mut buf).unwrap();
+            assert_eq!(buf, pt, "{name} decrypt, {label}");
+        }
         for &p in &paths {
             let x = XtsAes::new(p, &key).unwrap();
             let mut buf = pt.clone();
@@ -259,13 +293,12 @@ proptest! {
         let pt: Vec<u8> = (0..blocks * 16).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
         let mut want = pt.clone();
         reference(key, tweak, &mut want, false);
-        for p in paths() {
-            let x = XtsAes::new(p, key).unwrap();
+        for (label, x) in keyed(key) {
             let mut buf = pt.clone();
             x.encrypt_unit(&tweak, &mut buf).unwrap();
-            prop_assert_eq!(&buf, &want, "{} encrypt", p.name());
+            prop_assert_eq!(&buf, &want, "{} encrypt", label);
             x.decrypt_unit(&tweak, &mut buf).unwrap();
-            prop_assert_eq!(&buf, &pt, "{} decrypt", p.name());
+            prop_assert_eq!(&buf, &pt, "{} decrypt", label);
         }
     }
 
@@ -383,15 +416,13 @@ for line in sys.stdin:
         .collect();
     assert_eq!(lines.len(), cases.len());
     for ((k, t, p), want) in cases.iter().zip(&lines) {
-        for path in paths() {
-            let x = XtsAes::new(path, k).unwrap();
+        for (label, x) in keyed(k) {
             let mut buf = p.clone();
             x.encrypt_unit(t, &mut buf).unwrap();
             assert_eq!(
                 &hex::encode(&buf),
                 want,
-                "{} vs pyca, key {} bytes",
-                path.name(),
+                "{label} vs pyca, key {} bytes",
                 k.len()
             );
             x.decrypt_unit(t, &mut buf).unwrap();
