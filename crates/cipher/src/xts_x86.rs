@@ -6,9 +6,14 @@
 //! (OpenSSL 3.0 and AWS-LC stop at AES-NI there; the Linux kernel's aes-xts-vaes-avx2 is
 //! kernel-only and GPL), AWS-LC has no AES-128-XTS at all and its AVX-512 XTS is AES-256
 //! only, and RustCrypto's `xts-mode` goes one block at a time. Each path keeps 8 vectors of
-//! blocks in flight (8, 16 or 32 blocks) so the AES units' latency is covered, and keeps the
-//! tweaks in vector registers: every lane's tweak is advanced by x^(8 * lanes) per iteration
-//! with one carry-less multiply for the reduction, so the 8 tweak vectors are independent.
+//! blocks in flight (8, 16 or 32 blocks) so the AES units' latency is covered. The VAES paths
+//! keep the tweaks in vector registers: every lane's tweak is advanced by x^(8 * lanes) per
+//! iteration with one carry-less multiply for the reduction, so the 8 tweak vectors are
+//! independent. The AES-NI path is one asm loop after OpenSSL's (see `mod aesni`).
+//!
+//! A request of several sectors has the tweaks of 8 sectors encrypted at once (the serial
+//! 10-14 rounds of one tweak otherwise cost every sector their full latency: +30-40% at
+//! 512-byte sectors, a few percent at 4 KiB).
 //!
 //! Only whole 16-byte blocks: dm-crypt's sectors are 512..4096 bytes, so XTS's ciphertext
 //! stealing (for a data unit that is not a block multiple) is never needed; other lengths are
@@ -183,10 +188,61 @@ impl XtsAes {
                 "source and destination lengths differ".into(),
             ));
         }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut t0 = [tweak_block(*tweak)];
+            self.encrypt_tweaks(&mut t0);
+            // SAFETY: the path's CPU features were checked when this was keyed.
+            unsafe { self.unit_encrypted_tweak(decrypt, t0[0], src, dst) };
+        }
+        Ok(())
+    }
+
+    /// Encrypts up to 8 tweaks in place under the tweak key, interleaved: the tweak
+    /// encryption is one serial chain of 10 or 14 AES rounds per sector, which a request of
+    /// several sectors overlaps instead of paying each time.
+    #[cfg(target_arch = "x86_64")]
+    fn encrypt_tweaks(&self, t: &mut [__m128i]) {
+        debug_assert!((1..=8).contains(&t.len()));
+        macro_rules! by_count {
+            ($r:literal) => {
+                match t.len() {
+                    1 => encrypt_blocks::<$r, 1>(&self.ks.tweak, t.try_into().unwrap()),
+                    2 => encrypt_blocks::<$r, 2>(&self.ks.tweak, t.try_into().unwrap()),
+                    3 => encrypt_blocks::<$r, 3>(&self.ks.tweak, t.try_into().unwrap()),
+                    4 => encrypt_blocks::<$r, 4>(&self.ks.tweak, t.try_into().unwrap()),
+                    5 => encrypt_blocks::<$r, 5>(&self.ks.tweak, t.try_into().unwrap()),
+                    6 => encrypt_blocks::<$r, 6>(&self.ks.tweak, t.try_into().unwrap()),
+                    7 => encrypt_blocks::<$r, 7>(&self.ks.tweak, t.try_into().unwrap()),
+                    _ => encrypt_blocks::<$r, 8>(&self.ks.tweak, t.try_into().unwrap()),
+                }
+            };
+        }
+        // SAFETY: AES-NI was checked when this was keyed.
+        unsafe {
+            if self.ks.rounds == 10 {
+                by_count!(10)
+            } else {
+                by_count!(14)
+            }
+        }
+    }
+
+    /// One data unit whose tweak is already encrypted (`t0`); lengths checked by the caller.
+    ///
+    /// # Safety
+    /// `src`, when given, has `dst`'s length, a nonzero multiple of 16.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn unit_encrypted_tweak(
+        &self,
+        decrypt: bool,
+        tweak: __m128i,
+        src: Option<&[u8]>,
+        dst: &mut [u8],
+    ) {
         let inp = src.map_or(dst.as_ptr(), <[u8]>::as_ptr);
         let out = dst.as_mut_ptr();
         let n = dst.len();
-        #[cfg(target_arch = "x86_64")]
         // SAFETY: the path's CPU features were checked when this was keyed; `inp` and `out`
         // are `n` valid bytes each, equal or disjoint (distinct borrows).
         unsafe {
@@ -200,7 +256,6 @@ impl XtsAes {
                 (XtsPath::VaesAvx512, true) => avx512::decrypt(s, tweak, inp, out, n),
             }
         }
-        Ok(())
     }
 }
 
@@ -215,19 +270,6 @@ macro_rules! mulx_body {
         let c = $bslli8(b); // 0, lo >> (64 - s): carry from lo into hi
         let d = $clmul01(b); // (hi >> (64 - s)) * 0x87 into lo
         $xor3(a, c, d)
-    }};
-}
-
-/// `v * x^(8 * $bytes)` in each 128-bit lane for a whole-byte shift: the lane shifted by
-/// `$bytes` bytes, the bytes shifted out reduced by one carry-less multiply by 0x87 (at most
-/// 32 x 8 bits, so no second reduction). Four instructions where the bit-shift form
-/// ([`mulx_body`]) needs six: the VAES paths advance every tweak vector by x^16 (ymm) or x^32
-/// (zmm) per iteration, and those instructions share the vector pipes with the AES rounds.
-macro_rules! advance_bytes {
-    ($v:expr, $bytes:literal, $rest:literal, $bsll:ident, $bsrl:ident, $clmul:ident, $xor:ident,
-     $poly:expr) => {{
-        let v = $v;
-        $xor($bsll::<$bytes>(v), $clmul::<0x00>($bsrl::<$rest>(v), $poly))
     }};
 }
 
@@ -274,7 +316,7 @@ macro_rules! asm8 {
 
 /// The shared per-width XTS loop of the VAES paths; the module it expands in defines `V`,
 /// `LANES` and the vector helpers (`ld`, `st`, `xor`, `bc`, `enc8`, `enclast`, `dec8`,
-/// `declast`, `step`, `advance`, `first`, `lane0`).
+/// `declast`, `step`, `first`, `lane0`).
 macro_rules! xts_core {
     ($feat:literal) => {
         /// Blocks per iteration: 8 vectors.
@@ -283,7 +325,7 @@ macro_rules! xts_core {
         #[target_feature(enable = $feat)]
         pub(super) unsafe fn encrypt(
             s: &Schedule,
-            iv: &[u8; 16],
+            t0: __m128i,
             inp: *const u8,
             out: *mut u8,
             n: usize,
@@ -291,9 +333,9 @@ macro_rules! xts_core {
             // SAFETY: forwarded from the caller.
             unsafe {
                 if s.rounds == 10 {
-                    run::<10, false>(s, iv, inp, out, n)
+                    run::<10, false>(s, t0, inp, out, n)
                 } else {
-                    run::<14, false>(s, iv, inp, out, n)
+                    run::<14, false>(s, t0, inp, out, n)
                 }
             }
         }
@@ -301,7 +343,7 @@ macro_rules! xts_core {
         #[target_feature(enable = $feat)]
         pub(super) unsafe fn decrypt(
             s: &Schedule,
-            iv: &[u8; 16],
+            t0: __m128i,
             inp: *const u8,
             out: *mut u8,
             n: usize,
@@ -309,9 +351,9 @@ macro_rules! xts_core {
             // SAFETY: forwarded from the caller.
             unsafe {
                 if s.rounds == 10 {
-                    run::<10, true>(s, iv, inp, out, n)
+                    run::<10, true>(s, t0, inp, out, n)
                 } else {
-                    run::<14, true>(s, iv, inp, out, n)
+                    run::<14, true>(s, t0, inp, out, n)
                 }
             }
         }
@@ -319,7 +361,7 @@ macro_rules! xts_core {
         #[target_feature(enable = $feat)]
         unsafe fn run<const R: usize, const DEC: bool>(
             s: &Schedule,
-            iv: &[u8; 16],
+            t0: __m128i,
             inp: *const u8,
             out: *mut u8,
             n: usize,
@@ -327,7 +369,6 @@ macro_rules! xts_core {
             // SAFETY: the caller guarantees the CPU features and `n` valid bytes at `inp`
             // and `out`; every access below is within 0..n.
             unsafe {
-                let t0 = super::encrypt_block::<R>(&s.tweak, _mm_loadu_si128(iv.as_ptr().cast()));
                 let keys = if DEC { &s.dec } else { &s.enc };
                 let mut rk = [bc(&keys[0]); 15];
                 for r in 1..=R {
@@ -361,7 +402,7 @@ macro_rules! xts_core {
                             enclast(x[j], k)
                         };
                         st(out.add(off + 16 * LANES * j), x[j]);
-                        tw[j] = advance(tw[j]);
+                        tw[j] = step(tw[j], BLOCKS as i64);
                     }
                     off += 16 * BLOCKS;
                 }
@@ -719,34 +760,34 @@ mod aesni {
     #[target_feature(enable = "aes,sse4.1")]
     pub(super) unsafe fn encrypt(
         s: &Schedule,
-        iv: &[u8; 16],
+        t0: __m128i,
         inp: *const u8,
         out: *mut u8,
         n: usize,
         vex: bool,
     ) {
         // SAFETY: forwarded from the caller.
-        unsafe { run(s, iv, inp, out, n, vex, false) }
+        unsafe { run(s, t0, inp, out, n, vex, false) }
     }
 
     /// Decrypts `n` bytes (whole blocks).
     #[target_feature(enable = "aes,sse4.1")]
     pub(super) unsafe fn decrypt(
         s: &Schedule,
-        iv: &[u8; 16],
+        t0: __m128i,
         inp: *const u8,
         out: *mut u8,
         n: usize,
         vex: bool,
     ) {
         // SAFETY: forwarded from the caller.
-        unsafe { run(s, iv, inp, out, n, vex, true) }
+        unsafe { run(s, t0, inp, out, n, vex, true) }
     }
 
     #[target_feature(enable = "aes,sse4.1")]
     unsafe fn run(
         s: &Schedule,
-        iv: &[u8; 16],
+        t0: __m128i,
         inp: *const u8,
         out: *mut u8,
         n: usize,
@@ -756,12 +797,6 @@ mod aesni {
         // SAFETY: the caller guarantees AES-NI (and AVX when `vex`) and `n` valid bytes at
         // `inp` and `out`; every access below is within 0..n or the two tweak buffers.
         unsafe {
-            let iv = _mm_loadu_si128(iv.as_ptr().cast());
-            let t0 = if s.rounds == 10 {
-                super::encrypt_block::<10>(&s.tweak, iv)
-            } else {
-                super::encrypt_block::<14>(&s.tweak, iv)
-            };
             let mut t0b = [0u8; 16];
             _mm_storeu_si128(t0b.as_mut_ptr().cast(), t0);
             let mut t = u128::from_le_bytes(t0b);
@@ -867,21 +902,6 @@ mod avx2 {
             |a, c, d| _mm256_xor_si256(_mm256_xor_si256(a, c), d)
         )
     }
-    /// `v * x^16` in each lane: one iteration's advance (16 blocks).
-    #[target_feature(enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq")]
-    #[inline]
-    fn advance(v: V) -> V {
-        advance_bytes!(
-            v,
-            2,
-            14,
-            _mm256_bslli_epi128,
-            _mm256_bsrli_epi128,
-            _mm256_clmulepi64_epi128,
-            _mm256_xor_si256,
-            _mm256_set1_epi64x(0x87)
-        )
-    }
     /// Lanes `t, t*x`.
     #[target_feature(enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq")]
     #[inline]
@@ -972,23 +992,6 @@ mod avx512 {
             |a, c, d| _mm512_ternarylogic_epi64::<0x96>(a, c, d)
         )
     }
-    /// `v * x^32` in each lane: one iteration's advance (32 blocks).
-    #[target_feature(
-        enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl"
-    )]
-    #[inline]
-    fn advance(v: V) -> V {
-        advance_bytes!(
-            v,
-            4,
-            12,
-            _mm512_bslli_epi128,
-            _mm512_bsrli_epi128,
-            _mm512_clmulepi64_epi128,
-            _mm512_xor_si512,
-            _mm512_set1_epi64(0x87)
-        )
-    }
     /// Lanes `t, t*x, t*x^2, t*x^3`.
     #[target_feature(
         enable = "aes,sse4.1,pclmulqdq,avx2,vaes,vpclmulqdq,avx512f,avx512bw,avx512vl"
@@ -1047,6 +1050,38 @@ fn mulx1(v: __m128i) -> __m128i {
         |b| _mm_clmulepi64_si128::<0x01>(b, poly),
         |a, c, d| _mm_xor_si128(_mm_xor_si128(a, c), d)
     )
+}
+
+/// A 16-byte tweak as a vector.
+#[cfg(target_arch = "x86_64")]
+fn tweak_block(t: [u8; 16]) -> __m128i {
+    // SAFETY: SSE2 is baseline on x86-64; 16 bytes.
+    unsafe { _mm_loadu_si128(t.as_ptr().cast()) }
+}
+
+/// `N` independent blocks under an encryption schedule of `R` rounds, in place; the rounds
+/// of all blocks are interleaved, so `N` blocks cost about what one block's latency does.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "aes,sse4.1")]
+fn encrypt_blocks<const R: usize, const N: usize>(rk: &[[u8; 16]; 15], b: &mut [__m128i; N]) {
+    let k = |r: usize| {
+        // SAFETY: 16 bytes.
+        unsafe { _mm_loadu_si128(rk[r].as_ptr().cast()) }
+    };
+    let k0 = k(0);
+    for v in b.iter_mut() {
+        *v = _mm_xor_si128(*v, k0);
+    }
+    for r in 1..R {
+        let kr = k(r);
+        for v in b.iter_mut() {
+            *v = _mm_aesenc_si128(*v, kr);
+        }
+    }
+    let kl = k(R);
+    for v in b.iter_mut() {
+        *v = _mm_aesenclast_si128(*v, kl);
+    }
 }
 
 /// One block under an encryption schedule of `R` rounds.
@@ -1192,6 +1227,39 @@ impl crate::dmcipher::ModeEngine for XtsX86Engine {
         ivs: &crate::dmcipher::IvRun<'_>,
     ) -> Result<(), CipherError> {
         let decrypt = dir == crate::dmcipher::Direction::Decrypt;
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Whole-block sectors (dm-crypt's always are): the tweaks of 8 sectors at a time
+            // are encrypted together (see `encrypt_tweaks`), then each sector runs.
+            let (src, dst) = sectors.parts();
+            let x = &self.0;
+            if unit == 0 || !unit.is_multiple_of(16) || src.is_some_and(|s| s.len() != dst.len()) {
+                // Refused by `unit` with its error.
+                return x.unit(decrypt, &[0; 16], src, dst);
+            }
+            let count = dst.len() / unit;
+            let mut iv = [0u8; crate::iv::IV_LEN];
+            let mut first = 0;
+            for chunk in dst.chunks_mut(8 * unit) {
+                let k = chunk.len() / unit;
+                let mut t = [tweak_block([0; 16]); 8];
+                for (j, tj) in t[..k].iter_mut().enumerate() {
+                    ivs.fill(first + j, &mut iv);
+                    *tj = tweak_block(iv[..16].try_into().expect("16-byte IV"));
+                }
+                x.encrypt_tweaks(&mut t[..k]);
+                for (j, out) in chunk.chunks_exact_mut(unit).enumerate() {
+                    let i = first + j;
+                    let input = src.map(|s| &s[i * unit..(i + 1) * unit]);
+                    // SAFETY: whole blocks, `input` as long as `out` (checked above).
+                    unsafe { x.unit_encrypted_tweak(decrypt, t[j], input, out) };
+                }
+                first += k;
+            }
+            debug_assert_eq!(first, count);
+            Ok(())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         sectors.each(unit, ivs, |iv, input, out| {
             self.0.unit(decrypt, iv, input, out)
         })
