@@ -2,7 +2,9 @@
 //! sectors, alternating rounds, medians (docs/bench/xts-paths.md was made with it).
 //!
 //! usage (one CPU, OpenSSL's children pinned too):
-//!   taskset -c 1 target/debug/examples/xts_paths [ROUNDS] [SECONDS_PER_FIGURE]
+//!   taskset -c 1 target/debug/examples/xts_paths [ROUNDS] [SECONDS_PER_FIGURE] [REQUEST [SECTOR]]
+//! REQUEST (default 4096) is the bytes per call, SECTOR (default 4096) the sector size: 65536
+//! measures a 64 KiB dm-crypt request of 16 sectors (openssl's row stays at 4096 bytes).
 //! With CRYPTBLK_CPU_MASK=avx512 or =vaes the masked paths are left out and the registry's
 //! pick changes; every figure is MB/s (10^6 bytes per second of CPU time, openssl's unit).
 
@@ -44,6 +46,8 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     let rounds: usize = a.get(1).map_or(5, |s| s.parse().expect("rounds"));
     let secs: f64 = a.get(2).map_or(0.5, |s| s.parse().expect("seconds"));
+    let request: usize = a.get(3).map_or(4096, |s| s.parse().expect("request bytes"));
+    let sector: usize = a.get(4).map_or(4096, |s| s.parse().expect("sector bytes"));
     let dur = Duration::from_secs_f64(secs);
     let mib = (1u64 << 20) as f64 / 1e6;
     println!(
@@ -86,8 +90,14 @@ fn main() {
                 }
                 continue;
             }
-            if let Ok(t) = cryptblk_cipher::measure("aes-xts-plain64", *key, 4096, Some(name), dur)
-            {
+            if let Ok(t) = cryptblk_cipher::measure_requests(
+                "aes-xts-plain64",
+                *key,
+                sector,
+                request,
+                Some(name),
+                dur,
+            ) {
                 enc.push(t.encrypt_mb_s * mib);
                 dec.push(t.decrypt_mb_s * mib);
             }
@@ -134,5 +144,8 @@ fn main() {
             );
         }
     }
-    println!("# {rounds} rounds, {secs} s per cryptblk figure, medians");
+    println!(
+        "# {rounds} rounds, {secs} s per cryptblk figure, {request}-byte requests of \
+         {sector}-byte sectors, medians"
+    );
 }

@@ -38,7 +38,7 @@ pub mod xts_x86;
 pub use awslc::RawBulkXts;
 pub use cpu::{cpu_features, cpu_features_summary, CpuFeatures, CPU_MASK_ENV};
 pub use locked::lock_backend_memory;
-pub use measure::{measure, Throughput};
+pub use measure::{measure, measure_requests, Throughput};
 pub use registry::{
     default_implementation, implementations, open_cipher, open_cipher_spec, ImplementationInfo,
 };

@@ -49,6 +49,26 @@ pub fn measure(
     implementation: Option<&str>,
     duration: Duration,
 ) -> Result<Throughput, CipherError> {
+    measure_requests(
+        spec,
+        key_len,
+        sector_size,
+        BUFFER.max(sector_size),
+        implementation,
+        duration,
+    )
+}
+
+/// Like [`measure`] with `request` bytes (whole sectors) per call, as one dm-crypt request
+/// of several sectors.
+pub fn measure_requests(
+    spec: &str,
+    key_len: usize,
+    sector_size: usize,
+    request: usize,
+    implementation: Option<&str>,
+    duration: Duration,
+) -> Result<Throughput, CipherError> {
     let opts = SectorOptions {
         sector_size,
         implementation: implementation.map(str::to_string),
@@ -56,7 +76,7 @@ pub fn measure(
     };
     let key = SecretBytes::random(key_len);
     let cipher = open_cipher(spec, key.as_bytes(), &opts)?;
-    let len = BUFFER.max(sector_size);
+    let len = request.max(sector_size) / sector_size * sector_size;
     let mut buf = vec![0x5au8; len];
     let per_call = (len / 512) as u64;
     let mut run = |decrypt: bool| -> Result<f64, CipherError> {

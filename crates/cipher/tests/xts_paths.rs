@@ -39,6 +39,29 @@ fn paths() -> Vec<XtsPath> {
     v
 }
 
+/// Every keyed variant of every path: the AES-NI path twice where the CPU has AVX (VEX
+/// encodings, and the legacy SSE ones a CPU without AVX runs).
+fn keyed(key: &[u8]) -> Vec<(String, XtsAes)> {
+    let mut v = Vec::new();
+    for p in paths() {
+        let x = XtsAes::new(p, key).unwrap();
+        if p == XtsPath::AesNi {
+            assert_eq!(
+                x.uses_vex(),
+                std::arch::is_x86_feature_detected!("avx"),
+                "aesni-xts: VEX exactly when the CPU has AVX"
+            );
+            if x.uses_vex() {
+                let sse = XtsAes::new(p, key).unwrap().with_sse_encoding();
+                assert!(!sse.uses_vex());
+                v.push(("aesni-xts (sse)".to_string(), sse));
+            }
+        }
+        v.push((p.name().to_string(), x));
+    }
+    v
+}
+
 fn pattern() -> String {
     let p: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
     hex::encode(p)
@@ -158,6 +181,17 @@ fn ieee1619_vectors_every_path() {
         let key = hex::decode(key).unwrap();
         let (pt, ct) = (hex::decode(pt).unwrap(), hex::decode(ct).unwrap());
         let tweak = seq.to_le_bytes();
+        for (label, x) in keyed(&key) {
+            let mut buf = pt.clone();
+            x.encrypt_unit(&tweak, &mut buf).unwrap();
+            assert_eq!(
+                hex::encode(&buf),
+                hex::encode(&ct),
+                "{name} encrypt, {label}"
+            );
+            x.decrypt_unit(&tweak, &mut buf).unwrap();
+            assert_eq!(buf, pt, "{name} decrypt, {label}");
+        }
         for &p in &paths {
             let x = XtsAes::new(p, &key).unwrap();
             let mut buf = pt.clone();
@@ -259,13 +293,12 @@ proptest! {
         let pt: Vec<u8> = (0..blocks * 16).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
         let mut want = pt.clone();
         reference(key, tweak, &mut want, false);
-        for p in paths() {
-            let x = XtsAes::new(p, key).unwrap();
+        for (label, x) in keyed(key) {
             let mut buf = pt.clone();
             x.encrypt_unit(&tweak, &mut buf).unwrap();
-            prop_assert_eq!(&buf, &want, "{} encrypt", p.name());
+            prop_assert_eq!(&buf, &want, "{} encrypt", label);
             x.decrypt_unit(&tweak, &mut buf).unwrap();
-            prop_assert_eq!(&buf, &pt, "{} decrypt", p.name());
+            prop_assert_eq!(&buf, &pt, "{} decrypt", label);
         }
     }
 
@@ -383,15 +416,13 @@ for line in sys.stdin:
         .collect();
     assert_eq!(lines.len(), cases.len());
     for ((k, t, p), want) in cases.iter().zip(&lines) {
-        for path in paths() {
-            let x = XtsAes::new(path, k).unwrap();
+        for (label, x) in keyed(k) {
             let mut buf = p.clone();
             x.encrypt_unit(t, &mut buf).unwrap();
             assert_eq!(
                 &hex::encode(&buf),
                 want,
-                "{} vs pyca, key {} bytes",
-                path.name(),
+                "{label} vs pyca, key {} bytes",
                 k.len()
             );
             x.decrypt_unit(t, &mut buf).unwrap();
@@ -438,5 +469,47 @@ fn cpu_mask_changes_the_default_path() {
             .status()
             .unwrap();
         assert!(st.success(), "mask {mask}: expected {expect}");
+    }
+}
+
+/// Requests of more sectors than one batch of encrypted tweaks (8 sectors): 9, 17 and 128
+/// sectors, 512 and 4096 bytes, both key sizes, sector numbers wrapping past 2^64, in place
+/// and between buffers, against RustCrypto.
+#[test]
+fn long_requests_cross_tweak_batches() {
+    for key_len in [32usize, 64] {
+        let key: Vec<u8> = (0..key_len).map(|i| (i * 7 + 3) as u8).collect();
+        for (sector_size, count) in [(512usize, 9usize), (512, 128), (4096, 17)] {
+            let len = sector_size * count;
+            let pt: Vec<u8> = (0..len)
+                .map(|i| (i as u8).wrapping_mul(151) ^ (i >> 9) as u8)
+                .collect();
+            let start = (u64::MAX - 63) & !7;
+            let open = |imp: &str| {
+                let opts = SectorOptions {
+                    sector_size,
+                    implementation: Some(imp.into()),
+                    ..Default::default()
+                };
+                open_cipher("aes-xts-plain64", &key, &opts).unwrap()
+            };
+            let mut want = pt.clone();
+            open("rustcrypto").encrypt(start, &mut want).unwrap();
+            for p in paths() {
+                let what = format!("{} {key_len}-byte key, {count} x {sector_size}", p.name());
+                let c = open(p.name());
+                let mut buf = pt.clone();
+                c.encrypt(start, &mut buf).unwrap();
+                assert!(buf == want, "{what}: encrypt");
+                let mut back = vec![0u8; len];
+                c.decrypt_to(start, &buf, &mut back).unwrap();
+                assert!(back == pt, "{what}: decrypt_to");
+                let mut fwd = vec![0u8; len];
+                c.encrypt_to(start, &pt, &mut fwd).unwrap();
+                assert!(fwd == want, "{what}: encrypt_to");
+                c.decrypt(start, &mut buf).unwrap();
+                assert!(buf == pt, "{what}: decrypt");
+            }
+        }
     }
 }
