@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(
     name = "cryptblk",
-    version = crate::features::VERSION,
+    version = crate::features::version(),
     about,
     long_about = None,
     disable_help_subcommand = true,
@@ -247,6 +247,9 @@ pub struct CompatOpts {
     /// cryptsetup's lock files) stay on.
     #[arg(long, global = true)]
     pub disable_locks: bool,
+    /// luksFormat/reencrypt: no libblkid probe for (nor wiping of) existing signatures.
+    #[arg(long, global = true)]
+    pub disable_blkid: bool,
     /// Accepted; cryptblk does not load volume keys into the kernel keyring.
     #[arg(long, global = true)]
     pub disable_keyring: bool,

@@ -1,12 +1,25 @@
 //! The optional parts built into this binary (Cargo features), as `--version` names them.
 
 /// `--version`'s text: the package version and the optional features built in, as
-/// `0.1.0 (+rbd +tpm2)` or `0.1.0 (-rbd -tpm2)` for a build that can use neither librbd
-/// nor tpm2-tss (container images). No build links them: with the features they are
-/// loaded when an RBD image or a TPM2 token is used.
-pub const VERSION: &str = match (cfg!(feature = "rbd"), cfg!(feature = "tpm2")) {
-    (true, true) => concat!(env!("CARGO_PKG_VERSION"), " (+rbd +tpm2)"),
-    (true, false) => concat!(env!("CARGO_PKG_VERSION"), " (+rbd -tpm2)"),
-    (false, true) => concat!(env!("CARGO_PKG_VERSION"), " (-rbd +tpm2)"),
-    (false, false) => concat!(env!("CARGO_PKG_VERSION"), " (-rbd -tpm2)"),
-};
+/// `0.1.0 (+rbd +tpm2 +blkid) flags: BLKID` or `0.1.0 (-rbd -tpm2 -blkid)` for a build that
+/// can use none of librbd, tpm2-tss, libblkid (container images). No build links them: with
+/// the features they are loaded when used. `flags: BLKID` (cryptsetup's flag, which its
+/// test scripts look for) is there only when libblkid is built in and loads, so signature
+/// probing really happens.
+pub fn version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let sign = |on: bool| if on { '+' } else { '-' };
+        let mut v = format!(
+            "{} ({}rbd {}tpm2 {}blkid)",
+            env!("CARGO_PKG_VERSION"),
+            sign(cfg!(feature = "rbd")),
+            sign(cfg!(feature = "tpm2")),
+            sign(cfg!(feature = "blkid")),
+        );
+        if cryptblk_volume::blkid::supported() {
+            v.push_str(" flags: BLKID");
+        }
+        v
+    })
+}

@@ -16,9 +16,15 @@ use std::process::Command;
 fn expected_features() -> String {
     let sign = |on: bool| if on { '+' } else { '-' };
     format!(
-        "({}rbd {}tpm2)",
+        "({}rbd {}tpm2 {}blkid){}",
         sign(cfg!(feature = "rbd")),
-        sign(cfg!(feature = "tpm2"))
+        sign(cfg!(feature = "tpm2")),
+        sign(cfg!(feature = "blkid")),
+        if cfg!(feature = "blkid") {
+            " flags: BLKID"
+        } else {
+            ""
+        }
     )
 }
 
@@ -39,7 +45,13 @@ fn version_names_the_features_built_in() {
 #[test]
 fn no_build_links_librbd_or_libtss2() {
     let ldd = run_ok(Command::new("ldd").arg(env!("CARGO_BIN_EXE_cryptblk")), b"");
-    for lib in ["librbd.so", "librados.so", "libtss2", "libcrypto.so"] {
+    for lib in [
+        "librbd.so",
+        "librados.so",
+        "libtss2",
+        "libcrypto.so",
+        "libblkid.so",
+    ] {
         assert!(!ldd.contains(lib), "{lib} linked:\n{ldd}");
     }
 }

@@ -12,6 +12,7 @@ use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::luks1::Luks1FormatParams;
 use cryptblk_format::luks2::{FormatParams, Luks2Header, UnlockPurpose};
 use cryptblk_format::plain::{PlainParams, PlainVolume};
+use cryptblk_volume::blkid;
 use cryptblk_volume::format::{parse_bytes, FormatRequest};
 use cryptblk_volume::luks::{self as lib, BackupKind, ConfigChange};
 use cryptblk_volume::serve::ServeSpec;
@@ -213,6 +214,10 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
     }
     // Formatting a device a daemon serves would pull its data out from under it.
     let _in_use = cryptblk_volume::lock::for_format(&[device])?;
+    let header = volume::header_path(opts, device);
+    // As cryptsetup built with libblkid: the signatures already on the header device are
+    // named (a debug line in batch mode), then wiped once the passphrase is in.
+    let signatures = report_signatures(opts, header)?;
     volume::confirm(
         opts,
         &format!(
@@ -230,9 +235,11 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             device.display()
         )));
     }
-    let header = volume::header_path(opts, device);
     if opts.header.is_some() && !header.exists() {
         std::fs::File::create(header)?;
+    }
+    if !signatures.is_empty() {
+        blkid::wipe_all(header, true, false, opts.verbose || opts.debug)?;
     }
     let f = volume::open_file(header, true)?;
     let sector_size = new_sector_size(opts, Some(device))?;
@@ -258,6 +265,24 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         luks2_integrity::format_data(&h, &vk, device, how, &mut bar)?;
     }
     Ok(())
+}
+
+/// cryptsetup's `tools_detect_signatures` before a format: every signature on `header`
+/// (none when it does not exist yet, or with `--disable-blkid`), each named on standard
+/// output as a warning, or in a debug line in batch mode.
+pub fn report_signatures(opts: &Opts, header: &Path) -> Result<Vec<blkid::Signature>, Failure> {
+    if opts.compat.disable_blkid || !header.exists() {
+        return Ok(Vec::new());
+    }
+    let found = blkid::detect(header, blkid::Filter::All)?;
+    for s in &found {
+        if opts.batch_mode {
+            log::debug!("{}", s.describe(header));
+        } else {
+            println!("WARNING: {}", s.describe(header));
+        }
+    }
+    Ok(found)
 }
 
 fn new_passphrase_for_format(opts: &Opts, key_file: Option<&Path>) -> Result<SecretBytes, Failure> {
