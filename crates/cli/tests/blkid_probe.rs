@@ -264,3 +264,43 @@ fn reencrypt_encrypt_refuses_broken_luks_metadata() {
         }
     }
 }
+
+/// A loop device detached when dropped.
+struct Loop(String);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// On a block device (which cryptblk's own data lock holds open `O_EXCL`) the wipe still
+/// happens: reformatting a loop device that holds a LUKS header (a signature) succeeds and
+/// leaves only the new header, as cryptsetup does. cryptsetup's suite caught the first
+/// version of the wipe refusing this as "device in use".
+#[cfg(feature = "blkid")]
+#[test]
+fn luks_format_wipes_on_a_block_device() {
+    require_root("loop devices");
+    let dir = tempdir();
+    let img = dir.path().join("gpt.img");
+    gpt_image(&img);
+    let lo = Loop(sh("losetup", &[&"-f", &"--show", &img]).trim().to_string());
+    for round in 0..2 {
+        let out = run(
+            cryptblk()
+                .args(["luksFormat", "-q", "--type", "luks2"])
+                .args(FAST)
+                .arg(&lo.0),
+            b"pass\n",
+        );
+        assert!(out.status.success(), "round {round}: {out:?}");
+    }
+    let lo_path = Path::new(&lo.0).to_path_buf();
+    let types = wipefs(&lo_path)
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect::<Vec<_>>();
+    assert_eq!(types, ["crypto_LUKS", "crypto_LUKS"]);
+    assert_eq!(last_sector_magic(&img), [0; 8]);
+}

@@ -239,7 +239,10 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         std::fs::File::create(header)?;
     }
     if !signatures.is_empty() {
-        blkid::wipe_all(header, true, false, opts.verbose || opts.debug)?;
+        // The data lock above already holds `device` open exclusively (O_EXCL on a block
+        // device): a second exclusive open of it would fail as "in use".
+        let exclusive = header != device;
+        blkid::wipe_all(header, exclusive, false, opts.verbose || opts.debug)?;
     }
     let f = volume::open_file(header, true)?;
     let sector_size = new_sector_size(opts, Some(device))?;
