@@ -94,6 +94,11 @@ want systemd-ask-password systemd
 want debootstrap debootstrap
 # clevis's tpm2 pin (tests/token_tpm2.rs binds with it).
 want clevis-encrypt-tpm2 clevis-tpm2
+# Signature probing: cryptblk loads libblkid.so.1 at run time (no -dev package to build);
+# tests/blkid_probe.rs makes GPT images with sgdisk and reads signatures with wipefs.
+[ -n "$(ls /usr/lib/*/libblkid.so.1 /lib/*/libblkid.so.1 2>/dev/null)" ] || need_pkgs+=(libblkid1)
+want sgdisk gdisk
+want wipefs util-linux
 [ -e /usr/include/fuse3/fuse.h ] || need_pkgs+=(libfuse3-dev)
 [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_pkgs+=(libclang-dev)
 

@@ -29,7 +29,7 @@ start=$(date +%s)
 CARGO_TARGET_DIR=$dir cargo test --no-default-features \
   -p cryptblk-dm -p cryptblk-volume -p cryptblk --lib --bins --test features "$@"
 bin=$dir/debug/cryptblk
-"$bin" --version | grep -q -- '(-rbd -tpm2)' || { echo "test-nodefault: $("$bin" --version)" >&2; exit 1; }
+"$bin" --version | grep -q -- '(-rbd -tpm2 -blkid)' || { echo "test-nodefault: $("$bin" --version)" >&2; exit 1; }
 if ldd "$bin" | grep -E 'librbd|librados|libtss2'; then
   echo "test-nodefault: the --no-default-features binary links the libraries above" >&2
   exit 1

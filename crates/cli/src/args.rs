@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(
     name = "cryptblk",
-    version = crate::features::VERSION,
+    version = crate::features::version(),
     about,
     long_about = None,
     disable_help_subcommand = true,
@@ -256,6 +256,9 @@ pub struct CompatOpts {
     /// cryptsetup's lock files) stay on.
     #[arg(long, global = true)]
     pub disable_locks: bool,
+    /// luksFormat/reencrypt: no libblkid probe for (nor wiping of) existing signatures.
+    #[arg(long, global = true)]
+    pub disable_blkid: bool,
     /// open: the LUKS2 volume key counts as held by the mapping, not the kernel keyring, as
     /// cryptsetup's option means (`status` says "key location: dm-crypt" and `resize` needs
     /// no passphrase); resize: refused for a volume whose key is in the keyring.

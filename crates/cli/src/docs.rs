@@ -42,7 +42,7 @@ pub fn generate(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
 fn completion_command() -> Command {
     let full = Cli::command();
     Command::new("cryptblk")
-        .version(crate::features::VERSION)
+        .version(crate::features::version())
         .disable_help_flag(true)
         .disable_help_subcommand(true)
         .args(full.get_arguments().cloned())
@@ -62,7 +62,7 @@ fn man_pages(
     let page = clap_mangen::Man::new(cmd.clone())
         .section(SECTION)
         .manual("System Administration")
-        .source(format!("cryptblk {}", crate::features::VERSION));
+        .source(format!("cryptblk {}", crate::features::version()));
     written.push(page.generate_to(dir)?);
     Ok(())
 }

@@ -16,22 +16,28 @@ use std::process::Command;
 fn expected_features() -> String {
     let sign = |on: bool| if on { '+' } else { '-' };
     format!(
-        "({}rbd {}tpm2)",
+        "({}rbd {}tpm2 {}blkid)",
         sign(cfg!(feature = "rbd")),
-        sign(cfg!(feature = "tpm2"))
+        sign(cfg!(feature = "tpm2")),
+        sign(cfg!(feature = "blkid")),
     )
+}
+
+/// cryptsetup's `flags:` words scripts probe, in cryptsetup's order: BLKID when libblkid is
+/// built in (install-deps.sh installs libblkid1, so it loads), KEYRING always.
+fn expected_flags() -> &'static str {
+    if cfg!(feature = "blkid") {
+        " flags: BLKID KEYRING"
+    } else {
+        " flags: KEYRING"
+    }
 }
 
 #[test]
 fn version_names_the_features_built_in() {
     let out = run_ok(cryptblk().arg("--version"), b"");
-    // The features, then cryptsetup's `flags:` words.
-    let features = out.split(" flags:").next().unwrap_or_default();
-    assert!(
-        features.trim_end().ends_with(&expected_features()),
-        "expected {} in {out:?}",
-        expected_features()
-    );
+    let want = format!("{}{}", expected_features(), expected_flags());
+    assert!(out.trim_end().ends_with(&want), "expected {want} in {out:?}");
 }
 
 /// No build links librbd or tpm2-tss (issue 28: every process, every served volume's daemon,
@@ -41,7 +47,13 @@ fn version_names_the_features_built_in() {
 #[test]
 fn no_build_links_librbd_or_libtss2() {
     let ldd = run_ok(Command::new("ldd").arg(env!("CARGO_BIN_EXE_cryptblk")), b"");
-    for lib in ["librbd.so", "librados.so", "libtss2", "libcrypto.so"] {
+    for lib in [
+        "librbd.so",
+        "librados.so",
+        "libtss2",
+        "libcrypto.so",
+        "libblkid.so",
+    ] {
         assert!(!ldd.contains(lib), "{lib} linked:\n{ldd}");
     }
 }

@@ -177,10 +177,16 @@ fn version_names_the_features_built_in() {
     let out = run_ok(common::cryptblk().arg("--version"), b"");
     let sign = |on: bool| if on { '+' } else { '-' };
     let want = format!(
-        "cryptblk {} ({}rbd {}tpm2)",
+        "cryptblk {} ({}rbd {}tpm2 {}blkid){}",
         env!("CARGO_PKG_VERSION"),
         sign(cfg!(feature = "rbd")),
-        sign(cfg!(feature = "tpm2"))
+        sign(cfg!(feature = "tpm2")),
+        sign(cfg!(feature = "blkid")),
+        if cfg!(feature = "blkid") {
+            " flags: BLKID KEYRING"
+        } else {
+            " flags: KEYRING"
+        }
     );
     assert_eq!(out.trim(), want);
 }

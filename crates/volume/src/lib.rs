@@ -37,6 +37,7 @@
 
 pub mod activation;
 pub mod bitlk;
+pub mod blkid;
 pub mod control;
 pub mod device;
 pub mod error;

@@ -13,6 +13,7 @@ use cryptblk_format::hdrio::HeaderIo;
 use cryptblk_format::luks1::Luks1FormatParams;
 use cryptblk_format::luks2::{FormatParams, Luks2Header, UnlockPurpose};
 use cryptblk_format::plain::{PlainParams, PlainVolume};
+use cryptblk_volume::blkid;
 use cryptblk_volume::format::{parse_bytes, FormatRequest};
 use cryptblk_volume::luks::{self as lib, BackupKind, ConfigChange};
 use cryptblk_volume::serve::ServeSpec;
@@ -214,6 +215,10 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
     }
     // Formatting a device a daemon serves would pull its data out from under it.
     let _in_use = cryptblk_volume::lock::for_format(&[device])?;
+    let header = volume::header_path(opts, device);
+    // As cryptsetup built with libblkid: the signatures already on the header device are
+    // named (a debug line in batch mode), then wiped once the passphrase is in.
+    let signatures = report_signatures(opts, header)?;
     volume::confirm(
         opts,
         &format!(
@@ -221,7 +226,7 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             device.display()
         ),
     )?;
-    let pass = new_passphrase_for_format(opts, volume::header_path(opts, device), key_file)?;
+    let pass = new_passphrase_for_format(opts, header, key_file)?;
     // As cryptsetup: an empty device is refused; a LUKS1 header grows a too small file, which
     // then has no room for data (a warning, not a failure).
     let device_size = cryptblk_volume::device::device_size(device)?;
@@ -231,9 +236,14 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
             device.display()
         )));
     }
-    let header = volume::header_path(opts, device);
     if opts.header.is_some() && !header.exists() {
         std::fs::File::create(header)?;
+    }
+    if !signatures.is_empty() {
+        // The data lock above already holds `device` open exclusively (O_EXCL on a block
+        // device): a second exclusive open of it would fail as "in use".
+        let exclusive = header != device;
+        blkid::wipe_all(header, exclusive, false, opts.verbose || opts.debug)?;
     }
     let f = volume::open_file(header, true)?;
     let sector_size = new_sector_size(opts, Some(device))?;
@@ -262,6 +272,24 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         luks2_integrity::format_data(&h, &vk, device, how, &mut bar)?;
     }
     Ok(())
+}
+
+/// cryptsetup's `tools_detect_signatures` before a format: every signature on `header`
+/// (none when it does not exist yet, or with `--disable-blkid`), each named on standard
+/// output as a warning, or in a debug line in batch mode.
+pub fn report_signatures(opts: &Opts, header: &Path) -> Result<Vec<blkid::Signature>, Failure> {
+    if opts.compat.disable_blkid || !header.exists() {
+        return Ok(Vec::new());
+    }
+    let found = blkid::detect(header, blkid::Filter::All)?;
+    for s in &found {
+        if opts.batch_mode {
+            log::debug!("{}", s.describe(header));
+        } else {
+            println!("WARNING: {}", s.describe(header));
+        }
+    }
+    Ok(found)
 }
 
 /// The new volume's passphrase; asked for as cryptsetup asks, naming the header's device.

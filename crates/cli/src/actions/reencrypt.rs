@@ -139,6 +139,7 @@ fn request(opts: &Opts, device: Option<&Path>, a: &ReencryptArgs) -> ReencryptRe
             || opts.iter_time.is_some(),
         block_size_mib: a.block_size,
         keep_key: a.keep_key,
+        disable_blkid: opts.compat.disable_blkid,
     }
 }
 

@@ -362,6 +362,29 @@ fn parse_vmk(data: &[u8]) -> Result<Vmk> {
     Ok(vmk)
 }
 
+/// The 112-byte head of the FVE metadata block at `offset` when the block is sound: its
+/// `-FVE-FS-` signature, version 2, a size (in 16-byte units) within 64 KiB, and a validation
+/// block right after it (size >= 8, version <= 2) whose CRC-32 matches the block's bytes.
+fn valid_block(io: &dyn HeaderIo, offset: u64, device_size: u64) -> Option<[u8; 112]> {
+    if offset == 0 || offset.checked_add(112).is_none_or(|end| end > device_size) {
+        return None;
+    }
+    let mut head = [0u8; 112];
+    io.read_at(offset, &mut head).ok()?;
+    let size = usize::from(le16(&head, 8)) << 4;
+    if &head[..8] != b"-FVE-FS-" || le16(&head, 10) != 2 || size > 64 * 1024 || size < 112 {
+        return None;
+    }
+    let mut validation = [0u8; 8];
+    io.read_at(offset + size as u64, &mut validation).ok()?;
+    if le16(&validation, 0) < 8 || le16(&validation, 2) > 2 {
+        return None;
+    }
+    let mut block = vec![0u8; size];
+    io.read_at(offset, &mut block).ok()?;
+    (crc32fast::hash(&block) == le32(&validation, 4) && block[..112] == head).then_some(head)
+}
+
 impl BitlkHeader {
     /// True when the device starts with a BitLocker boot sector (signature and identifier).
     pub fn probe(io: &dyn HeaderIo) -> bool {
@@ -378,24 +401,20 @@ impl BitlkHeader {
         let device_size = io
             .size()
             .map_err(|e| FormatError::io("getting device size", e))?;
-        // cryptsetup reads the first metadata block; the others are copies.
-        let first = offsets[0];
-        if first == 0 || first.checked_add(112).is_none_or(|end| end > device_size) {
-            return Err(corrupt("metadata offset is outside the device"));
-        }
-        let mut head = [0u8; 112];
-        io.read_at(first, &mut head)
-            .map_err(|e| FormatError::io("reading BITLK metadata", e))?;
-        if &head[..8] != b"-FVE-FS-" {
-            return Err(corrupt("metadata block has no -FVE-FS- signature"));
+        // The three metadata blocks are copies; as cryptsetup 2.8, the first whose CRC-32
+        // (in the validation block after it) matches is used, so one damaged copy is
+        // survived. Blocks without a valid validation block are not taken.
+        let (i, head) = (0..3)
+            .find_map(|i| valid_block(io, offsets[i], device_size).map(|h| (i, h)))
+            .ok_or_else(|| corrupt("no FVE metadata copy has a valid signature and CRC-32"))?;
+        let first = offsets[i];
+        let block_offsets = [le64(&head, 32), le64(&head, 40), le64(&head, 48)];
+        if block_offsets[i] != first {
+            return Err(corrupt(
+                "the valid FVE metadata copy is not where it says it is",
+            ));
         }
         let version = le16(&head, 10);
-        if version != 2 {
-            return Err(FormatError::Unsupported(format!(
-                "BITLK metadata version {version}"
-            )));
-        }
-        let block_offsets = [le64(&head, 32), le64(&head, 40), le64(&head, 48)];
         let volume_size = le64(&head, 16);
         let meta = &head[64..];
         let meta_size = le32(meta, 0) as usize;

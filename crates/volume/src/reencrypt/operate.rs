@@ -100,6 +100,18 @@ impl Start {
 /// Decides the offline run `req` becomes for `device` (holding no lock: the caller holds
 /// the data lock), refusing what cryptsetup refuses before any passphrase is asked.
 fn decide(req: &ReencryptRequest, device: &Path, run_opts: &mut RunOptions) -> Result<Start> {
+    if req.encrypt && !req.disable_blkid {
+        // cryptsetup's check before encrypting: a header (or, with --header, a data device)
+        // that is no loadable LUKS but still has a LUKS signature blkid recognises holds
+        // broken LUKS metadata; encrypting over it would destroy what repair could recover.
+        let header = req.header_path(device);
+        if (req.header.is_none() || header.exists()) && load(header, None, false).is_err() {
+            refuse_broken_luks(header)?;
+        }
+        if req.header.is_some() && load(device, None, false).is_err() {
+            refuse_broken_luks(device)?;
+        }
+    }
     if req.encrypt && is_luks(device) {
         // Encrypting a LUKS device again would bury its header and keyslots under a second
         // layer: cryptsetup refuses it, unless this is its own encryption to resume.
@@ -304,6 +316,18 @@ pub fn open_rw(path: &Path) -> Result<File> {
 }
 
 /// True when `path` starts with a LUKS magic.
+/// Fails when blkid finds a LUKS signature on `path` (cryptsetup's
+/// `check_broken_luks_signature`; nothing without libblkid).
+fn refuse_broken_luks(path: &Path) -> Result<()> {
+    if !crate::blkid::detect(path, crate::blkid::Filter::OnlyLuks)?.is_empty() {
+        return Err(VolumeError::usage(format!(
+            "Device {} contains broken LUKS metadata. Aborting operation.",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 fn is_luks(path: &Path) -> bool {
     let mut magic = [0u8; 6];
     File::open(path)

@@ -59,6 +59,8 @@ pub struct ReencryptRequest {
     pub block_size_mib: Option<u32>,
     /// LUKS1 `--keep-key`.
     pub keep_key: bool,
+    /// `--disable-blkid`: no probe for broken LUKS metadata before `--encrypt`.
+    pub disable_blkid: bool,
 }
 
 /// Which tokens [`ReencryptInput::tokens`] may try.
