@@ -8,6 +8,7 @@
 mod common;
 use common::*;
 use std::path::Path;
+#[cfg(feature = "blkid")]
 use std::process::Command;
 
 /// A 32 MiB image with a GPT (protective MBR at sector 0, backup header in the last sector,
@@ -50,6 +51,7 @@ fn wipefs(path: &Path) -> Vec<(String, String)> {
 }
 
 /// Bytes `from..` of the image (the part no LUKS header covers).
+#[cfg(feature = "blkid")]
 fn tail_bytes(path: &Path, from: u64) -> Vec<u8> {
     std::fs::read(path).unwrap()[from as usize..].to_vec()
 }
@@ -207,6 +209,7 @@ fn disable_blkid_leaves_signatures() {
 }
 
 /// cryptsetup's blkid-luks2-pv.img: a LUKS2 header whose primary copy an LVM2 label damaged.
+#[cfg(feature = "blkid")]
 fn pv_image(dir: &Path) -> std::path::PathBuf {
     let src = std::env::var_os("CRYPTBLK_CRYPTSETUP_TESTS")
         .map(std::path::PathBuf::from)
@@ -266,8 +269,10 @@ fn reencrypt_encrypt_refuses_broken_luks_metadata() {
 }
 
 /// A loop device detached when dropped.
+#[cfg(feature = "blkid")]
 struct Loop(String);
 
+#[cfg(feature = "blkid")]
 impl Drop for Loop {
     fn drop(&mut self) {
         let _ = Command::new("losetup").args(["-d", &self.0]).status();

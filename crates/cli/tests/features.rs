@@ -37,7 +37,10 @@ fn expected_flags() -> &'static str {
 fn version_names_the_features_built_in() {
     let out = run_ok(cryptblk().arg("--version"), b"");
     let want = format!("{}{}", expected_features(), expected_flags());
-    assert!(out.trim_end().ends_with(&want), "expected {want} in {out:?}");
+    assert!(
+        out.trim_end().ends_with(&want),
+        "expected {want} in {out:?}"
+    );
 }
 
 /// No build links librbd or tpm2-tss (issue 28: every process, every served volume's daemon,

@@ -372,7 +372,7 @@ fn valid_block(io: &dyn HeaderIo, offset: u64, device_size: u64) -> Option<[u8; 
     let mut head = [0u8; 112];
     io.read_at(offset, &mut head).ok()?;
     let size = usize::from(le16(&head, 8)) << 4;
-    if &head[..8] != b"-FVE-FS-" || le16(&head, 10) != 2 || size > 64 * 1024 || size < 112 {
+    if &head[..8] != b"-FVE-FS-" || le16(&head, 10) != 2 || !(112..=64 * 1024).contains(&size) {
         return None;
     }
     let mut validation = [0u8; 8];
