@@ -239,15 +239,18 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
     if opts.header.is_some() && !header.exists() {
         std::fs::File::create(header)?;
     }
-    if !signatures.is_empty() {
-        // The data lock above already holds `device` open exclusively (O_EXCL on a block
-        // device): a second exclusive open of it would fail as "in use".
-        let exclusive = header != device;
-        blkid::wipe_all(header, exclusive, false, opts.verbose || opts.debug)?;
-    }
     let f = volume::open_file(header, true)?;
     let sector_size = new_sector_size(opts, Some(device))?;
-    let (vk, data_offset) = format_header(opts, &f, pass.as_bytes(), sector_size)?;
+    let dev = WipeBeforeFirstWrite {
+        file: &f,
+        header,
+        // The data lock above already holds `device` open exclusively (O_EXCL on a block
+        // device): a second exclusive open of it would fail as "in use".
+        exclusive: header != device,
+        verbose: opts.verbose || opts.debug,
+        pending: std::cell::Cell::new(!signatures.is_empty()),
+    };
+    let (vk, data_offset) = format_header(opts, &dev, pass.as_bytes(), sector_size)?;
     if opts.header.is_none() && device_size <= data_offset {
         // cryptsetup prints this notice on standard output.
         println!(
@@ -272,6 +275,41 @@ pub fn luks_format(opts: &Opts, device: &Path, key_file: Option<&Path>) -> Actio
         luks2_integrity::format_data(&h, &vk, device, how, &mut bar)?;
     }
     Ok(())
+}
+
+/// The header device of a format, whose old signatures libblkid wipes just before the
+/// format's first write: every refusal the format makes (PBKDF minimums, LUKS2-only options,
+/// a short volume key file, ...) comes before that write, so a refused format leaves the old
+/// header, keyslots and all, as cryptsetup leaves it.
+struct WipeBeforeFirstWrite<'a> {
+    file: &'a std::fs::File,
+    header: &'a Path,
+    exclusive: bool,
+    verbose: bool,
+    /// Signatures were found and are not wiped yet.
+    pending: std::cell::Cell<bool>,
+}
+
+impl HeaderIo for WipeBeforeFirstWrite<'_> {
+    fn size(&self) -> std::io::Result<u64> {
+        HeaderIo::size(self.file)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        HeaderIo::read_at(self.file, offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        if self.pending.replace(false) {
+            blkid::wipe_all(self.header, self.exclusive, false, self.verbose)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        HeaderIo::write_at(self.file, offset, buf)
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        HeaderIo::sync(self.file)
+    }
 }
 
 /// cryptsetup's `tools_detect_signatures` before a format: every signature on `header`

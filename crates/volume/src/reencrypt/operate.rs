@@ -104,11 +104,15 @@ fn decide(req: &ReencryptRequest, device: &Path, run_opts: &mut RunOptions) -> R
         // cryptsetup's check before encrypting: a header (or, with --header, a data device)
         // that is no loadable LUKS but still has a LUKS signature blkid recognises holds
         // broken LUKS metadata; encrypting over it would destroy what repair could recover.
+        // (`load` with no type loads nothing: either version must be asked for here.) A
+        // loadable LUKS device is "already LUKS device" below, as cryptsetup answers it
+        // (keyslot_safety::encrypt_refuses_a_luks_device).
+        let loads = |p: &Path| load(p, Some(LuksType::Any), false).is_ok();
         let header = req.header_path(device);
-        if (req.header.is_none() || header.exists()) && load(header, None, false).is_err() {
+        if (req.header.is_none() || header.exists()) && !loads(header) {
             refuse_broken_luks(header)?;
         }
-        if req.header.is_some() && load(device, None, false).is_err() {
+        if req.header.is_some() && !loads(device) {
             refuse_broken_luks(device)?;
         }
     }
