@@ -7,7 +7,7 @@
 //! (the kernel's Adiantum IV size), of which plain/plain64/null fill the first 16 bytes.
 
 use crate::dmcipher::{Direction, IvRun, ModeEngine, Sectors};
-use crate::hctr2::DM_TWEAK_LEN;
+use crate::hctr2::dm_tweak;
 use crate::locked::LockedBox;
 use crate::spec::{ChainMode, CipherSpec};
 use crate::CipherError;
@@ -43,8 +43,7 @@ impl ModeEngine for Variant {
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
         sectors.each_in_place(unit, ivs, |iv, sector| {
-            let mut tweak = [0u8; DM_TWEAK_LEN];
-            tweak[..iv.len()].copy_from_slice(iv);
+            let tweak = dm_tweak(iv);
             self.crypt(dir, &tweak, sector);
             Ok(())
         })

@@ -27,6 +27,15 @@ use polyval::Polyval;
 const BLOCK: usize = 16;
 /// The tweak length dm-crypt gives HCTR2 (the kernel's IV size for `hctr2(aes)`).
 pub(crate) const DM_TWEAK_LEN: usize = 32;
+
+/// The 32-byte tweak dm-crypt hands a wide-block mode (HCTR2, Adiantum): plain/plain64/null
+/// fill the first 16 bytes (the spec parser allows no other IV mode for these), the rest is
+/// zero.
+pub(crate) fn dm_tweak(iv: &[u8]) -> [u8; DM_TWEAK_LEN] {
+    let mut tweak = [0u8; DM_TWEAK_LEN];
+    tweak[..iv.len()].copy_from_slice(iv);
+    tweak
+}
 /// XCTR blocks per block-cipher call: enough for AES-NI's pipeline, small on the stack.
 const XCTR_BATCH: usize = 32;
 
@@ -131,10 +140,7 @@ impl<C: Block16> ModeEngine for Hctr2<C> {
         ivs: &IvRun<'_>,
     ) -> Result<(), CipherError> {
         sectors.each_in_place(unit, ivs, |iv, sector| {
-            // The kernel's 32-byte IV: plain/plain64/null fill the first 16 bytes (the spec
-            // parser allows no other IV mode here), the rest is zero.
-            let mut tweak = [0u8; DM_TWEAK_LEN];
-            tweak[..iv.len()].copy_from_slice(iv);
+            let tweak = dm_tweak(iv);
             match dir {
                 Direction::Encrypt => self.encrypt(&tweak, sector),
                 Direction::Decrypt => self.decrypt(&tweak, sector),

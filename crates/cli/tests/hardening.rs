@@ -149,7 +149,19 @@ fn a_served_volume_has_one_writer_whatever_the_path() {
         let o = open(path, "t-hd-two", extra, &key);
         assert_refused(&o, 5, "which is in use (already mapped or mounted).");
     }
-    let o = open("vol.img", "t-hd-plain", &["--type", "plain"], &plain_key);
+    let o = open(
+        "vol.img",
+        "t-hd-plain",
+        &[
+            "--type",
+            "plain",
+            "--cipher",
+            "aes-xts-plain64",
+            "--key-size",
+            "256",
+        ],
+        &plain_key,
+    );
     assert_refused(&o, 5, "which is in use (already mapped or mounted).");
     let o = run(
         cryptblk()

@@ -48,6 +48,20 @@ fn secret<'a>(prompt: &'a str, answer: &'a str) -> PtyStep<'a> {
 
 const SURE: &str = "Are you sure? (Type 'yes' in capital letters): ";
 
+/// A 20 MiB LUKS2 image at `img` formatted by the real cryptsetup with `passphrase` (a
+/// line, as typed) in keyslot 0, fast PBKDF.
+fn luks2_by_cryptsetup(img: &Path, passphrase: &[u8]) {
+    sparse_file(img, 20 << 20);
+    run_ok(
+        cryptsetup()
+            .unwrap()
+            .args(["luksFormat", "--type", "luks2"])
+            .args(FAST)
+            .arg(img),
+        passphrase,
+    );
+}
+
 /// compat-test [35], [36], [38], [40]: on a loop device over `img`, both tools name the
 /// backing file in their passphrase prompts, ask YES first (on standard output), and end
 /// with the same lines and exit codes.
@@ -317,15 +331,7 @@ fn luks_convert_key_ignores_a_second_positional() {
         ("cryptblk", cryptblk()),
     ] {
         let img = dir.path().join(format!("{who}.img"));
-        sparse_file(&img, 20 << 20);
-        run_ok(
-            cryptsetup()
-                .unwrap()
-                .args(["luksFormat", "--type", "luks2"])
-                .args(FAST)
-                .arg(&img),
-            b"pw\n",
-        );
+        luks2_by_cryptsetup(&img, b"pw\n");
         let out = run(
             c.args(["luksConvertKey", "--key-slot", "0"])
                 .arg(&img)
@@ -458,15 +464,7 @@ fn close_refused_while_a_mapping_is_stacked_on_it() {
 fn usage_and_debug_json_as_cryptsetup() {
     let dir = tempdir();
     let img = dir.path().join("img");
-    sparse_file(&img, 20 << 20);
-    run_ok(
-        cryptsetup()
-            .unwrap()
-            .args(["luksFormat", "--type", "luks2"])
-            .args(FAST)
-            .arg(&img),
-        b"pw\n",
-    );
+    luks2_by_cryptsetup(&img, b"pw\n");
     for (who, mk) in [
         ("cryptsetup", cryptsetup_tty as fn() -> Command),
         ("cryptblk", cryptblk as fn() -> Command),
@@ -494,15 +492,7 @@ fn usage_and_debug_json_as_cryptsetup() {
 fn luks2_resize_needs_the_key_unless_opened_with_disable_keyring() {
     let dir = tempdir();
     let img = dir.path().join("img");
-    sparse_file(&img, 20 << 20);
-    run_ok(
-        cryptsetup()
-            .unwrap()
-            .args(["luksFormat", "--type", "luks2"])
-            .args(FAST)
-            .arg(&img),
-        b"pw1\n",
-    );
+    luks2_by_cryptsetup(&img, b"pw1\n");
     let name = format!("t-rs-keyring-{}", std::process::id());
     let size = |name: &str| -> String {
         let st = run_ok(cryptblk().args(["status", name]), b"");
