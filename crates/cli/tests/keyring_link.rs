@@ -37,7 +37,7 @@ fn image(dir: &Path) -> Option<(std::path::PathBuf, String)> {
 fn link_vk_to_keyring_puts_the_volume_key_there() {
     let dir = tempdir();
     let Some((img, vk)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     // A named keyring (%:NAME), a user key: keyctl finds it there and reads cryptsetup's key;
     // that key then opens the volume with --volume-key-keyring and no passphrase.
@@ -86,7 +86,7 @@ keyctl pipe "$(keyctl search @s logon cryptblk:vk)" >/dev/null 2>&1 || echo logo
 fn volume_key_keyring_checks_the_key() {
     let dir = tempdir();
     let Some((img, vk)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     // The right key placed by keyctl opens; a wrong one of the right size is refused;
     // a logon key is refused in one line (userspace cannot read it).
@@ -122,7 +122,7 @@ head -c {n} /dev/zero | keyctl padd user bad @s >/dev/null
 fn malformed_link_values_are_refused_up_front() {
     let dir = tempdir();
     let Some((img, _)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     for bad in [
         "%cryptblk-ring::",
@@ -155,7 +155,7 @@ fn malformed_link_values_are_refused_up_front() {
 fn open_and_resume_link_the_volume_key() {
     let dir = tempdir();
     let Some((img, vk)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let k = dir.path().join("k");
     let sock = dir.path().join("nbd.sock");

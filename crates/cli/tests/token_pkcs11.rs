@@ -130,13 +130,13 @@ fn outcome(cmd: &mut Command, stdin: &[u8]) -> (i32, String, String) {
 fn systemd_cryptenroll_pkcs11_volume_opens_in_cryptblk() {
     let dir = tempdir();
     let Some((img, k)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let Some(hsm) = SoftHsm::new(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let Some(mut enroll) = hsm.cmd("systemd-cryptenroll") else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     run_ok(
         enroll
@@ -211,10 +211,10 @@ fn systemd_cryptenroll_pkcs11_volume_opens_in_cryptblk() {
 fn cryptblk_enrolled_pkcs11_token_opens_in_cryptsetup_and_systemd() {
     let dir = tempdir();
     let Some((img, _k)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let Some(hsm) = SoftHsm::new(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     // The existing passphrase from standard input; no PIN is needed to enroll.
     let (c, _, err) = outcome(
@@ -289,10 +289,10 @@ fn cryptblk_enrolled_pkcs11_token_opens_in_cryptsetup_and_systemd() {
 fn enroll_refusals_leave_the_header_alone() {
     let dir = tempdir();
     let Some((img, _k)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let Some(hsm) = SoftHsm::new(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let before = sha256(&img);
     for (uri, why) in [

@@ -32,7 +32,7 @@ fn is_recovery_key(key: &str) -> bool {
 fn cryptblk_enrolled_recovery_key_opens_in_cryptsetup_and_systemd() {
     let dir = tempdir();
     let Some((img, k)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let out = run(
         cryptblk().args(["enroll", "--recovery-key"]).arg(&img),
@@ -90,7 +90,7 @@ fn cryptblk_enrolled_recovery_key_opens_in_cryptsetup_and_systemd() {
 
     // systemd-cryptenroll unlocks with the recovery key and enrolls a new passphrase.
     let Some(mut enroll) = tool("systemd-cryptenroll") else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     run_ok(
         enroll
@@ -135,7 +135,7 @@ fn cryptblk_enrolled_recovery_key_opens_in_cryptsetup_and_systemd() {
 fn recovery_enrolment_needs_the_passphrase() {
     let dir = tempdir();
     let Some((img, _k)) = image(dir.path()) else {
-        return;
+        panic!("a tool or service this test needs is missing (scripts/install-deps.sh installs it; see the line above)");
     };
     let before = sha256(&img);
     let out = run(
